@@ -1,0 +1,46 @@
+# Every target does its own set-up: a fresh machine needs only python3, java 17+ and maven.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.weir-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint typecheck unit integration chaos bench broker clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,cli,prometheus,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m examples.orders
+
+test: lint typecheck
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests examples benchmarks
+	$(BIN)/ruff format --check src tests examples benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit tests/property $(PYTEST_ARGS)
+
+integration: $(STAMP)
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+chaos: $(STAMP)
+	$(BIN)/python -m pytest tests/chaos -m "chaos" $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/throughput.py
+	$(BIN)/python benchmarks/backpressure.py
+
+broker: $(STAMP)
+	$(BIN)/weir broker start
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

@@ -1,0 +1,114 @@
+"""What to commit and when: per-partition monotonic offsets, async results, sync hand-offs.
+
+librdkafka may deliver async results out of order and retries internally, so the guard lives here:
+an offset is sent only if it is above everything sent for that partition, and a failure re-opens
+the partition only when no newer offset was confirmed since.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from weir.records import Partition
+
+__all__ = ["CommitEvent", "Committer"]
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitEvent:
+    """One partition's commit result, as observers (audits, metrics) see it."""
+
+    tp: Partition
+    offset: int
+    ok: bool
+    sync: bool
+    error: str | None
+
+
+CommitListener = Callable[[CommitEvent], None]
+
+
+class _State:
+    __slots__ = ("confirmed", "sent")
+
+    def __init__(self) -> None:
+        self.sent: int | None = None
+        self.confirmed: int | None = None
+
+
+class Committer:
+    def __init__(self, interval: float, every: int) -> None:
+        self._interval = interval
+        self._every = every
+        self._state: dict[Partition, _State] = {}
+        self._last = time.monotonic()
+        self._finished_since = 0
+        self.listeners: list[CommitListener] = []
+
+    def track(self, tp: Partition) -> None:
+        # A new assignment starts clean: the broker's committed offset may have moved while
+        # another member owned the partition.
+        self._state[tp] = _State()
+
+    def forget(self, tps: Iterable[Partition]) -> None:
+        for tp in tps:
+            self._state.pop(tp, None)
+
+    def finished(self, n: int = 1) -> None:
+        self._finished_since += n
+
+    def due(self, now: float) -> bool:
+        if self._finished_since == 0:
+            return False
+        return self._finished_since >= self._every or now - self._last >= self._interval
+
+    def to_send(self, committable: Mapping[Partition, int | None]) -> dict[Partition, int]:
+        """Offsets above what was already sent, for tracked partitions only."""
+        out: dict[Partition, int] = {}
+        for tp, off in committable.items():
+            st = self._state.get(tp)
+            if st is None or off is None:
+                continue
+            if st.sent is None or off > st.sent:
+                out[tp] = off
+        return out
+
+    def sent(self, offsets: Mapping[Partition, int], now: float) -> None:
+        for tp, off in offsets.items():
+            st = self._state.get(tp)
+            if st is not None and (st.sent is None or off > st.sent):
+                st.sent = off
+        self._last = now
+        self._finished_since = 0
+
+    def result(self, tp: Partition, offset: int, error: str | None, *, sync: bool) -> None:
+        st = self._state.get(tp)
+        if st is not None:
+            if error is None:
+                if st.confirmed is None or offset > st.confirmed:
+                    st.confirmed = offset
+            elif st.sent == offset and (st.confirmed is None or st.confirmed < offset):
+                # The newest offset failed: allow it (or a later one) to be sent again. An older
+                # failure after a newer success changes nothing.
+                st.sent = st.confirmed
+        if error is None:
+            log.debug("commit", tp=str(tp), offset=offset, sync=sync)
+        else:
+            log.warning("commit_failed", tp=str(tp), offset=offset, sync=sync, error=error)
+        event = CommitEvent(tp, offset, error is None, sync, error)
+        for listener in self.listeners:
+            listener(event)
+
+    def confirmed(self, tp: Partition) -> int | None:
+        st = self._state.get(tp)
+        return None if st is None else st.confirmed
+
+    def sent_offset(self, tp: Partition) -> int | None:
+        st = self._state.get(tp)
+        return None if st is None else st.sent

@@ -1,0 +1,65 @@
+"""In-flight budget by count and bytes, with pause/resume hysteresis.
+
+All assigned partitions pause together: pausing only the busiest would still let the others fill
+the budget, and every pause throws away prefetched data, so a single switch with a wide gap between
+the marks flaps least.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from weir.config import FlowConfig
+
+__all__ = ["FlowControl"]
+
+
+class FlowControl:
+    __slots__ = (
+        "_cfg",
+        "_max_batch",
+        "bytes",
+        "paused",
+        "pauses",
+        "peak_bytes",
+        "peak_records",
+        "records",
+    )
+
+    def __init__(self, cfg: FlowConfig, max_batch: int) -> None:
+        self._cfg = cfg
+        self._max_batch = max_batch
+        self.records = 0
+        self.bytes = 0
+        self.paused = False
+        self.pauses = 0
+        self.peak_records = 0
+        self.peak_bytes = 0
+
+    def add(self, records: int, nbytes: int) -> None:
+        self.records += records
+        self.bytes += nbytes
+        if self.records > self.peak_records:
+            self.peak_records = self.records
+        if self.bytes > self.peak_bytes:
+            self.peak_bytes = self.bytes
+
+    def remove(self, records: int, nbytes: int) -> None:
+        self.records -= records
+        self.bytes -= nbytes
+
+    def fetch_size(self) -> int:
+        """How many records one consume call may return without passing the capacity."""
+        return max(1, min(self._max_batch, self._cfg.capacity_records - self.records))
+
+    def update(self) -> Literal["pause", "resume"] | None:
+        cfg = self._cfg
+        if not self.paused:
+            if self.records >= cfg.pause_records or self.bytes >= cfg.pause_bytes:
+                self.paused = True
+                self.pauses += 1
+                return "pause"
+        elif self.records < cfg.resume_records and self.bytes < cfg.resume_bytes:
+            self.paused = False
+            return "resume"
+        return None

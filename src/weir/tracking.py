@@ -1,0 +1,164 @@
+"""Which delivered offsets are finished, per polled batch and per partition.
+
+The committable offset of a partition is the earliest delivered offset that is not finished, or,
+when everything delivered is finished, the read position after the newest batch. Only offsets that
+were actually delivered are tracked, so gaps left by compaction or transaction markers never block.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Hashable, Sequence
+
+__all__ = ["BatchProgress", "PartitionProgress"]
+
+
+class BatchProgress:
+    """Completion state of one polled batch of one partition."""
+
+    __slots__ = ("_cursor", "_done", "_index", "_next_position", "_offsets", "_revoked", "_token")
+
+    def __init__(self, offsets: Sequence[int], next_position: int, token: Hashable) -> None:
+        offs = tuple(offsets)
+        for prev, cur in itertools.pairwise(offs):
+            if cur <= prev:
+                raise ValueError(f"offsets must be strictly increasing: {prev} then {cur}")
+        if offs and offs[0] < 0:
+            raise ValueError(f"offsets must be >= 0, got {offs[0]}")
+        if next_position < 0:
+            raise ValueError(f"next_position must be >= 0, got {next_position}")
+        if offs and next_position <= offs[-1]:
+            raise ValueError(
+                f"next_position {next_position} must be greater than the last offset {offs[-1]}"
+            )
+        self._offsets = offs
+        self._index = {off: i for i, off in enumerate(offs)}
+        self._done = bytearray(len(offs))
+        # Index of the first unfinished offset; only moves forward, which keeps complete +
+        # committable O(1) amortised per record.
+        self._cursor = 0
+        self._next_position = next_position
+        self._token = token
+        self._revoked = False
+
+    @property
+    def token(self) -> Hashable:
+        return self._token
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        return self._offsets
+
+    @property
+    def next_position(self) -> int:
+        return self._next_position
+
+    @property
+    def revoked(self) -> bool:
+        return self._revoked
+
+    @property
+    def all_done(self) -> bool:
+        return self._cursor == len(self._offsets)
+
+    @property
+    def pending(self) -> int:
+        """Delivered offsets not finished yet (0 once revoked)."""
+        if self._revoked:
+            return 0
+        return len(self._offsets) - self._cursor - sum(self._done[self._cursor :])
+
+    def completed(self, offset: int, token: Hashable) -> bool:
+        # A stale token or a revoked batch is checked first: late callbacks for an old assignment
+        # must be ignored quietly, whatever offset they carry.
+        if self._revoked or token != self._token:
+            return False
+        i = self._index.get(offset)
+        if i is None:
+            raise ValueError(f"offset {offset} was not delivered in this batch")
+        done = self._done
+        if not done[i]:
+            done[i] = 1
+            cursor = self._cursor
+            n = len(done)
+            while cursor < n and done[cursor]:
+                cursor += 1
+            self._cursor = cursor
+        return True
+
+    def committable(self) -> int | None:
+        if self._revoked:
+            return None
+        if self._cursor == len(self._offsets):
+            return self._next_position
+        return self._offsets[self._cursor]
+
+    def revoke(self) -> None:
+        self._revoked = True
+
+    def __repr__(self) -> str:
+        first = self._offsets[0] if self._offsets else None
+        return (
+            f"BatchProgress(first={first}, count={len(self._offsets)}, "
+            f"next_position={self._next_position}, committable={self.committable()}, "
+            f"revoked={self._revoked})"
+        )
+
+
+class PartitionProgress:
+    """The queue of batches of one partition in read order: a new poll never overwrites an old one.
+
+    Fully finished batches are dropped from the head; the newest finished position is kept, so the
+    committable offset survives an empty queue.
+    """
+
+    __slots__ = ("_batches", "_finished_position", "_revoked", "_seq", "epoch")
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self._batches: deque[BatchProgress] = deque()
+        self._finished_position: int | None = None
+        self._seq = 0
+        self._revoked = False
+
+    def add_batch(self, offsets: Sequence[int], next_position: int) -> BatchProgress:
+        if self._revoked:
+            raise RuntimeError("partition progress was revoked")
+        floor = self._batches[-1].next_position if self._batches else self._finished_position
+        if floor is not None and offsets and offsets[0] < floor:
+            # A rewind (seek, or a re-fetch after an error) inside one assignment would make the
+            # watermark go backwards; the caller must start a new assignment epoch instead.
+            raise ValueError(f"batch starts at {offsets[0]}, behind the read position {floor}")
+        self._seq += 1
+        batch = BatchProgress(offsets, next_position, (self.epoch, self._seq))
+        self._batches.append(batch)
+        return batch
+
+    def committable(self) -> int | None:
+        if self._revoked:
+            return None
+        batches = self._batches
+        while batches and batches[0].all_done:
+            self._finished_position = batches.popleft().next_position
+        if batches:
+            return batches[0].committable()
+        return self._finished_position
+
+    @property
+    def pending(self) -> int:
+        return sum(b.pending for b in self._batches)
+
+    @property
+    def batches(self) -> int:
+        return len(self._batches)
+
+    @property
+    def revoked(self) -> bool:
+        return self._revoked
+
+    def revoke(self) -> None:
+        self._revoked = True
+        for b in self._batches:
+            b.revoke()
+        self._batches.clear()
