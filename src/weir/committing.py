@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 import structlog
 
@@ -22,13 +23,18 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class CommitEvent:
-    """One partition's commit result, as observers (audits, metrics) see it."""
+    """One partition's commit, as observers (audits, metrics) see it: once when the request is
+    sent (`status="sent"`), once when its result arrives (`"committed"` or `"failed"`)."""
 
     tp: Partition
     offset: int
-    ok: bool
     sync: bool
-    error: str | None
+    status: Literal["sent", "committed", "failed"]
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "committed"
 
 
 CommitListener = Callable[[CommitEvent], None]
@@ -64,8 +70,8 @@ class Committer:
         self._finished_since += n
 
     def due(self, now: float) -> bool:
-        if self._finished_since == 0:
-            return False
+        # The interval alone also makes a commit due: the read position can move past trailing
+        # transaction markers without any record finishing.
         return self._finished_since >= self._every or now - self._last >= self._interval
 
     def to_send(self, committable: Mapping[Partition, int | None]) -> dict[Partition, int]:
@@ -79,13 +85,18 @@ class Committer:
                 out[tp] = off
         return out
 
-    def sent(self, offsets: Mapping[Partition, int], now: float) -> None:
+    def sent(self, offsets: Mapping[Partition, int], now: float, *, sync: bool = False) -> None:
         for tp, off in offsets.items():
             st = self._state.get(tp)
             if st is not None and (st.sent is None or off > st.sent):
                 st.sent = off
+            self._emit(CommitEvent(tp, off, sync, "sent"))
         self._last = now
         self._finished_since = 0
+
+    def _emit(self, event: CommitEvent) -> None:
+        for listener in self.listeners:
+            listener(event)
 
     def result(self, tp: Partition, offset: int, error: str | None, *, sync: bool) -> None:
         st = self._state.get(tp)
@@ -101,9 +112,7 @@ class Committer:
             log.debug("commit", tp=str(tp), offset=offset, sync=sync)
         else:
             log.warning("commit_failed", tp=str(tp), offset=offset, sync=sync, error=error)
-        event = CommitEvent(tp, offset, error is None, sync, error)
-        for listener in self.listeners:
-            listener(event)
+        self._emit(CommitEvent(tp, offset, sync, "committed" if error is None else "failed", error))
 
     def confirmed(self, tp: Partition) -> int | None:
         st = self._state.get(tp)

@@ -429,7 +429,22 @@ class _Loop:
     def _committable(self) -> dict[Partition, int | None]:
         return {tp: st.progress.committable() for tp, st in self.own.partitions.items()}
 
+    def _catch_up_positions(self) -> None:
+        owned = [tp for tp, st in self.own.partitions.items() if st.assignment.dispatching]
+        if not owned:
+            return
+        try:
+            positions = self.client.position(_tps({tp: None for tp in owned}))
+        except KafkaException as exc:
+            log.debug("position_failed", error=str(exc))
+            return
+        for r in positions:
+            st = self.own.partitions.get(Partition(r.topic, r.partition))
+            if st is not None and r.offset >= 0:
+                st.progress.advance_to(r.offset)
+
     def _commit_async(self, now: float) -> None:
+        self._catch_up_positions()
         send = self.committer.to_send(self._committable())
         if send:
             try:
@@ -444,7 +459,7 @@ class _Loop:
         send = self.committer.to_send(committable)
         if not send:
             return
-        self.committer.sent(send, time.monotonic())
+        self.committer.sent(send, time.monotonic(), sync=True)
         try:
             results = self.client.commit(offsets=_tps(send), asynchronous=False)
         except KafkaException as exc:

@@ -125,7 +125,7 @@ class PartitionProgress:
     def add_batch(self, offsets: Sequence[int], next_position: int) -> BatchProgress:
         if self._revoked:
             raise RuntimeError("partition progress was revoked")
-        floor = self._batches[-1].next_position if self._batches else self._finished_position
+        floor = self.read_position
         if floor is not None and offsets and offsets[0] < floor:
             # A rewind (seek, or a re-fetch after an error) inside one assignment would make the
             # watermark go backwards; the caller must start a new assignment epoch instead.
@@ -134,6 +134,22 @@ class PartitionProgress:
         batch = BatchProgress(offsets, next_position, (self.epoch, self._seq))
         self._batches.append(batch)
         return batch
+
+    @property
+    def read_position(self) -> int | None:
+        """Where the next batch is expected to start (None before the first batch)."""
+        if self._batches:
+            return self._batches[-1].next_position
+        return self._finished_position
+
+    def advance_to(self, position: int) -> bool:
+        """The client's read position moved past offsets it never delivered (transaction markers
+        at the end of the log): record that as an empty batch so the watermark can reach it."""
+        floor = self.read_position
+        if self._revoked or floor is None or position <= floor:
+            return False
+        self.add_batch((), position)
+        return True
 
     def committable(self) -> int | None:
         if self._revoked:

@@ -1,0 +1,124 @@
+"""Start, stop, kill and freeze audited member processes; feed them a steady stream of records."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+
+from tests.audit import read
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Members:
+    def __init__(self, workdir: Path, bootstrap: str, group: str, topic: str, protocol: str):
+        self.workdir = workdir
+        self.common = [
+            "--bootstrap",
+            bootstrap,
+            "--group",
+            group,
+            "--topic",
+            topic,
+            "--protocol",
+            protocol,
+        ]
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def audit_files(self) -> list[Path]:
+        return sorted(self.workdir.glob("audit-*.jsonl"))
+
+    def events(self) -> list[dict[str, Any]]:
+        return read(self.audit_files())
+
+    def start(self, name: str, *extra: str) -> None:
+        log = (self.workdir / f"{name}.log").open("ab")
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.audit.member",
+            *self.common,
+            "--member",
+            name,
+            "--audit",
+            str(self.workdir / f"audit-{name}.jsonl"),
+            *extra,
+        ]
+        self.procs[name] = subprocess.Popen(
+            cmd, cwd=REPO, stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": str(REPO)}
+        )
+
+    def stop(self, name: str, timeout: float = 30) -> int:
+        p = self.procs.pop(name)
+        p.send_signal(signal.SIGTERM)
+        return p.wait(timeout)
+
+    def kill(self, name: str) -> None:
+        p = self.procs.pop(name)
+        p.kill()
+        p.wait(10)
+
+    def freeze(self, name: str, seconds: float) -> None:
+        p = self.procs[name]
+        p.send_signal(signal.SIGSTOP)
+        time.sleep(seconds)
+        p.send_signal(signal.SIGCONT)
+
+    def wait_for(self, pred: Any, timeout: float, what: str) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
+                    raise AssertionError(f"member {name} exited with {p.returncode}:\n{tail}")
+            evs = self.events()
+            if pred(evs):
+                return evs
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            p.send_signal(signal.SIGCONT)
+            p.kill()
+            p.wait(10)
+        self.procs.clear()
+
+
+def handled_by(evs: list[dict[str, Any]], member: str) -> int:
+    return sum(1 for e in evs if e["ev"] == "done" and e["m"] == member)
+
+
+class SteadyProducer(threading.Thread):
+    """Produces keyed records at a steady rate until stopped; counts what was acknowledged."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: float) -> None:
+        super().__init__(daemon=True)
+        self._p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
+        self._topic = topic
+        self._rate = rate
+        self._halt = threading.Event()
+        self.sent = 0
+
+    def run(self) -> None:
+        start = time.monotonic()
+        while not self._halt.is_set():
+            due = int((time.monotonic() - start) * self._rate)
+            while self.sent < due:
+                self._p.produce(self._topic, key=b"k%d" % (self.sent % 97), value=b"x" * 64)
+                self.sent += 1
+            self._p.poll(0)
+            time.sleep(0.01)
+
+    def finish(self) -> None:
+        self._halt.set()
+        self.join(10)
+        assert self._p.flush(30) == 0

@@ -1,0 +1,107 @@
+"""Small broker-side helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from weir import GroupConsumer, Record
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    items: Iterable[tuple[bytes | None, bytes]],
+    *,
+    partition: int | None = None,
+) -> int:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
+    n = 0
+    for key, value in items:
+        if partition is None:
+            p.produce(topic, key=key, value=value)
+        else:
+            p.produce(topic, key=key, value=value, partition=partition)
+        n += 1
+        if n % 10_000 == 0:
+            p.poll(0)
+    left = p.flush(30)
+    assert left == 0, f"{left} records not delivered"
+    return n
+
+
+def keyed_orders(n: int, keys: int) -> list[tuple[bytes, bytes]]:
+    """n records over `keys` keys; each value carries its sequence number within its key."""
+    seq = [0] * keys
+    out = []
+    for i in range(n):
+        k = i % keys
+        out.append((f"k{k}".encode(), json.dumps({"key": k, "seq": seq[k]}).encode()))
+        seq[k] += 1
+    return out
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        res = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=15)
+        return [r.offset for r in res]
+    finally:
+        c.close()
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
+    try:
+        return [
+            c.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
+            for p in range(partitions)
+        ]
+    finally:
+        c.close()
+
+
+@dataclass
+class Seen:
+    """Thread-safe log of handler calls."""
+
+    calls: list[tuple[int, int, bytes | None, bytes | None]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    changed: threading.Condition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.changed = threading.Condition(self.lock)
+
+    def add(self, r: Record) -> None:
+        with self.changed:
+            self.calls.append((r.partition, r.offset, r.key, r.value))
+            self.changed.notify_all()
+
+    def wait_for(self, n: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: len({c[:2] for c in self.calls}) >= n, timeout)
+
+    def offsets(self, partition: int | None = None) -> set[tuple[int, int]]:
+        with self.lock:
+            return {c[:2] for c in self.calls if partition is None or c[0] == partition}
+
+
+def member(
+    handler: Any, bootstrap: str, group: str, topics: Sequence[str], **kw: Any
+) -> GroupConsumer:
+    settings: dict[str, Any] = {
+        "commit_interval": 0.2,
+        "shutdown_timeout": 10.0,
+        "revoke_timeout": 5.0,
+        "startup_timeout": 15.0,
+    }
+    settings.update(kw)
+    return GroupConsumer(
+        handler, bootstrap_servers=bootstrap, group_id=group, topics=list(topics), **settings
+    )
