@@ -294,10 +294,6 @@ class _Loop:
                 log.warning("shutdown_budget_exceeded", unfinished=left)
             self._commit_sync(self._committable())
             self._publish(running=False)
-            try:
-                gc._handler.on_shutdown()
-            except Exception:
-                log.exception("handler_hook_failed", hook="on_shutdown")
             if self.cfg.group_instance_id is None:
                 # Leave the group now so partitions move at once. A static member keeps its
                 # partitions for the session timeout instead, so a restart gets them back.
@@ -311,6 +307,10 @@ class _Loop:
                 client.close()
             except Exception:
                 log.exception("close_failed")
+            try:
+                gc._handler.on_shutdown()
+            except Exception:
+                log.exception("handler_hook_failed", hook="on_shutdown")
             self.scheduler.stop(max(0.0, deadline - time.monotonic()))
             log.info("consumer_stopped", processed=self.processed)
 

@@ -96,7 +96,8 @@ class Handler:
         """Called when ownership was lost without a hand-off: nothing was committed for them."""
 
     def on_shutdown(self) -> None:
-        """Called once, after the final commit, before the client is closed."""
+        """Called once, last: after the final commit, after the member left the group (its
+        `on_revoked` for the final hand-off has run) and the client was closed."""
 
 
 class _FunctionHandler(Handler):

@@ -1,0 +1,110 @@
+"""Flow control on a real broker: a large backlog behind a slow handler stays within budget and
+never costs the member its place in the group."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from tests.integration.kafka_helpers import committed, member
+from weir import FlowConfig, Record
+
+pytestmark = pytest.mark.broker
+
+
+def _bulk(bootstrap: str, topic: str, n: int, size: int) -> None:
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 500_000,
+        }
+    )
+    payload = b"x" * size
+    for i in range(n):
+        while True:
+            try:
+                p.produce(topic, key=b"%d" % (i % 1000), value=payload)
+                break
+            except BufferError:
+                p.poll(0.05)
+    assert p.flush(60) == 0
+
+
+def test_backlog_drains_within_budget_without_losing_membership(
+    kafka_bootstrap: str, make_topic: Any
+) -> None:
+    n = 200_000
+    topic = make_topic(4)
+    _bulk(kafka_bootstrap, topic, n, 100)
+    group = f"flow-{uuid.uuid4().hex[:8]}"
+    flow = FlowConfig(capacity_records=1200, pause_records=1000, resume_records=400)
+    count = [0]
+    lock = threading.Lock()
+    finished = threading.Event()
+
+    def slow(r: Record) -> None:
+        time.sleep(0.0002)
+        with lock:
+            count[0] += 1
+            if count[0] == n:
+                finished.set()
+
+    gc = member(
+        slow,
+        kafka_bootstrap,
+        group,
+        [topic],
+        ordering="key",
+        workers=8,
+        flow=flow,
+        max_batch=200,
+        commit_interval=1.0,
+    )
+    with gc:
+        assert finished.wait(240), f"only {count[0]} of {n} processed"
+        time.sleep(1.5)  # one more commit interval
+        stats = gc.stats()
+    assert count[0] == n, "a record was processed twice or not at all without a rebalance"
+    assert stats.peak_in_flight <= flow.capacity_records
+    assert stats.pauses >= 1, "a 200k backlog behind a slow handler should have paused fetching"
+    assert stats.rebalances == 1, "the member lost or gave up partitions while draining"
+    assert sum(committed(kafka_bootstrap, group, topic, 4)) == n
+
+
+def test_batches_slower_than_max_poll_interval_keep_the_member(
+    kafka_bootstrap: str, make_topic: Any
+) -> None:
+    topic = make_topic(1)
+    _bulk(kafka_bootstrap, topic, 300, 10)
+    seen: list[int] = []
+
+    def slow(r: Record) -> None:
+        time.sleep(0.04)  # 300 records in one lane: ~12 s, twice max.poll.interval.ms
+        seen.append(r.offset)
+
+    gc = member(
+        slow,
+        kafka_bootstrap,
+        f"mp-{uuid.uuid4().hex[:8]}",
+        [topic],
+        ordering="partition",
+        workers=4,
+        max_poll_interval_ms=6000,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1000,
+        revoke_timeout=2.0,
+    )
+    with gc:
+        deadline = time.monotonic() + 60
+        while len(seen) < 300 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stats = gc.stats()
+    assert seen == list(range(300)), "records were replayed or skipped"
+    assert stats.rebalances == 1, "the member was kicked out while a batch ran"
