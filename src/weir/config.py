@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 __all__ = ["ConsumerConfig", "FlowConfig", "is_secret_key", "mask_secrets"]
 
@@ -43,6 +51,18 @@ def is_secret_key(key: str) -> bool:
 
 def mask_secrets(conf: dict[str, Any]) -> dict[str, Any]:
     return {k: ("***" if is_secret_key(k) else v) for k, v in conf.items()}
+
+
+class _NotScalarSecret(SecretStr):
+    """A secret given as something other than a scalar: masked like any secret, then refused."""
+
+
+def _wrap_secret(value: Any) -> SecretStr:
+    if isinstance(value, SecretStr):
+        return value
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
+        return SecretStr(str(value))
+    return _NotScalarSecret("")
 
 
 class FlowConfig(BaseModel):
@@ -128,6 +148,7 @@ class ConsumerConfig(BaseModel):
     max_poll_interval_ms: int = Field(300_000, ge=1)
     auto_offset_reset: Literal["earliest", "latest", "error"] = "earliest"
 
+    flow: FlowConfig = FlowConfig()
     max_batch: int = Field(200, ge=1, le=100_000)
     poll_timeout: float = Field(0.1, gt=0, le=1.0)
     commit_interval: float = Field(1.0, gt=0)
@@ -136,8 +157,19 @@ class ConsumerConfig(BaseModel):
     shutdown_timeout: float = Field(30.0, gt=0)
     startup_timeout: float = Field(30.0, gt=0)
 
-    flow: FlowConfig = FlowConfig()
-    kafka: dict[str, KafkaValue] = Field(default_factory=dict)
+    kafka: dict[str, KafkaValue | SecretStr] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mask_before_validation(cls, data: Any) -> Any:
+        # Errors carry their raw input (ValidationError.json() shows it even with
+        # hide_input_in_errors), so secrets are wrapped before any rule can fail on them.
+        if isinstance(data, dict) and isinstance(data.get("kafka"), dict):
+            data = dict(data)
+            data["kafka"] = {
+                k: _wrap_secret(v) if is_secret_key(str(k)) else v for k, v in data["kafka"].items()
+            }
+        return data
 
     @field_validator("topics")
     @classmethod
@@ -175,10 +207,48 @@ class ConsumerConfig(BaseModel):
             )
         return v
 
+    @field_validator("heartbeat_interval_ms")
+    @classmethod
+    def _heartbeat(cls, v: int | None, info: ValidationInfo) -> int | None:
+        session = info.data.get("session_timeout_ms")
+        if v is not None and session is not None and v >= session:
+            raise ValueError(
+                f"heartbeat_interval_ms must be below session_timeout_ms ({v} >= {session})"
+            )
+        return v
+
+    @field_validator("max_batch")
+    @classmethod
+    def _max_batch(cls, v: int, info: ValidationInfo) -> int:
+        flow = info.data.get("flow")
+        if flow is not None and v > flow.headroom_records:
+            raise ValueError(
+                f"max_batch ({v}) is larger than the flow headroom flow.capacity_records - "
+                f"flow.pause_records ({flow.headroom_records}): one fetched batch could pass "
+                "the capacity"
+            )
+        return v
+
+    @field_validator("revoke_timeout")
+    @classmethod
+    def _revoke_timeout(cls, v: float, info: ValidationInfo) -> float:
+        max_poll = info.data.get("max_poll_interval_ms")
+        if max_poll is not None and v * 1000 > max_poll / 2:
+            raise ValueError(
+                f"revoke_timeout ({v}s) must stay below half of max_poll_interval_ms "
+                f"({max_poll} ms): the drain runs inside the rebalance callback, where the "
+                "member does not poll"
+            )
+        return v
+
     @field_validator("kafka")
     @classmethod
-    def _kafka(cls, v: dict[str, KafkaValue]) -> dict[str, KafkaValue]:
+    def _kafka(
+        cls, v: dict[str, KafkaValue | SecretStr], info: ValidationInfo
+    ) -> dict[str, KafkaValue | SecretStr]:
         for key, value in v.items():
+            if isinstance(value, _NotScalarSecret):
+                raise ValueError(f"kafka[{key!r}] must be a string")
             if key in _TYPED_KEYS:
                 raise ValueError(f"set {_TYPED_KEYS[key]!r} instead of kafka[{key!r}]")
             if key in _FORCED_OFF and str(value).lower() not in ("false", "0"):
@@ -188,35 +258,18 @@ class ConsumerConfig(BaseModel):
                 )
             if key in _CALLBACK_KEYS:
                 raise ValueError(f"kafka[{key!r}] is owned by weir and cannot be overridden")
-        return v
-
-    @model_validator(mode="after")
-    def _cross(self) -> ConsumerConfig:
-        hb, session = self.heartbeat_interval_ms, self.session_timeout_ms
-        if hb is not None and session is not None and hb >= session:
-            raise ValueError(
-                f"heartbeat_interval_ms must be below session_timeout_ms ({hb} >= {session})"
-            )
-        budget_ms = max(self.revoke_timeout, 0) * 1000
-        if budget_ms > self.max_poll_interval_ms / 2:
-            raise ValueError(
-                f"revoke_timeout ({self.revoke_timeout}s) must stay below half of "
-                f"max_poll_interval_ms ({self.max_poll_interval_ms} ms): the drain runs inside "
-                "the rebalance callback, where the member does not poll"
-            )
-        if self.max_batch > self.flow.headroom_records:
-            raise ValueError(
-                f"max_batch ({self.max_batch}) is larger than the flow headroom "
-                f"flow.capacity_records - flow.pause_records ({self.flow.headroom_records}): "
-                "one fetched batch could pass the capacity"
-            )
-        queued_kb = self.kafka.get("queued.max.messages.kbytes")
-        if queued_kb is not None and int(queued_kb) * 1024 > self.flow.headroom_bytes:
+        flow = info.data.get("flow")
+        queued_kb = v.get("queued.max.messages.kbytes")
+        if (
+            flow is not None
+            and isinstance(queued_kb, str | int | float)
+            and int(queued_kb) * 1024 > flow.headroom_bytes
+        ):
             raise ValueError(
                 f"kafka['queued.max.messages.kbytes'] ({queued_kb}) exceeds the flow byte "
-                f"headroom flow.capacity_bytes - flow.pause_bytes ({self.flow.headroom_bytes})"
+                f"headroom flow.capacity_bytes - flow.pause_bytes ({flow.headroom_bytes})"
             )
-        return self
+        return v
 
     def effective_strategy(self) -> str | None:
         if self.group_protocol == "consumer":
@@ -263,7 +316,10 @@ class ConsumerConfig(BaseModel):
             conf["session.timeout.ms"] = self.session_timeout_ms
         if self.heartbeat_interval_ms is not None:
             conf["heartbeat.interval.ms"] = self.heartbeat_interval_ms
-        conf.update(self.kafka)
+        conf.update(
+            (k, v.get_secret_value() if isinstance(v, SecretStr) else v)
+            for k, v in self.kafka.items()
+        )
         return conf
 
     def __repr_args__(self) -> Any:

@@ -284,11 +284,12 @@ class _Loop:
         try:
             self.own.stop_dispatch()
             self._set_paused(list(self.own.partitions), True)
-            while self.scheduler.outstanding() and time.monotonic() < deadline:
+            while self.scheduler.running() and time.monotonic() < deadline:
                 self._drain(0.05)
                 # Keep serving the group while handlers finish; nothing new is dispatched.
                 self.client.consume(1, 0)
-            left = self.scheduler.outstanding()
+            self._drain(0)
+            left = self.scheduler.running()
             if left:
                 self.own.cancel_all()
                 log.warning("shutdown_budget_exceeded", unfinished=left)
@@ -391,7 +392,7 @@ class _Loop:
                 return n
 
     def _drain_until(self, deadline: float, tps: set[Partition]) -> None:
-        while self.scheduler.outstanding(tps):
+        while self.scheduler.running(tps):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return

@@ -100,7 +100,7 @@ class Ownership:
             self.partitions[tp].assignment.dispatching = False
         self._drop_queued(owned)
         drain(deadline, owned)
-        left = self._scheduler.outstanding(owned)
+        left = self._scheduler.running(owned)
         offsets: dict[Partition, int] = {}
         for tp in owned:
             off = self.partitions[tp].progress.committable()

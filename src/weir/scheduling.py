@@ -53,7 +53,7 @@ class Outcome(enum.Enum):
 
 
 class Work:
-    __slots__ = ("assignment", "attempt", "batch", "lane", "record", "registered_at")
+    __slots__ = ("assignment", "attempt", "batch", "lane", "record", "registered_at", "started")
 
     def __init__(
         self, record: Record, batch: BatchProgress, assignment: Assignment, registered_at: float
@@ -64,6 +64,9 @@ class Work:
         self.attempt = 1
         self.lane: Hashable | None = None
         self.registered_at = registered_at
+        # Set by the worker that takes it, before the fence check: the owner waits at a revoke
+        # only for records some worker has taken, not for ones still in the ready queue.
+        self.started = False
 
 
 class Completion:
@@ -96,8 +99,8 @@ class Scheduler:
         self._lanes: dict[Hashable, deque[Work]] = {}
         self._ready: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
         self.completions: queue.SimpleQueue[Completion] = queue.SimpleQueue()
-        # Records handed to workers and not yet back, per partition: what a revoke waits for.
-        self._outstanding: dict[Partition, int] = {}
+        # Records handed to workers and not yet back, per partition.
+        self._outstanding: dict[Partition, set[Work]] = {}
         self._threads = [
             threading.Thread(target=self._worker, name=f"weir-worker-{i}", daemon=True)
             for i in range(workers)
@@ -138,17 +141,21 @@ class Scheduler:
 
     def _release(self, work: Work) -> None:
         tp = work.assignment.tp
-        self._outstanding[tp] = self._outstanding.get(tp, 0) + 1
+        out = self._outstanding.get(tp)
+        if out is None:
+            self._outstanding[tp] = {work}
+        else:
+            out.add(work)
         self._ready.put(work)
 
     def returned(self, work: Work) -> None:
         """A completion came back: it no longer counts as outstanding."""
         tp = work.assignment.tp
-        n = self._outstanding.get(tp, 0) - 1
-        if n > 0:
-            self._outstanding[tp] = n
-        else:
-            self._outstanding.pop(tp, None)
+        out = self._outstanding.get(tp)
+        if out is not None:
+            out.discard(work)
+            if not out:
+                del self._outstanding[tp]
 
     def advance(self, work: Work) -> None:
         """The record is finished (or fenced): release the next one of its lane."""
@@ -168,9 +175,20 @@ class Scheduler:
         self._release(work)
 
     def outstanding(self, tps: Iterable[Partition] | None = None) -> int:
+        """Records handed to workers and not back yet (started or still in the ready queue)."""
         if tps is None:
-            return sum(self._outstanding.values())
-        return sum(self._outstanding.get(tp, 0) for tp in tps)
+            return sum(len(s) for s in self._outstanding.values())
+        return sum(len(self._outstanding.get(tp, ())) for tp in tps)
+
+    def running(self, tps: Iterable[Partition] | None = None) -> int:
+        """Outstanding records a worker has taken: what a revoke or shutdown must wait for.
+        Records still in the ready queue of a fenced assignment come back without running."""
+        groups = (
+            self._outstanding.values()
+            if tps is None
+            else (self._outstanding.get(tp, ()) for tp in tps)
+        )
+        return sum(1 for group in groups for w in group if w.started)
 
     def drop_queued(self, tps: set[Partition]) -> list[Work]:
         """Remove records of `tps` that no worker has been handed yet; lane heads already
@@ -202,6 +220,7 @@ class Scheduler:
             work = ready.get()
             if work is None:
                 return
+            work.started = True
             a = work.assignment
             if not a.dispatching:
                 done.put(Completion(work, Outcome.FENCED, None, 0.0))

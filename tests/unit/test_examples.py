@@ -6,8 +6,8 @@ import sqlite3
 import threading
 
 import pytest
-
 from examples.idempotent_sink import SCHEMA, FencedSink, IdempotentSink, StaleOwnerError
+
 from weir import Context, Record
 
 

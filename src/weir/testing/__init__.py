@@ -1,0 +1,84 @@
+"""Real-Kafka test harness: an embedded broker/cluster, broker providers and pytest fixtures.
+
+Importing this package starts nothing and imports almost nothing: the pytest plugin lives here and
+is loaded in every pytest run of every project that installs weir, so names resolve lazily.
+The produce/consume helpers for tests live in ``weir.testing.pytest_plugin`` next to the fixtures.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from weir.testing.broker import TEST_BROKER_DEFAULTS, EmbeddedKafka, KafkaNode
+    from weir.testing.cluster import EmbeddedKafkaCluster
+    from weir.testing.errors import (
+        BrokerStartError,
+        BrokerUnavailableError,
+        HarnessError,
+        JavaNotFoundError,
+        JavaVersionError,
+        MavenError,
+        MavenNotFoundError,
+        PortInUseError,
+    )
+    from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars
+    from weir.testing.providers import (
+        BrokerProvider,
+        EmbeddedBroker,
+        ExternalBroker,
+        TestcontainersBroker,
+        select_provider,
+    )
+
+_WHERE = {
+    "TEST_BROKER_DEFAULTS": "broker",
+    "EmbeddedKafka": "broker",
+    "KafkaNode": "broker",
+    "EmbeddedKafkaCluster": "cluster",
+    "BrokerStartError": "errors",
+    "BrokerUnavailableError": "errors",
+    "HarnessError": "errors",
+    "JavaNotFoundError": "errors",
+    "JavaVersionError": "errors",
+    "MavenError": "errors",
+    "MavenNotFoundError": "errors",
+    "PortInUseError": "errors",
+    "KAFKA_VERSION": "jars",
+    "ensure_kafka_jars": "jars",
+    "BrokerProvider": "providers",
+    "EmbeddedBroker": "providers",
+    "ExternalBroker": "providers",
+    "TestcontainersBroker": "providers",
+    "select_provider": "providers",
+}
+
+__all__ = [
+    "KAFKA_VERSION",
+    "TEST_BROKER_DEFAULTS",
+    "BrokerProvider",
+    "BrokerStartError",
+    "BrokerUnavailableError",
+    "EmbeddedBroker",
+    "EmbeddedKafka",
+    "EmbeddedKafkaCluster",
+    "ExternalBroker",
+    "HarnessError",
+    "JavaNotFoundError",
+    "JavaVersionError",
+    "KafkaNode",
+    "MavenError",
+    "MavenNotFoundError",
+    "PortInUseError",
+    "TestcontainersBroker",
+    "ensure_kafka_jars",
+    "select_provider",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,675 @@
+"""A real Apache Kafka broker (KRaft, combined broker+controller) as a Java subprocess for tests.
+
+``KafkaNode`` is one Kafka process and is shared with the multi-node cluster in ``cluster.py``;
+``EmbeddedKafka`` is the single-node broker most tests use.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from types import TracebackType
+
+import structlog
+
+from weir.testing.errors import BrokerStartError, PortInUseError
+from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars, require_java
+
+log = structlog.get_logger(__name__)
+
+LOOPBACK = "127.0.0.1"
+DEFAULT_START_TIMEOUT_S = 90.0
+DEFAULT_STOP_TIMEOUT_S = 30.0
+FORMAT_TIMEOUT_S = 60.0
+LOG_TAIL_LINES = 40
+_PORT_ATTEMPTS = 3
+_BIND_FAILURE = "Address already in use"
+_STARTED = "Kafka Server started"
+
+# Settings that make a single-machine test broker fast and small. Each differs from Kafka's default
+# for a reason a test can feel:
+TEST_BROKER_DEFAULTS: Mapping[str, str] = {
+    # Internal topics cannot get their production replication factor (3) from one broker.
+    "offsets.topic.replication.factor": "1",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    # Fewer internal partitions: the first group/transaction creates them, and 50 take seconds.
+    "offsets.topic.num.partitions": "10",
+    "transaction.state.log.num.partitions": "4",
+    # Kafka waits 3 s before the first classic rebalance of a new group; tests create many groups.
+    "group.initial.rebalance.delay.ms": "0",
+    # Classic protocol: allow clients' session.timeout.ms below the 6 s floor.
+    "group.min.session.timeout.ms": "1000",
+    # KIP-848: session and heartbeat are broker-side. Defaults (45 s session, 5 s heartbeat, with
+    # the same minimums) make a failed consumer take 45 s to be noticed. All are atLeast(1); the
+    # broker requires min <= value <= max for both pairs and heartbeat < session.
+    "group.consumer.min.session.timeout.ms": "1000",
+    "group.consumer.session.timeout.ms": "6000",
+    "group.consumer.min.heartbeat.interval.ms": "250",
+    "group.consumer.heartbeat.interval.ms": "500",
+    # The log cleaner reserves this much heap up front (default 128 MiB); tests need little.
+    "log.cleaner.dedupe.buffer.size": "2097152",
+    # Producers may create topics on first use (Kafka's default, kept on purpose): demos and ad-hoc
+    # scripts just work. Tests should still create topics explicitly to choose partition counts.
+    "auto.create.topics.enable": "true",
+    "num.partitions": "1",
+    # Thread pools sized for a laptop/CI runner rather than a server.
+    "num.io.threads": "4",
+    "num.network.threads": "2",
+    "background.threads": "4",
+}
+
+
+def pick_free_port() -> int:
+    """A loopback port nobody listens on right now (the kernel's choice for port 0).
+
+    The port is released before Java binds it, so another process can take it in between; callers
+    retry on a bind failure rather than trying to prevent that race.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def pick_free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: hold all sockets open while picking so none repeats."""
+    with contextlib.ExitStack() as stack:
+        ports: list[int] = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((LOOPBACK, 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Java's ServerSocket sets SO_REUSEADDR, so a port in TIME_WAIT is usable: mirror that.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
+def require_free_port(port: int, what: str) -> None:
+    if not port_is_free(port):
+        raise PortInUseError(
+            f"{what} port {LOOPBACK}:{port} is already in use; pass another port or leave it unset "
+            "so the harness picks a free one."
+        )
+
+
+def port_accepts(port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def kafka_answers(port: int, timeout: float = 1.0) -> bool:
+    """Whether a Kafka broker answers an ApiVersions request on the port.
+
+    A bare TCP connect is not proof: whoever took a port between our pick and Java's bind would
+    also accept connections.
+    """
+    correlation_id = 0x7765_6972  # "weir"
+    client_id = b"weir-probe"
+    # Request header v1 (api_key 18 = ApiVersions, version 0), empty v0 body.
+    body = struct.pack(">hhih", 18, 0, correlation_id, len(client_id)) + client_id
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
+            sock.sendall(struct.pack(">i", len(body)) + body)
+            reply = b""
+            while len(reply) < 10:  # size, correlation id, error code
+                chunk = sock.recv(64)
+                if not chunk:
+                    return False
+                reply += chunk
+    except OSError:
+        return False
+    _size, got_id, error_code = struct.unpack(">iih", reply[:10])
+    return bool(got_id == correlation_id and error_code == 0)
+
+
+def new_cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (as Uuid.toString()).
+
+    Generated here to save a JVM start (`StorageTool random-uuid`). Like Kafka's generator, skip ids
+    starting with '-': the storage tool's command line would read them as flags.
+    """
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+        if not text.startswith("-"):
+            return text
+
+
+# --- process lifetime ----------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+_at_exit_lock = threading.Lock()
+_at_exit: dict[int, Callable[[], None]] = {}
+
+
+def register_at_exit(owner: object, stop: Callable[[], None]) -> None:
+    """Run ``stop`` when the interpreter exits normally, unless unregistered first."""
+    with _at_exit_lock:
+        _at_exit[id(owner)] = stop
+
+
+def unregister_at_exit(owner: object) -> None:
+    with _at_exit_lock:
+        _at_exit.pop(id(owner), None)
+
+
+@atexit.register
+def _stop_everything() -> None:
+    with _at_exit_lock:
+        pending = list(_at_exit.values())
+        _at_exit.clear()
+    for stop in pending:
+        with contextlib.suppress(Exception):
+            stop()
+
+
+def _die_with_parent_hook() -> Callable[[], None] | None:
+    """A preexec_fn asking Linux to SIGKILL the child when its parent dies, or None if unavailable.
+
+    atexit alone is not enough: it does not run when Python is SIGKILLed or crashes, and an
+    orphaned broker keeps ports, memory and temp dirs. PR_SET_PDEATHSIG fires when the *thread*
+    that forked the child exits, so it is only safe from the main thread; elsewhere we rely on
+    atexit.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        log.debug("not on the main thread: broker relies on atexit, not PR_SET_PDEATHSIG")
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        # The parent may have died between fork() and prctl(); then nobody would ever kill us.
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
+
+
+# --- one Kafka process ---------------------------------------------------------------------------
+
+
+class KafkaNode:
+    """One Kafka JVM in KRaft combined mode (broker + controller) with its own dir, ports and log.
+
+    The node knows its peers only through ``quorum`` (the controller.quorum.* properties).
+    Restarting a stopped node reuses its storage and ports, as a real broker restart would.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: int,
+        workdir: Path,
+        port: int,
+        controller_port: int,
+        quorum: Mapping[str, str],
+        properties: Mapping[str, str],
+        java: str,
+        jars: Path,
+        heap: str = "512m",
+        jvm_args: Sequence[str] = (),
+        die_with_parent: bool = True,
+    ) -> None:
+        self.node_id = node_id
+        self.workdir = workdir
+        self.port = port
+        self.controller_port = controller_port
+        self.java = java
+        self.jars = jars
+        self.heap = heap
+        self.jvm_args = tuple(jvm_args)
+        self.die_with_parent = die_with_parent
+        self.data_dir = workdir / "data"
+        self.config_path = workdir / "server.properties"
+        self.log_path = workdir / "kafka.log"
+        self.log4j_path = workdir / "log4j2.properties"
+        self.properties: dict[str, str] = {
+            **self._own_properties(),
+            **quorum,
+            **properties,
+        }
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0
+
+    def _own_properties(self) -> dict[str, str]:
+        return {
+            "process.roles": "broker,controller",
+            "node.id": str(self.node_id),
+            "listeners": (
+                f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self.port}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+        }
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def prepare(self, cluster_id: str, *, standalone: bool) -> None:
+        """Write the config files and format the storage (first start only).
+
+        ``standalone`` pairs with controller.quorum.bootstrap.servers (dynamic quorum of one);
+        without it the static controller.quorum.voters list is used. Kafka 4.1.1 rejects mixing
+        them.
+        """
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(
+            "".join(f"{key}={value}\n" for key, value in sorted(self.properties.items()))
+        )
+        self.log4j_path.write_text(
+            (resources.files("weir.testing") / "log4j2.properties").read_text(encoding="utf-8")
+        )
+        command = [
+            self.java,
+            "-Xmx256m",
+            "-cp",
+            self._classpath(),
+            "kafka.tools.StorageTool",
+            "format",
+            "--cluster-id",
+            cluster_id,
+            "-c",
+            str(self.config_path),
+        ]
+        if standalone:
+            command.append("--standalone")
+        offset = self._log_size()
+        with self.log_path.open("ab") as out:
+            out.write(f"--- weir: formatting storage: {' '.join(command)}\n".encode())
+            out.flush()
+            try:
+                result = subprocess.run(
+                    command,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=FORMAT_TIMEOUT_S,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise BrokerStartError(
+                    f"Formatting Kafka storage for node {self.node_id} took over "
+                    f"{FORMAT_TIMEOUT_S:.0f} s",
+                    self.log_tail(since=offset),
+                ) from exc
+        if result.returncode != 0:
+            raise BrokerStartError(
+                f"Formatting Kafka storage for node {self.node_id} failed "
+                f"(exit {result.returncode}); an override is probably invalid",
+                self.log_tail(since=offset),
+            )
+
+    def launch(self) -> None:
+        """Start the JVM without waiting for it; see ``wait_ready``."""
+        if self.running:
+            return
+        command = [
+            self.java,
+            f"-Xmx{self.heap}",
+            "-Xms128m",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.log4j_path}",
+            *self.jvm_args,
+            "-cp",
+            self._classpath(),
+            "kafka.Kafka",
+            str(self.config_path),
+        ]
+        self._log_offset = self._log_size()
+        with self.log_path.open("ab") as out:
+            out.write(f"--- weir: starting node {self.node_id}: {' '.join(command)}\n".encode())
+            out.flush()
+            self._proc = subprocess.Popen(
+                command,
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                # Own session: a Ctrl-C in the terminal reaches Python, which then stops us cleanly,
+                # instead of killing the broker mid-test.
+                start_new_session=True,
+                preexec_fn=_die_with_parent_hook() if self.die_with_parent else None,
+            )
+        log.debug("kafka node launched", node_id=self.node_id, pid=self._proc.pid, port=self.port)
+
+    def wait_ready(self, deadline: float) -> None:
+        """Block until this node serves clients, or raise BrokerStartError with the log tail if
+        the JVM exits or time runs out.
+
+        Ready means our JVM logged "Kafka Server started" and the client port answers a Kafka
+        request: a port answering alone could be someone else who grabbed it first.
+        """
+        proc = self._proc
+        if proc is None:
+            raise BrokerStartError(f"Kafka node {self.node_id} was never launched")
+        while True:
+            code = proc.poll()
+            if code is not None:
+                raise BrokerStartError(
+                    f"Kafka node {self.node_id} exited with code {code} during start-up "
+                    f"(log: {self.log_path})",
+                    self.log_tail(since=self._log_offset),
+                )
+            if _STARTED in self._read_log(self._log_offset) and kafka_answers(self.port):
+                return
+            if time.monotonic() > deadline:
+                self.kill()
+                raise BrokerStartError(
+                    f"Kafka node {self.node_id} did not open {self.bootstrap_servers} in time "
+                    f"(log: {self.log_path})",
+                    self.log_tail(since=self._log_offset),
+                )
+            time.sleep(0.1)
+
+    def start(self, timeout: float = DEFAULT_START_TIMEOUT_S) -> None:
+        self.launch()
+        self.wait_ready(time.monotonic() + timeout)
+
+    def stop(self, timeout: float = DEFAULT_STOP_TIMEOUT_S) -> None:
+        """SIGTERM (Kafka shuts down cleanly on it), then SIGKILL after ``timeout``."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("kafka node ignored SIGTERM", node_id=self.node_id, pid=proc.pid)
+                proc.kill()
+                proc.wait(10)
+        self._proc = None
+
+    def terminate(self) -> None:
+        """Send SIGTERM without waiting, so several nodes can shut down in parallel."""
+        if self.running and self._proc is not None:
+            self._proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, as far as the rest of the cluster can tell."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        self._proc = None
+
+    def bind_failed(self) -> bool:
+        """Whether the last launch died because a port was taken between picking and binding."""
+        return _BIND_FAILURE in self._read_log(self._log_offset)
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES, *, since: int = 0) -> str:
+        return "\n".join(self._read_log(since).splitlines()[-lines:])
+
+    def _read_log(self, since: int) -> str:
+        try:
+            with self.log_path.open("rb") as handle:
+                handle.seek(since)
+                return handle.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def _classpath(self) -> str:
+        # The JVM expands a trailing `*` itself; no need to list ~50 jars.
+        return str(self.jars / "*")
+
+
+def stop_nodes(nodes: Sequence[KafkaNode], timeout: float) -> None:
+    """Stop several nodes in parallel: SIGTERM all, then wait, then SIGKILL stragglers."""
+    for node in nodes:
+        node.terminate()
+    deadline = time.monotonic() + timeout
+    for node in nodes:
+        node.stop(max(0.1, deadline - time.monotonic()))
+
+
+def resolve_workdir(
+    workdir: str | Path | None, keep: bool | None, prefix: str
+) -> tuple[Path, bool]:
+    """(directory, whether stop() should delete it).
+
+    A directory the caller names is theirs: kept unless keep=False. A temp dir we create is removed
+    unless keep=True.
+    """
+    if workdir is None:
+        path = Path(tempfile.mkdtemp(prefix=prefix))
+        return path, not keep
+    path = Path(workdir).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path, keep is False
+
+
+# --- the single broker ---------------------------------------------------------------------------
+
+
+class EmbeddedKafka:
+    """A single-node Kafka (KRaft combined mode) on loopback ports, for tests.
+
+    >>> with EmbeddedKafka() as kafka:
+    ...     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+
+    ``port``/``controller_port`` default to free ports picked at start; a bind race is retried
+    with new ports. ``overrides`` are applied last, over ``TEST_BROKER_DEFAULTS``.
+    ``start_timeout`` covers storage formatting and JVM start-up, not the one-time jar download
+    (see ``jars.py``).
+    """
+
+    def __init__(
+        self,
+        *,
+        overrides: Mapping[str, str] | None = None,
+        workdir: str | Path | None = None,
+        keep: bool | None = None,
+        port: int | None = None,
+        controller_port: int | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT_S,
+        stop_timeout: float = DEFAULT_STOP_TIMEOUT_S,
+        heap: str = "512m",
+        jvm_args: Sequence[str] = (),
+        kafka_version: str = KAFKA_VERSION,
+        die_with_parent: bool = True,
+    ) -> None:
+        self._overrides = dict(overrides or {})
+        self._requested_workdir = workdir
+        self._keep = keep
+        self._requested_ports = (port, controller_port)
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self._heap = heap
+        self._jvm_args = tuple(jvm_args)
+        self.kafka_version = kafka_version
+        self._die_with_parent = die_with_parent
+        self.cluster_id = new_cluster_id()
+        self._node: KafkaNode | None = None
+        self._workdir: Path | None = None
+        self._remove_workdir = False
+
+    # -- lifecycle --
+
+    def start(self) -> EmbeddedKafka:
+        if self.running:
+            return self
+        port, controller_port = self._requested_ports
+        if port is not None:
+            require_free_port(port, "Client")
+        if controller_port is not None:
+            require_free_port(controller_port, "Controller")
+        java = require_java()
+        jars = ensure_kafka_jars(self.kafka_version)
+        started = time.monotonic()
+        self._workdir, self._remove_workdir = resolve_workdir(
+            self._requested_workdir, self._keep, "weir-kafka-"
+        )
+        try:
+            self._node = self._start_node(java, jars)
+        except BaseException:
+            self._cleanup_workdir()
+            raise
+        if self._die_with_parent:
+            register_at_exit(self, self.stop)
+        log.info(
+            "embedded kafka started",
+            bootstrap_servers=self.bootstrap_servers,
+            pid=self.pid,
+            seconds=round(time.monotonic() - started, 2),
+            workdir=str(self._workdir),
+        )
+        return self
+
+    def _start_node(self, java: str, jars: Path) -> KafkaNode:
+        assert self._workdir is not None
+        deadline = time.monotonic() + self.start_timeout
+        fixed = self._requested_ports
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            picked = iter(pick_free_ports(2))
+            port = fixed[0] if fixed[0] is not None else next(picked)
+            controller_port = fixed[1] if fixed[1] is not None else next(picked)
+            # A fresh storage dir per attempt: the standalone quorum records the controller port.
+            shutil.rmtree(self._workdir / "data", ignore_errors=True)
+            node = KafkaNode(
+                node_id=1,
+                workdir=self._workdir,
+                port=port,
+                controller_port=controller_port,
+                quorum={"controller.quorum.bootstrap.servers": f"{LOOPBACK}:{controller_port}"},
+                properties={**TEST_BROKER_DEFAULTS, **self._overrides},
+                java=java,
+                jars=jars,
+                heap=self._heap,
+                jvm_args=self._jvm_args,
+                die_with_parent=self._die_with_parent,
+            )
+            node.prepare(self.cluster_id, standalone=True)
+            node.launch()
+            try:
+                node.wait_ready(deadline)
+            except BaseException as exc:  # Ctrl-C included: never leave a half-started JVM
+                node.kill()
+                retry = (
+                    isinstance(exc, BrokerStartError)
+                    and fixed == (None, None)
+                    and attempt < _PORT_ATTEMPTS
+                    and node.bind_failed()
+                )
+                if not retry:
+                    raise
+                log.info("port taken before the broker bound it; retrying", attempt=attempt)
+                continue
+            return node
+        raise AssertionError("unreachable: the last attempt raises")
+
+    def stop(self) -> None:
+        unregister_at_exit(self)
+        try:
+            if self._node is not None and self._node.pid is not None:
+                self._node.stop(self.stop_timeout)
+                log.info("embedded kafka stopped", bootstrap_servers=self.bootstrap_servers)
+        finally:
+            self._cleanup_workdir()
+
+    def _cleanup_workdir(self) -> None:
+        if self._workdir is not None and self._remove_workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._remove_workdir = False
+
+    def __enter__(self) -> EmbeddedKafka:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- state --
+
+    @property
+    def node(self) -> KafkaNode:
+        if self._node is None:
+            raise RuntimeError("EmbeddedKafka has not been started")
+        return self._node
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.node.bootstrap_servers
+
+    @property
+    def port(self) -> int:
+        return self.node.port
+
+    @property
+    def controller_port(self) -> int:
+        return self.node.controller_port
+
+    @property
+    def log_path(self) -> Path:
+        return self.node.log_path
+
+    @property
+    def workdir(self) -> Path:
+        if self._workdir is None:
+            raise RuntimeError("EmbeddedKafka has not been started")
+        return self._workdir
+
+    @property
+    def pid(self) -> int | None:
+        return self._node.pid if self._node is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._node is not None and self._node.running

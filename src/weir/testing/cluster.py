@@ -1,0 +1,243 @@
+"""A multi-node Kafka cluster (each node broker + controller) on loopback, for replication tests."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import structlog
+
+from weir.testing.broker import (
+    DEFAULT_START_TIMEOUT_S,
+    LOOPBACK,
+    TEST_BROKER_DEFAULTS,
+    KafkaNode,
+    new_cluster_id,
+    pick_free_ports,
+    register_at_exit,
+    resolve_workdir,
+    stop_nodes,
+    unregister_at_exit,
+)
+from weir.testing.errors import BrokerStartError
+from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars, require_java
+
+log = structlog.get_logger(__name__)
+
+_PORT_ATTEMPTS = 3
+# Three JVMs warming up at once on a 2-core runner starve each other: C1-only JIT and the serial
+# collector cut cluster start-up from ~12 s to ~8 s and RSS by ~60 MB per node. Peak throughput
+# suffers, which replication tests do not measure.
+FAST_START_JVM_ARGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+_METADATA_TIMEOUT_S = 30.0
+
+
+def cluster_defaults(size: int) -> dict[str, str]:
+    """Test broker settings with production-like durability for internal topics.
+
+    Internal topics get RF = size (3) and the transaction log min.insync.replicas 2, so losing one
+    node is survivable but not invisible — the point of a cluster test. User topics default to
+    RF = size; min.insync.replicas stays at Kafka's 1 and tests set 2 per topic where they need it.
+    """
+    replicas = str(size)
+    return {
+        **TEST_BROKER_DEFAULTS,
+        "offsets.topic.replication.factor": replicas,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": str(min(2, size)),
+        "default.replication.factor": replicas,
+        # Notice a stopped/killed broker within seconds rather than 9 s (defaults 2 s / 9 s).
+        "broker.heartbeat.interval.ms": "500",
+        "broker.session.timeout.ms": "3000",
+    }
+
+
+class EmbeddedKafkaCluster:
+    """``size`` Kafka nodes forming one cluster with a static 3-voter (or ``size``-voter) quorum.
+
+    Nodes are addressed by index 0..size-1 (their node.id is index + 1). ``stop_broker`` and
+    ``start_broker`` restart a node on the same ports and storage; ``kill_broker`` is a crash.
+    """
+
+    def __init__(
+        self,
+        size: int = 3,
+        *,
+        overrides: Mapping[str, str] | None = None,
+        workdir: str | Path | None = None,
+        keep: bool | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT_S,
+        stop_timeout: float = 20.0,
+        heap: str = "384m",
+        jvm_args: Sequence[str] = FAST_START_JVM_ARGS,
+        kafka_version: str = KAFKA_VERSION,
+    ) -> None:
+        if size < 1:
+            raise ValueError("a cluster needs at least one node")
+        self.size = size
+        self._overrides = dict(overrides or {})
+        self._requested_workdir = workdir
+        self._keep = keep
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self._heap = heap
+        self._jvm_args = tuple(jvm_args)
+        self.kafka_version = kafka_version
+        self.cluster_id = new_cluster_id()
+        self.nodes: list[KafkaNode] = []
+        self._workdir: Path | None = None
+        self._remove_workdir = False
+
+    # -- lifecycle --
+
+    def start(self) -> EmbeddedKafkaCluster:
+        if self.nodes and all(node.running for node in self.nodes):
+            return self
+        java = require_java()
+        jars = ensure_kafka_jars(self.kafka_version)
+        started = time.monotonic()
+        self._workdir, self._remove_workdir = resolve_workdir(
+            self._requested_workdir, self._keep, "weir-kafka-cluster-"
+        )
+        register_at_exit(self, self.stop)
+        try:
+            self._start_nodes(java, jars, time.monotonic() + self.start_timeout)
+            self._wait_for_brokers(time.monotonic() + _METADATA_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
+        log.info(
+            "embedded kafka cluster started",
+            bootstrap_servers=self.bootstrap_servers,
+            seconds=round(time.monotonic() - started, 2),
+        )
+        return self
+
+    def _start_nodes(self, java: str, jars: Path, deadline: float) -> None:
+        assert self._workdir is not None
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            self.nodes = self._make_nodes(java, jars, pick_free_ports(2 * self.size))
+            for node in self.nodes:
+                # No --standalone: the static controller.quorum.voters list defines the quorum.
+                node.prepare(self.cluster_id, standalone=False)
+            # All at once: no node becomes ready before a quorum of controllers is up.
+            for node in self.nodes:
+                node.launch()
+            try:
+                for node in self.nodes:
+                    node.wait_ready(deadline)
+            except BrokerStartError:
+                bind_race = any(node.bind_failed() for node in self.nodes)
+                for node in self.nodes:
+                    node.kill()
+                if not bind_race or attempt == _PORT_ATTEMPTS:
+                    raise
+                log.info("port taken before a node bound it; retrying", attempt=attempt)
+                continue
+            return
+
+    def _make_nodes(self, java: str, jars: Path, ports: list[int]) -> list[KafkaNode]:
+        assert self._workdir is not None
+        client_ports, controller_ports = ports[: self.size], ports[self.size :]
+        voters = ",".join(
+            f"{index + 1}@{LOOPBACK}:{port}" for index, port in enumerate(controller_ports)
+        )
+        properties = {**cluster_defaults(self.size), **self._overrides}
+        nodes = []
+        for index in range(self.size):
+            node_dir = self._workdir / f"node-{index + 1}"
+            shutil.rmtree(node_dir, ignore_errors=True)
+            nodes.append(
+                KafkaNode(
+                    node_id=index + 1,
+                    workdir=node_dir,
+                    port=client_ports[index],
+                    controller_port=controller_ports[index],
+                    quorum={"controller.quorum.voters": voters},
+                    properties=properties,
+                    java=java,
+                    jars=jars,
+                    heap=self._heap,
+                    jvm_args=self._jvm_args,
+                )
+            )
+        return nodes
+
+    def _wait_for_brokers(self, deadline: float) -> None:
+        """Client ports open per node; wait until metadata also lists every broker, so topics with
+        RF = size can be created right away."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        seen = 0
+        while time.monotonic() < deadline:
+            try:
+                seen = len(admin.list_topics(timeout=5).brokers)
+            except Exception:  # KafkaException while the cluster settles; retried until deadline
+                seen = 0
+            if seen >= self.size:
+                return
+            time.sleep(0.2)
+        raise BrokerStartError(f"only {seen} of {self.size} brokers registered in time")
+
+    def stop(self) -> None:
+        """Stop every node; kill them outright when their storage is deleted next anyway.
+
+        A clean shutdown of the whole quorum takes 5-10 s on a small machine (the last brokers wait
+        for controllers that are going away) and preserves nothing we keep.
+        """
+        unregister_at_exit(self)
+        try:
+            if self._remove_workdir:
+                for node in self.nodes:
+                    node.kill()
+            else:
+                stop_nodes(self.nodes, self.stop_timeout)
+        finally:
+            if self._workdir is not None and self._remove_workdir:
+                shutil.rmtree(self._workdir, ignore_errors=True)
+                self._remove_workdir = False
+        log.info("embedded kafka cluster stopped")
+
+    def stop_broker(self, index: int, timeout: float | None = None) -> None:
+        """Clean shutdown of one node (controlled shutdown moves its leaderships first)."""
+        self.nodes[index].stop(self.stop_timeout if timeout is None else timeout)
+
+    def kill_broker(self, index: int) -> None:
+        """SIGKILL one node: the others notice after broker.session.timeout.ms."""
+        self.nodes[index].kill()
+
+    def start_broker(self, index: int, timeout: float | None = None) -> None:
+        """Restart a stopped node on its old ports and storage."""
+        self.nodes[index].start(self.start_timeout if timeout is None else timeout)
+
+    def __enter__(self) -> EmbeddedKafkaCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- state --
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """Every node's client address, so clients bootstrap even while one node is down."""
+        return ",".join(node.bootstrap_servers for node in self.nodes)
+
+    @property
+    def running(self) -> bool:
+        return bool(self.nodes) and all(node.running for node in self.nodes)
+
+    @property
+    def workdir(self) -> Path:
+        if self._workdir is None:
+            raise RuntimeError("EmbeddedKafkaCluster has not been started")
+        return self._workdir

@@ -1,0 +1,147 @@
+"""Broker processes never outlive their owner, and the `weir broker` CLI manages one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import structlog
+
+from weir.cli import main
+from weir.testing.broker import kafka_answers
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not gone(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_broker_dies_with_a_sigkilled_parent(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import sys, time
+        from weir.testing.broker import EmbeddedKafka
+        kafka = EmbeddedKafka(workdir=sys.argv[1]).start()
+        print("JAVA_PID", kafka.pid, flush=True)
+        time.sleep(300)
+        """
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    java_pid = None
+    try:
+        assert parent.stdout is not None
+        for line in parent.stdout:  # structlog also writes here; bounded by the test timeout
+            if line.startswith("JAVA_PID "):
+                java_pid = int(line.split()[1])
+                break
+        assert java_pid is not None, f"no pid from the child (exit {parent.poll()})"
+        assert "kafka.Kafka" in " ".join(psutil.Process(java_pid).cmdline())
+
+        parent.send_signal(signal.SIGKILL)  # no atexit, no finally: only PDEATHSIG can help
+        parent.wait(10)
+        assert wait_gone(java_pid, 10), f"java {java_pid} outlived its SIGKILLed parent"
+    finally:
+        parent.kill()
+        if java_pid is not None and not gone(java_pid):
+            os.kill(java_pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def restore_structlog() -> Iterator[None]:
+    # main() configures structlog for a terminal; keep that out of the rest of the session.
+    was_configured = structlog.is_configured()
+    config = structlog.get_config()
+    yield
+    if was_configured:
+        structlog.configure(**config)
+    else:
+        structlog.reset_defaults()
+
+
+@pytest.mark.usefixtures("restore_structlog")
+def test_cli_background_start_status_stop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = str(tmp_path / "broker.json")
+    workdir = tmp_path / "work"
+    assert main(["broker", "start", "--state", state, "--dir", str(workdir)]) == 0
+    bootstrap = capsys.readouterr().out.strip().splitlines()[-1]
+    port = int(bootstrap.rsplit(":", 1)[1])
+    pid = None
+    try:
+        assert bootstrap.startswith("127.0.0.1:")
+        assert kafka_answers(port)
+        pid = int(json.loads(Path(state).read_text())["pid"])
+
+        assert main(["broker", "start", "--state", state]) == 0  # idempotent
+        assert "already running" in capsys.readouterr().out
+
+        assert main(["broker", "status", "--state", state]) == 0
+        out = capsys.readouterr().out
+        assert bootstrap in out and "reachable" in out and "not reachable" not in out
+
+        assert main(["broker", "stop", "--state", state]) == 0
+        assert wait_gone(pid, 10)
+        assert not Path(state).exists()
+        assert (workdir / "kafka.log").is_file()  # --dir is the user's: kept
+
+        assert main(["broker", "status", "--state", state]) == 1
+        assert main(["broker", "stop", "--state", state]) == 0
+    finally:
+        if pid is not None and not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_cli_foreground_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    state = tmp_path / "broker.json"
+    command = ["broker", "start", "--foreground", "--state", str(state)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "weir.cli", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    java_pid = None
+    try:
+        assert proc.stdout is not None
+        bootstrap = proc.stdout.readline().strip()
+        assert bootstrap.startswith("127.0.0.1:"), f"got {bootstrap!r}, exit {proc.poll()}"
+        java_pid = int(json.loads(state.read_text())["pid"])
+        workdir = Path(json.loads(state.read_text())["workdir"])
+
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(40) == 0
+        assert gone(java_pid)
+        assert not state.exists()
+        assert not workdir.exists()  # temp work dir removed on a clean stop
+    finally:
+        proc.kill()
+        if java_pid is not None and not gone(java_pid):
+            os.kill(java_pid, signal.SIGKILL)

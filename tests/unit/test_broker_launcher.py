@@ -1,0 +1,160 @@
+"""EmbeddedKafka's error paths, none of which reaches a running broker.
+
+The crash tests start a JVM that fails within seconds (they need Java 17 and the jars, like the
+rest of the suite).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from weir.testing import broker as broker_module
+from weir.testing.broker import (
+    TEST_BROKER_DEFAULTS,
+    EmbeddedKafka,
+    new_cluster_id,
+    pick_free_ports,
+    port_is_free,
+    resolve_workdir,
+)
+from weir.testing.cluster import cluster_defaults
+from weir.testing.errors import BrokerStartError, JavaNotFoundError, PortInUseError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def occupied_port() -> Iterator[int]:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        yield listener.getsockname()[1]
+
+
+def test_requested_port_in_use_fails_before_starting_anything(occupied_port: int) -> None:
+    kafka = EmbeddedKafka(port=occupied_port)
+    with pytest.raises(PortInUseError, match=f"127.0.0.1:{occupied_port} is already in use"):
+        kafka.start()
+    assert not kafka.running and kafka.pid is None
+
+
+def test_requested_controller_port_in_use(occupied_port: int) -> None:
+    with pytest.raises(PortInUseError, match="Controller port"):
+        EmbeddedKafka(controller_port=occupied_port).start()
+
+
+def test_port_probe(occupied_port: int) -> None:
+    assert port_is_free(occupied_port) is False
+    assert port_is_free(pick_free_ports(1)[0]) is True
+
+
+def test_picked_ports_are_distinct_loopback_ports() -> None:
+    ports = pick_free_ports(6)
+    assert len(set(ports)) == 6
+    assert all(port_is_free(port) for port in ports)
+
+
+def test_missing_java_stops_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(JavaNotFoundError):
+        EmbeddedKafka(workdir=tmp_path / "work").start()
+    assert not (tmp_path / "work").exists()
+
+
+def test_cluster_ids_look_like_kafka_uuids() -> None:
+    ids = {new_cluster_id() for _ in range(200)}
+    assert len(ids) == 200
+    assert all(re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{21}", i) for i in ids)
+
+
+def test_kip848_defaults_satisfy_the_brokers_rules() -> None:
+    # The broker refuses to start unless min <= value and heartbeat < session.
+    d = {
+        k.removeprefix("group.consumer."): int(v)
+        for k, v in TEST_BROKER_DEFAULTS.items()
+        if k.startswith("group.consumer.")
+    }
+    assert d["min.session.timeout.ms"] <= d["session.timeout.ms"]
+    assert d["min.heartbeat.interval.ms"] <= d["heartbeat.interval.ms"]
+    assert d["heartbeat.interval.ms"] < d["session.timeout.ms"]
+
+
+def test_cluster_defaults_replicate_internal_topics() -> None:
+    d = cluster_defaults(3)
+    assert d["offsets.topic.replication.factor"] == "3"
+    assert d["transaction.state.log.replication.factor"] == "3"
+    assert d["transaction.state.log.min.isr"] == "2"
+    assert cluster_defaults(1)["transaction.state.log.min.isr"] == "1"
+
+
+def test_workdir_ownership(tmp_path: Path) -> None:
+    created, remove = resolve_workdir(None, None, "weir-test-")
+    try:
+        assert created.is_dir() and remove is True
+    finally:
+        created.rmdir()
+    assert resolve_workdir(tmp_path / "mine", None, "x")[1] is False
+    assert resolve_workdir(tmp_path / "mine", False, "x")[1] is True
+    created, remove = resolve_workdir(None, True, "weir-test-")
+    created.rmdir()
+    assert remove is False
+
+
+# --- start-up failures with a real JVM ------------------------------------------------------------
+
+
+def test_invalid_override_fails_fast_with_the_log_tail(tmp_path: Path) -> None:
+    kafka = EmbeddedKafka(overrides={"process.roles": "nonsense"}, start_timeout=30)
+    with pytest.raises(BrokerStartError) as info:
+        kafka.start()
+    message = str(info.value)
+    assert "Formatting Kafka storage" in message
+    assert "Invalid value nonsense for configuration process.roles" in info.value.log_tail
+    assert "last lines of the broker log" in message
+    assert not kafka.running
+    assert not kafka.workdir.exists()  # temp dir cleaned even on failure
+
+
+def test_broker_rejecting_kip848_settings_is_reported(tmp_path: Path) -> None:
+    kafka = EmbeddedKafka(
+        overrides={"group.consumer.heartbeat.interval.ms": "7000"}, workdir=tmp_path, keep=True
+    )
+    with pytest.raises(BrokerStartError) as info:
+        kafka.start()
+    assert "must be less than group.consumer.session.timeout.ms" in info.value.log_tail
+    assert (tmp_path / "kafka.log").is_file()  # keep=True leaves the evidence
+
+
+def test_jvm_dying_during_start_is_reported_not_waited_for(tmp_path: Path) -> None:
+    kafka = EmbeddedKafka(jvm_args=["-XX:+WeirNoSuchOption"], start_timeout=30)
+    with pytest.raises(BrokerStartError, match="exited with code 1 during start-up") as info:
+        kafka.start()
+    assert "Unrecognized VM option" in info.value.log_tail
+
+
+def test_bind_race_is_retried_with_new_ports(
+    occupied_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Simulate another process grabbing the picked client port before Java binds it."""
+    real_pick = broker_module.pick_free_ports
+    picks: list[list[int]] = []
+
+    def pick(count: int) -> list[int]:
+        ports = real_pick(count)
+        if not picks:
+            ports[0] = occupied_port
+        picks.append(ports)
+        return ports
+
+    monkeypatch.setattr(broker_module, "pick_free_ports", pick)
+    with EmbeddedKafka(start_timeout=60) as kafka:
+        assert len(picks) == 2
+        assert kafka.port == picks[1][0] != occupied_port
+        assert "Address already in use" in kafka.log_path.read_text()
+        assert kafka.running
