@@ -74,14 +74,22 @@ class Committer:
         # transaction markers without any record finishing.
         return self._finished_since >= self._every or now - self._last >= self._interval
 
-    def to_send(self, committable: Mapping[Partition, int | None]) -> dict[Partition, int]:
-        """Offsets above what was already sent, for tracked partitions only."""
+    def to_send(
+        self, committable: Mapping[Partition, int | None], *, unconfirmed: bool = False
+    ) -> dict[Partition, int]:
+        """Offsets above what was already sent, for tracked partitions only.
+
+        With `unconfirmed=True` (the synchronous commit of a hand-off or shutdown) the bar is what
+        the broker confirmed instead: an async commit still in flight may yet fail, and the
+        hand-off commit is the last chance to store the offset.
+        """
         out: dict[Partition, int] = {}
         for tp, off in committable.items():
             st = self._state.get(tp)
             if st is None or off is None:
                 continue
-            if st.sent is None or off > st.sent:
+            bar = st.confirmed if unconfirmed else st.sent
+            if bar is None or off > bar:
                 out[tp] = off
         return out
 

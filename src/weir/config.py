@@ -302,6 +302,8 @@ class ConsumerConfig(BaseModel):
             # client defaults (100k messages per partition, 500 ms wait, 1 s backoff) a budgeted
             # drain measured 2.0k records/s; with these, 12.1k/s on the same run.
             "queued.min.messages": max(1000, 2 * self.flow.capacity_records),
+            # librdkafka may pass its queue bound by one fetch response: cap that too.
+            "fetch.max.bytes": max(1_048_576, min(52_428_800, self.flow.headroom_bytes)),
             "fetch.wait.max.ms": 50,
             "fetch.queue.backoff.ms": 50,
         }

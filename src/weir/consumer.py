@@ -31,7 +31,7 @@ from weir.flow import FlowControl
 from weir.metrics import EMPTY, ConsumerStats, PartitionStats
 from weir.rebalance import Ownership, PartitionState
 from weir.records import Handler, Partition, Record, as_handler
-from weir.scheduling import Completion, Outcome, Scheduler, Work
+from weir.scheduling import Assignment, Completion, Outcome, Scheduler, Work
 
 __all__ = ["GroupConsumer"]
 
@@ -282,18 +282,20 @@ class _Loop:
             return
         log.info("consumer_stopping", reason=repr(gc._failure) if gc._failure else "stop")
         try:
+            self.own.deadline_cap = deadline
             self.own.stop_dispatch()
             self._set_paused(list(self.own.partitions), True)
-            while self.scheduler.running() and time.monotonic() < deadline:
+            while self.scheduler.running(self.own.assignments()) and time.monotonic() < deadline:
                 self._drain(0.05)
                 # Keep serving the group while handlers finish; nothing new is dispatched.
                 self.client.consume(1, 0)
             self._drain(0)
-            left = self.scheduler.running()
+            left = self.scheduler.running(self.own.assignments())
             if left:
                 self.own.cancel_all()
                 log.warning("shutdown_budget_exceeded", unfinished=left)
             self._commit_sync(self._committable())
+            self.own.fence_progress()
             self._publish(running=False)
             if self.cfg.group_instance_id is None:
                 # Leave the group now so partitions move at once. A static member keeps its
@@ -391,8 +393,8 @@ class _Loop:
             except queue.Empty:
                 return n
 
-    def _drain_until(self, deadline: float, tps: set[Partition]) -> None:
-        while self.scheduler.running(tps):
+    def _drain_until(self, deadline: float, assignments: list[Assignment]) -> None:
+        while self.scheduler.running(assignments):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -420,7 +422,13 @@ class _Loop:
             st.records -= 1
             st.bytes -= w.record.size
             self.flow.remove(1, w.record.size)
-        if c.outcome is Outcome.DONE and w.batch.completed(w.record.offset, w.batch.token):
+        # A handler may return early once ctx.cancelled is set: its record is not known to be
+        # finished, so it never moves the watermark.
+        if (
+            c.outcome is Outcome.DONE
+            and not w.assignment.cancel.is_set()
+            and w.batch.completed(w.record.offset, w.batch.token)
+        ):
             self.processed += 1
             self.committer.finished()
         self.scheduler.advance(w)
@@ -457,7 +465,7 @@ class _Loop:
         self._publish(running=True)
 
     def _commit_sync(self, committable: Mapping[Partition, int | None]) -> None:
-        send = self.committer.to_send(committable)
+        send = self.committer.to_send(committable, unconfirmed=True)
         if not send:
             return
         self.committer.sent(send, time.monotonic(), sync=True)

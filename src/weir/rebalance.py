@@ -46,7 +46,7 @@ class PartitionState:
         self.progress = PartitionProgress(next(_tokens))
 
 
-Drain = Callable[[float, set[Partition]], None]
+Drain = Callable[[float, list[Assignment]], None]
 CommitSync = Callable[[dict[Partition, int]], None]
 Pauser = Callable[[Sequence[Partition], bool], None]
 
@@ -66,6 +66,9 @@ class Ownership:
         self._flow = flow
         self._revoke_timeout = revoke_timeout
         self.partitions: dict[Partition, PartitionState] = {}
+        # Set at shutdown: a revoke served inside close() gets what is left of the shutdown
+        # budget, never a fresh revoke_timeout.
+        self.deadline_cap: float | None = None
         self.rebalances = 0
         self.revoked_total = 0
         self.lost_total = 0
@@ -94,19 +97,22 @@ class Ownership:
     def revoke(self, tps: Iterable[Partition], drain: Drain, commit_sync: CommitSync) -> None:
         started = time.monotonic()
         deadline = started + self._revoke_timeout
+        if self.deadline_cap is not None:
+            deadline = min(deadline, self.deadline_cap)
         owned = {tp for tp in tps if tp in self.partitions}
+        assignments = [self.partitions[tp].assignment for tp in owned]
         self.rebalances += 1
-        for tp in owned:
-            self.partitions[tp].assignment.dispatching = False
+        for a in assignments:
+            a.dispatching = False
         self._drop_queued(owned)
-        drain(deadline, owned)
-        left = self._scheduler.running(owned)
+        drain(deadline, assignments)
+        left = self._scheduler.running(assignments)
         offsets: dict[Partition, int] = {}
         for tp in owned:
             off = self.partitions[tp].progress.committable()
             if off is not None:
                 offsets[tp] = off
-        to_send = self._committer.to_send(offsets)
+        to_send = self._committer.to_send(offsets, unconfirmed=True)
         if to_send:
             commit_sync(to_send)
         for tp in owned:
@@ -152,6 +158,15 @@ class Ownership:
     def cancel_all(self) -> None:
         for st in self.partitions.values():
             st.assignment.cancel.set()
+
+    def assignments(self) -> list[Assignment]:
+        return [st.assignment for st in self.partitions.values()]
+
+    def fence_progress(self) -> None:
+        """After the final shutdown commit nothing may move a watermark: the revoke that close()
+        serves then commits nothing new, whatever finishes meanwhile."""
+        for st in self.partitions.values():
+            st.progress.revoke()
 
     def _drop_queued(self, tps: set[Partition]) -> None:
         for work in self._scheduler.drop_queued(tps):

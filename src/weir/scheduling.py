@@ -99,8 +99,9 @@ class Scheduler:
         self._lanes: dict[Hashable, deque[Work]] = {}
         self._ready: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
         self.completions: queue.SimpleQueue[Completion] = queue.SimpleQueue()
-        # Records handed to workers and not yet back, per partition.
-        self._outstanding: dict[Partition, set[Work]] = {}
+        # Records handed to workers and not yet back, per assignment (not per partition: work
+        # left over from an earlier assignment of the same partition must not hold up this one).
+        self._outstanding: dict[Assignment, set[Work]] = {}
         self._threads = [
             threading.Thread(target=self._worker, name=f"weir-worker-{i}", daemon=True)
             for i in range(workers)
@@ -140,22 +141,22 @@ class Scheduler:
             waiting.append(work)
 
     def _release(self, work: Work) -> None:
-        tp = work.assignment.tp
-        out = self._outstanding.get(tp)
+        a = work.assignment
+        out = self._outstanding.get(a)
         if out is None:
-            self._outstanding[tp] = {work}
+            self._outstanding[a] = {work}
         else:
             out.add(work)
         self._ready.put(work)
 
     def returned(self, work: Work) -> None:
         """A completion came back: it no longer counts as outstanding."""
-        tp = work.assignment.tp
-        out = self._outstanding.get(tp)
+        a = work.assignment
+        out = self._outstanding.get(a)
         if out is not None:
             out.discard(work)
             if not out:
-                del self._outstanding[tp]
+                del self._outstanding[a]
 
     def advance(self, work: Work) -> None:
         """The record is finished (or fenced): release the next one of its lane."""
@@ -174,21 +175,17 @@ class Scheduler:
         """Run a held lane head again (a retry) without giving up its place."""
         self._release(work)
 
-    def outstanding(self, tps: Iterable[Partition] | None = None) -> int:
+    def outstanding(self, assignments: Iterable[Assignment] | None = None) -> int:
         """Records handed to workers and not back yet (started or still in the ready queue)."""
-        if tps is None:
+        if assignments is None:
             return sum(len(s) for s in self._outstanding.values())
-        return sum(len(self._outstanding.get(tp, ())) for tp in tps)
+        return sum(len(self._outstanding.get(a, ())) for a in assignments)
 
-    def running(self, tps: Iterable[Partition] | None = None) -> int:
-        """Outstanding records a worker has taken: what a revoke or shutdown must wait for.
-        Records still in the ready queue of a fenced assignment come back without running."""
-        groups = (
-            self._outstanding.values()
-            if tps is None
-            else (self._outstanding.get(tp, ()) for tp in tps)
-        )
-        return sum(1 for group in groups for w in group if w.started)
+    def running(self, assignments: Iterable[Assignment]) -> int:
+        """Outstanding records of these assignments that a worker has taken: what a revoke or
+        shutdown waits for. Records still in the ready queue of a fenced assignment come back
+        without running."""
+        return sum(1 for a in assignments for w in self._outstanding.get(a, ()) if w.started)
 
     def drop_queued(self, tps: set[Partition]) -> list[Work]:
         """Remove records of `tps` that no worker has been handed yet; lane heads already

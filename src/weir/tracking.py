@@ -126,10 +126,11 @@ class PartitionProgress:
         if self._revoked:
             raise RuntimeError("partition progress was revoked")
         floor = self.read_position
-        if floor is not None and offsets and offsets[0] < floor:
+        start = offsets[0] if offsets else next_position
+        if floor is not None and start < floor:
             # A rewind (seek, or a re-fetch after an error) inside one assignment would make the
             # watermark go backwards; the caller must start a new assignment epoch instead.
-            raise ValueError(f"batch starts at {offsets[0]}, behind the read position {floor}")
+            raise ValueError(f"batch starts at {start}, behind the read position {floor}")
         self._seq += 1
         batch = BatchProgress(offsets, next_position, (self.epoch, self._seq))
         self._batches.append(batch)

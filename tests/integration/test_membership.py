@@ -58,7 +58,7 @@ def _until(pred: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.parametrize("protocol", ["eager", "cooperative", "consumer"])
+@pytest.mark.parametrize("protocol", ["eager", "roundrobin", "cooperative", "consumer"])
 def test_graceful_leave_hands_partitions_over_well_before_the_session_timeout(
     kafka_bootstrap: str, make_topic: Any, protocol: str
 ) -> None:

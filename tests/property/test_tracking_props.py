@@ -1,0 +1,406 @@
+"""Property tests: the watermark never passes an unfinished delivered offset, never goes back, and
+reaches the read position; commits stay monotonic under any order of results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from weir.committing import Committer
+from weir.records import Partition
+from weir.tracking import BatchProgress, PartitionProgress
+
+# Derandomized: the same examples on every run and every machine, so a red run is reproducible
+# and CI never flakes.
+SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+@st.composite
+def gapped_offsets(draw: st.DrawFn, max_len: int = 30) -> tuple[list[int], int]:
+    """Strictly increasing offsets with random gaps (compaction, transaction markers) and a
+    next position at or past last + 1 (trailing markers)."""
+    start = draw(st.integers(0, 1_000))
+    gaps = draw(st.lists(st.integers(1, 5), max_size=max_len))
+    offsets: list[int] = []
+    cur = start
+    for i, gap in enumerate(gaps):
+        cur = cur if i == 0 else cur + gap
+        offsets.append(cur)
+    trailing = draw(st.integers(1, 4))
+    next_position = offsets[-1] + trailing if offsets else start + trailing - 1
+    return offsets, next_position
+
+
+Step = tuple[str, Any]
+
+
+@st.composite
+def completion_plan(draw: st.DrawFn) -> tuple[list[int], int, list[Step]]:
+    offsets, next_position = draw(gapped_offsets())
+    order = draw(st.permutations(offsets))
+    steps: list[Step] = [("complete", off) for off in order]
+    # duplicates of already-drawn offsets, stale tokens, and undelivered offsets, interleaved
+    extras = draw(
+        st.lists(
+            st.one_of(
+                st.tuples(st.just("complete"), st.sampled_from(offsets))
+                if offsets
+                else st.nothing(),
+                st.tuples(st.just("stale"), st.sampled_from(offsets) if offsets else st.just(0)),
+                st.tuples(st.just("missing"), st.integers(-5, next_position + 5)),
+            ),
+            max_size=15,
+        )
+    )
+    for extra in extras:
+        steps.insert(draw(st.integers(0, len(steps))), extra)
+    if draw(st.booleans()) and draw(st.booleans()):
+        steps.insert(draw(st.integers(0, len(steps))), ("revoke", None))
+    return offsets, next_position, steps
+
+
+@SETTINGS
+@given(completion_plan())
+def test_batch_watermark_invariants(plan: tuple[list[int], int, list[Step]]) -> None:
+    offsets, next_position, steps = plan
+    token = ("epoch", 1)
+    b = BatchProgress(offsets, next_position, token)
+    unfinished = set(offsets)
+    revoked = False
+    last = b.committable()
+    for kind, off in steps:
+        before = (b.committable(), b.pending)
+        if kind == "complete":
+            accepted = b.completed(off, token)
+            assert accepted is (not revoked)
+            if not revoked:
+                unfinished.discard(off)
+        elif kind == "stale":
+            assert b.completed(off, ("epoch", 2)) is False
+            assert (b.committable(), b.pending) == before
+        elif kind == "missing":
+            if off in offsets:
+                continue
+            if revoked:
+                assert b.completed(off, token) is False
+            else:
+                try:
+                    b.completed(off, token)
+                except ValueError:
+                    pass
+                else:
+                    raise AssertionError(f"offset {off} was not delivered but was accepted")
+            assert (b.committable(), b.pending) == before
+        else:
+            b.revoke()
+            revoked = True
+        c = b.committable()
+        if revoked:
+            assert c is None
+            assert b.pending == 0
+            continue
+        # never passes an unfinished delivered offset; exactly the earliest one
+        expected = min(unfinished) if unfinished else next_position
+        assert c == expected
+        assert b.pending == len(unfinished)
+        assert last is None or c >= last
+        last = c
+    if not revoked:
+        assert b.committable() == next_position
+        assert b.all_done
+
+
+@SETTINGS
+@given(gapped_offsets(), st.data())
+def test_batch_rejects_bad_shapes(shape: tuple[list[int], int], data: st.DataObject) -> None:
+    offsets, next_position = shape
+    assume(len(offsets) >= 2)
+    i = data.draw(st.integers(1, len(offsets) - 1))
+    shuffled = list(offsets)
+    shuffled[i - 1], shuffled[i] = shuffled[i], shuffled[i - 1]
+    try:
+        BatchProgress(shuffled, next_position, 0)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"unsorted offsets {shuffled} accepted")
+    bad_next = data.draw(st.integers(-3, offsets[-1]))
+    try:
+        BatchProgress(offsets, bad_next, 0)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"next_position {bad_next} <= last offset {offsets[-1]} accepted")
+
+
+# -- PartitionProgress against a model --------------------------------------------------------
+
+
+class PartitionProgressMachine(RuleBasedStateMachine):
+    """The model: the set of delivered-unfinished offsets and the newest read position."""
+
+    batches = Bundle("batches")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch = 7
+        self.p = PartitionProgress(self.epoch)
+        self.unfinished: set[int] = set()
+        self.delivered: dict[int, int] = {}  # offset -> id of its batch
+        self.read_position: int | None = None
+        self.revoked = False
+        self.last: int | None = None
+
+    @initialize(start=st.integers(0, 50))
+    def first_position(self, start: int) -> None:
+        self.start = start
+
+    @precondition(lambda self: not self.revoked)
+    @rule(
+        target=batches,
+        lead=st.integers(0, 4),
+        gaps=st.lists(st.integers(1, 4), max_size=6),
+        trailing=st.integers(1, 3),
+    )
+    def add_batch(
+        self, lead: int, gaps: list[int], trailing: int
+    ) -> tuple[BatchProgress, tuple[int, ...]]:
+        floor = self.start if self.read_position is None else self.read_position
+        offsets: list[int] = []
+        cur = floor + lead
+        for i, gap in enumerate(gaps):
+            cur = cur if i == 0 else cur + gap
+            offsets.append(cur)
+        next_position = offsets[-1] + trailing if offsets else floor + lead + trailing - 1
+        b = self.p.add_batch(offsets, next_position)
+        self.unfinished.update(offsets)
+        self.read_position = next_position
+        return b, tuple(offsets)
+
+    @rule(batch=batches, data=st.data())
+    def complete(self, batch: tuple[BatchProgress, tuple[int, ...]], data: st.DataObject) -> None:
+        b, offsets = batch
+        if not offsets:
+            return
+        off = data.draw(st.sampled_from(offsets))
+        self._complete(b, off)
+
+    def _complete(self, b: BatchProgress, off: int) -> None:
+        accepted = b.completed(off, b.token)
+        if self.revoked:
+            # Only a batch finished (and dropped) before the revoke may still accept a
+            # duplicate; either way nothing can change any more.
+            assert not accepted or b.all_done
+            assert self.p.committable() is None
+        else:
+            assert accepted
+            self.unfinished.discard(off)
+
+    @rule(batch=batches, other=batches, data=st.data())
+    def stale_token(
+        self,
+        batch: tuple[BatchProgress, tuple[int, ...]],
+        other: tuple[BatchProgress, tuple[int, ...]],
+        data: st.DataObject,
+    ) -> None:
+        b, offsets = batch
+        token = other[0].token if other[0] is not b else (self.epoch + 1, 0)
+        off = data.draw(st.sampled_from(offsets)) if offsets else 0
+        before = (self.p.committable(), self.p.pending)
+        assert b.completed(off, token) is False
+        assert (self.p.committable(), self.p.pending) == before
+
+    @rule(batch=consumes(batches))
+    def complete_all_of_a_batch(self, batch: tuple[BatchProgress, tuple[int, ...]]) -> None:
+        b, offsets = batch
+        for off in reversed(offsets):
+            self._complete(b, off)
+            self.check()
+
+    @precondition(lambda self: not self.revoked and self.read_position is not None)
+    @rule(back=st.integers(1, 10), size=st.integers(1, 3))
+    def rewind_is_refused(self, back: int, size: int) -> None:
+        assert self.read_position is not None
+        start = max(0, self.read_position - back)
+        assume(start < self.read_position)
+        before = (self.p.committable(), self.p.pending, self.p.batches)
+        try:
+            self.p.add_batch(list(range(start, start + size)), start + size)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a batch behind the read position was accepted")
+        assert (self.p.committable(), self.p.pending, self.p.batches) == before
+
+    @precondition(lambda self: not self.revoked)
+    @rule(ahead=st.integers(-3, 5))
+    def advance_to(self, ahead: int) -> None:
+        """The client's position moved past offsets it never delivered (trailing markers)."""
+        if self.read_position is None:
+            assert self.p.advance_to(self.start + max(ahead, 0)) is False
+            return
+        target = self.read_position + ahead
+        moved = self.p.advance_to(target)
+        assert moved is (target > self.read_position)
+        if moved:
+            self.read_position = target
+
+    @precondition(lambda self: not self.revoked)
+    @rule()
+    def revoke(self) -> None:
+        self.p.revoke()
+        self.revoked = True
+
+    @precondition(lambda self: self.revoked)
+    @rule(size=st.integers(0, 3))
+    def add_after_revoke_is_refused(self, size: int) -> None:
+        start = self.read_position or 0
+        try:
+            self.p.add_batch(list(range(start, start + size)), start + size + 1)
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("a revoked partition accepted a batch")
+
+    @invariant()
+    def check(self) -> None:
+        c = self.p.committable()
+        if self.revoked:
+            assert c is None
+            assert self.p.pending == 0
+            return
+        if self.read_position is None:
+            assert c is None
+            return
+        expected = min(self.unfinished) if self.unfinished else self.read_position
+        assert c == expected, (c, expected, sorted(self.unfinished))
+        assert all(c <= off for off in self.unfinished)
+        assert self.p.pending == len(self.unfinished)
+        assert self.last is None or c >= self.last
+        self.last = c
+
+
+PartitionProgressMachine.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=30, deadline=None, derandomize=True, database=None
+)
+TestPartitionProgress = PartitionProgressMachine.TestCase
+
+
+# -- Committer monotonicity -------------------------------------------------------------------
+
+P = Partition("t", 0)
+
+Op = tuple[str, int, bool]
+
+
+AS, DELIVER = "advance_send", "deliver"
+
+
+@settings(SETTINGS, max_examples=300)
+@given(
+    start=st.integers(0, 100),
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("advance"), st.integers(1, 3), st.just(True)),
+            st.tuples(st.just("advance_send"), st.integers(1, 3), st.just(True)),
+            st.tuples(st.just("send"), st.just(0), st.just(True)),
+            st.tuples(st.just("deliver"), st.integers(0, 50), st.booleans()),
+            st.tuples(st.just("deliver"), st.integers(0, 50), st.booleans()),
+        ),
+        max_size=60,
+    ),
+    final_ok=st.lists(st.booleans(), min_size=30, max_size=30),
+)
+# The orders that matter, always run: newer success before an older one; an older failure after
+# a newer success; an older failure while the newer is pending; the newest failing alone.
+@example(0, [(AS, 1, True), (AS, 1, True), (DELIVER, 1, True), (DELIVER, 0, True)], [True] * 30)
+@example(0, [(AS, 1, True), (AS, 1, True), (DELIVER, 1, True), (DELIVER, 0, False)], [True] * 30)
+@example(0, [(AS, 1, True), (AS, 1, True), (DELIVER, 0, False), (AS, 1, True)], [True] * 30)
+@example(0, [(AS, 1, True), (AS, 1, True), (DELIVER, 1, False), (DELIVER, 0, True)], [True] * 30)
+@example(5, [(AS, 2, True), (DELIVER, 0, False), ("send", 0, True)], [False] * 29 + [True])
+def test_committer_is_monotonic_under_any_result_order(
+    start: int, ops: list[Op], final_ok: list[bool]
+) -> None:
+    c = Committer(interval=1.0, every=1)
+    c.track(P)
+    committable = start
+    pending: list[int] = []  # sent, result not yet delivered
+    succeeded: list[int] = []
+    sent_log: list[tuple[int, bool]] = []  # (offset, failed?)
+
+    def send() -> None:
+        out = c.to_send({P: committable})
+        if not out:
+            return
+        off = out[P]
+        assert off == committable
+        # never at or below an offset the broker confirmed
+        assert not succeeded or off > max(succeeded), (off, succeeded)
+        # never at or below one still in flight
+        assert not pending or off > max(pending), (off, pending)
+        # never below anything sent before; equal only to a resend of a failed one
+        if sent_log:
+            top = max(o for o, _ in sent_log)
+            assert off >= top
+            if off == top:
+                assert all(failed for o, failed in sent_log if o == top), sent_log
+        c.sent(out, 0.0)
+        pending.append(off)
+        sent_log.append((off, False))
+
+    def deliver(index: int, ok: bool) -> None:
+        off = pending.pop(index % len(pending))
+        c.result(P, off, None if ok else "failed", sync=False)
+        if ok:
+            succeeded.append(off)
+        else:
+            for i in range(len(sent_log) - 1, -1, -1):
+                if sent_log[i] == (off, False):
+                    sent_log[i] = (off, True)
+                    break
+
+    for kind, n, ok in ops:
+        if kind == "advance":
+            committable += n
+        elif kind == "advance_send":
+            committable += n
+            send()
+        elif kind == "send":
+            send()
+        elif pending:
+            deliver(n, ok)
+        assert c.confirmed(P) == (max(succeeded) if succeeded else None)
+
+    # Liveness: once every result is in, an unconfirmed watermark is always sent again, and a
+    # confirmed one never is.
+    for ok in final_ok:
+        send()
+        if not pending:
+            break
+        while pending:
+            deliver(0, ok)
+    while pending:
+        deliver(0, True)
+    confirmed = c.confirmed(P)
+    out = c.to_send({P: committable})
+    if confirmed == committable:
+        assert out == {}
+    else:
+        assert out == {P: committable}

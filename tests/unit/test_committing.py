@@ -1,0 +1,182 @@
+"""Committer: monotonic per-partition offsets, async result handling, cadence."""
+
+from __future__ import annotations
+
+import pytest
+
+from weir.committing import CommitEvent, Committer
+from weir.records import Partition
+
+P0 = Partition("t", 0)
+P1 = Partition("t", 1)
+
+
+@pytest.fixture
+def c() -> Committer:
+    committer = Committer(interval=10.0, every=3)
+    committer.track(P0)
+    committer.track(P1)
+    return committer
+
+
+def send(c: Committer, committable: dict[Partition, int | None]) -> dict[Partition, int]:
+    out = c.to_send(committable)
+    c.sent(out, 0.0)
+    return out
+
+
+def test_only_tracked_partitions_with_an_offset_are_sent(c: Committer) -> None:
+    other = Partition("x", 9)
+    assert c.to_send({P0: 5, P1: None, other: 7}) == {P0: 5}
+
+
+def test_nothing_is_resent_at_or_below_the_sent_offset(c: Committer) -> None:
+    assert send(c, {P0: 5}) == {P0: 5}
+    assert c.to_send({P0: 5}) == {}
+    assert c.to_send({P0: 4}) == {}
+    assert c.to_send({P0: 6}) == {P0: 6}
+    assert c.sent_offset(P0) == 5
+
+
+def test_sent_never_lowers(c: Committer) -> None:
+    c.sent({P0: 10}, 0.0)
+    c.sent({P0: 3}, 0.0)
+    assert c.sent_offset(P0) == 10
+
+
+def test_success_is_confirmed_and_max_wins(c: Committer) -> None:
+    send(c, {P0: 5})
+    send(c, {P0: 9})
+    c.result(P0, 9, None, sync=False)
+    c.result(P0, 5, None, sync=False)  # older success arriving late
+    assert c.confirmed(P0) == 9
+
+
+def test_failure_of_the_newest_reopens_the_partition(c: Committer) -> None:
+    send(c, {P0: 5})
+    c.result(P0, 5, None, sync=False)
+    send(c, {P0: 9})
+    c.result(P0, 9, "timed out", sync=False)
+    assert c.sent_offset(P0) == 5
+    assert c.to_send({P0: 9}) == {P0: 9}
+
+
+def test_failure_with_nothing_confirmed_reopens_fully(c: Committer) -> None:
+    send(c, {P0: 5})
+    c.result(P0, 5, "timed out", sync=True)
+    assert c.sent_offset(P0) is None
+    assert c.to_send({P0: 5}) == {P0: 5}
+
+
+def test_older_failure_after_newer_success_changes_nothing(c: Committer) -> None:
+    send(c, {P0: 5})
+    send(c, {P0: 9})
+    c.result(P0, 9, None, sync=False)
+    c.result(P0, 5, "stale failure", sync=False)
+    assert c.confirmed(P0) == 9
+    assert c.sent_offset(P0) == 9
+    assert c.to_send({P0: 9}) == {}
+
+
+def test_older_failure_while_newer_is_pending_changes_nothing(c: Committer) -> None:
+    send(c, {P0: 5})
+    send(c, {P0: 9})
+    c.result(P0, 5, "failed", sync=False)
+    assert c.sent_offset(P0) == 9
+    assert c.to_send({P0: 9}) == {}
+    c.result(P0, 9, None, sync=False)
+    assert c.confirmed(P0) == 9
+
+
+def test_failure_of_a_resent_offset_reopens_it_again(c: Committer) -> None:
+    send(c, {P0: 5})
+    c.result(P0, 5, "e1", sync=False)
+    assert send(c, {P0: 5}) == {P0: 5}
+    c.result(P0, 5, "e2", sync=False)
+    assert send(c, {P0: 5}) == {P0: 5}
+    c.result(P0, 5, None, sync=False)
+    assert c.confirmed(P0) == 5
+    assert c.to_send({P0: 5}) == {}
+
+
+def test_partitions_are_independent(c: Committer) -> None:
+    send(c, {P0: 5, P1: 50})
+    c.result(P1, 50, "failed", sync=False)
+    assert c.to_send({P0: 5, P1: 50}) == {P1: 50}
+
+
+def test_track_starts_clean_and_forget_drops_state(c: Committer) -> None:
+    send(c, {P0: 5})
+    c.result(P0, 5, None, sync=False)
+    c.track(P0)  # re-assigned: broker state may have moved while someone else owned it
+    assert c.confirmed(P0) is None
+    assert c.to_send({P0: 3}) == {P0: 3}
+    c.forget([P0])
+    assert c.to_send({P0: 7}) == {}
+    assert c.confirmed(P0) is None and c.sent_offset(P0) is None
+
+
+def summary(events: list[CommitEvent]) -> list[tuple[Partition, int, bool, str, str | None]]:
+    return [(e.tp, e.offset, e.sync, e.status, e.error) for e in events]
+
+
+def test_results_for_forgotten_partitions_change_no_state_but_are_reported(
+    c: Committer,
+) -> None:
+    events: list[CommitEvent] = []
+    c.listeners.append(events.append)
+    c.forget([P0])
+    c.result(P0, 5, None, sync=False)
+    assert c.confirmed(P0) is None
+    assert summary(events) == [(P0, 5, False, "committed", None)]
+    assert events[0].ok
+
+
+def test_listeners_see_every_send_and_result(c: Committer) -> None:
+    events: list[CommitEvent] = []
+    c.listeners.append(events.append)
+    c.sent({P0: 5, P1: 7}, 0.0, sync=True)
+    c.result(P0, 5, None, sync=True)
+    c.result(P1, 7, "boom", sync=False)
+    assert summary(events) == [
+        (P0, 5, True, "sent", None),
+        (P1, 7, True, "sent", None),
+        (P0, 5, True, "committed", None),
+        (P1, 7, False, "failed", "boom"),
+    ]
+    assert [e.ok for e in events] == [False, False, True, False]
+
+
+def test_due_by_count_of_finished_records() -> None:
+    c = Committer(interval=1000.0, every=3)
+    c.sent({}, now=0.0)
+    assert not c.due(1.0)
+    c.finished()
+    assert not c.due(1.0)
+    c.finished(2)
+    assert c.due(1.0)  # count reached before the interval
+
+
+def test_due_by_interval_even_without_finished_records() -> None:
+    """A failed commit, or a position moved past trailing markers, must be retried/committed
+    while idle: the interval alone makes a commit due."""
+    c = Committer(interval=0.5, every=1000)
+    c.sent({}, now=100.0)
+    assert not c.due(100.4)
+    assert c.due(100.5)
+
+
+def test_due_by_interval_with_finished_records() -> None:
+    c = Committer(interval=0.5, every=1000)
+    c.sent({}, now=100.0)
+    c.finished()
+    assert not c.due(100.4)
+    assert c.due(100.5)
+
+
+def test_sent_resets_the_cadence() -> None:
+    c = Committer(interval=0.5, every=2)
+    c.finished(5)
+    assert c.due(0.0)
+    c.sent({}, now=10.0)
+    assert not c.due(10.1)

@@ -1,0 +1,1049 @@
+"""GroupConsumer's owner loop driven by the deterministic FakeConsumer.
+
+These tests pin the engine's protocol with the client (what it commits, when, pause/resume,
+rebalance hand-offs). The fake is a test helper: behaviour of Kafka itself is covered by the
+integration tests on a real broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from weir import (
+    BrokerUnreachableError,
+    Context,
+    GroupConsumer,
+    Handler,
+    HandlerError,
+    KafkaFatalError,
+    Partition,
+    Record,
+)
+
+try:
+    from fake_consumer import FakeConsumer
+except ImportError:  # pragma: no cover - if tests/unit becomes a package
+    from tests.unit.fake_consumer import FakeConsumer  # type: ignore[no-redef]
+
+pytestmark = pytest.mark.timeout(60)
+
+TOPIC = "t"
+P0 = (TOPIC, 0)
+P1 = (TOPIC, 1)
+WAIT = 5.0
+
+Key = tuple[tuple[str, int], int]
+
+
+def wait_until(pred: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.002)
+
+
+def settle(fake: FakeConsumer, steps: int = 5) -> None:
+    """Let the owner loop run `steps` more turns (each drains the completion queue)."""
+    start = fake.consume_calls
+    wait_until(lambda: fake.consume_calls >= start + steps, f"{steps} loop turns")
+
+
+def offsets_committed(fake: FakeConsumer, tp: tuple[str, int]) -> list[int]:
+    return [off for off, _ in fake.commits_for(tp)]
+
+
+class Probe(Handler):
+    """A handler that records what ran, when, how concurrently, and can be scripted per record
+    with `actions[(tp, offset)] = fn(record, ctx)` (run inside the handler)."""
+
+    def __init__(self, lane: Callable[[Record], Any] | None = None) -> None:
+        self.lock = threading.Lock()
+        self.lane = lane or (lambda r: (r.topic, r.partition, r.key))
+        self.actions: dict[Key, Callable[[Record, Context], None]] = {}
+        self.started: list[Key] = []
+        self.finished: list[Key] = []
+        self.records: list[Record] = []
+        self.contexts: dict[Key, list[Context]] = defaultdict(list)
+        self._entered: dict[Key, threading.Event] = {}
+        self.running = 0
+        self.max_running = 0
+        self.running_by: dict[Any, int] = defaultdict(int)
+        self.max_running_by: dict[Any, int] = defaultdict(int)
+        self.running_by_tp: dict[tuple[str, int], int] = defaultdict(int)
+        self.max_running_by_tp: dict[tuple[str, int], int] = defaultdict(int)
+        self.assigned: list[list[Partition]] = []
+        self.revoked: list[list[Partition]] = []
+        self.lost: list[list[Partition]] = []
+        self.shutdowns = 0
+        self.hook_log: list[str] = []
+        self.observe: Callable[[], None] | None = None
+        self.delay = 0.0
+
+    def entered(self, k: Key) -> threading.Event:
+        with self.lock:
+            ev = self._entered.get(k)
+            if ev is None:
+                ev = self._entered[k] = threading.Event()
+            return ev
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        tp = (record.topic, record.partition)
+        k = (tp, record.offset)
+        lane = self.lane(record)
+        with self.lock:
+            self.started.append(k)
+            self.records.append(record)
+            self.contexts[k].append(ctx)
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+            self.running_by[lane] += 1
+            self.max_running_by[lane] = max(self.max_running_by[lane], self.running_by[lane])
+            self.running_by_tp[tp] += 1
+            self.max_running_by_tp[tp] = max(self.max_running_by_tp[tp], self.running_by_tp[tp])
+            action = self.actions.get(k)
+        self.entered(k).set()
+        try:
+            if self.observe is not None:
+                self.observe()
+            if self.delay:
+                time.sleep(self.delay)
+            if action is not None:
+                action(record, ctx)
+        finally:
+            with self.lock:
+                self.running -= 1
+                self.running_by[lane] -= 1
+                self.running_by_tp[tp] -= 1
+                self.finished.append(k)
+
+    def on_assigned(self, partitions: Sequence[Partition]) -> None:
+        self.assigned.append(list(partitions))
+        self.hook_log.append("assigned")
+
+    def on_revoked(self, partitions: Sequence[Partition]) -> None:
+        self.revoked.append(list(partitions))
+        self.hook_log.append("revoked")
+
+    def on_lost(self, partitions: Sequence[Partition]) -> None:
+        self.lost.append(list(partitions))
+        self.hook_log.append("lost")
+
+    def on_shutdown(self) -> None:
+        self.shutdowns += 1
+        self.hook_log.append("shutdown")
+
+    # helpers for tests
+    def did_start(self, k: Key) -> bool:
+        with self.lock:
+            return k in self.started
+
+    def did_finish(self, k: Key) -> bool:
+        with self.lock:
+            return k in self.finished
+
+    def started_offsets(self, tp: tuple[str, int]) -> list[int]:
+        with self.lock:
+            return [o for t, o in self.started if t == tp]
+
+    def finished_count(self) -> int:
+        with self.lock:
+            return len(self.finished)
+
+
+def gated(event: threading.Event) -> Callable[[Record, Context], None]:
+    def action(record: Record, ctx: Context) -> None:
+        if not event.wait(WAIT):
+            raise TimeoutError("gate never opened")
+
+    return action
+
+
+def until_cancelled(
+    seen: dict[Key, bool], then: Callable[[], None] | None = None
+) -> Callable[[Record, Context], None]:
+    def action(record: Record, ctx: Context) -> None:
+        deadline = time.monotonic() + WAIT
+        while not ctx.cancelled and time.monotonic() < deadline:
+            time.sleep(0.002)
+        seen[((record.topic, record.partition), record.offset)] = ctx.cancelled
+        if then is not None:
+            then()
+
+    return action
+
+
+SETTINGS: dict[str, Any] = {
+    "bootstrap_servers": "fake:9092",
+    "group_id": "g",
+    "topics": [TOPIC],
+    "poll_timeout": 0.01,
+    "commit_interval": 0.01,
+    "commit_every": 1,
+    "revoke_timeout": 2.0,
+    "shutdown_timeout": 5.0,
+    "startup_timeout": 1.0,
+    "workers": 4,
+}
+QUIET = {"commit_interval": 60.0, "commit_every": 1_000_000}
+"""No async commits at all: every commit the engine makes is a hand-off (sync) commit."""
+
+
+@pytest.fixture
+def members() -> Iterator[list[GroupConsumer]]:
+    started: list[GroupConsumer] = []
+    yield started
+    for gc in started:
+        gc.stop()
+    for gc in started:
+        with contextlib.suppress(Exception):
+            gc.join(10)
+
+
+@pytest.fixture
+def launch(
+    members: list[GroupConsumer],
+) -> Callable[..., GroupConsumer]:
+    def go(
+        handler: Handler | Callable[[Record], object], fake: FakeConsumer, **kw: Any
+    ) -> GroupConsumer:
+        gc = GroupConsumer(handler, consumer_factory=fake.factory, **{**SETTINGS, **kw})
+        members.append(gc)
+        gc.start()
+        assert gc.wait_started(WAIT)
+        return gc
+
+    return go
+
+
+Launch = Callable[..., GroupConsumer]
+
+
+# -- watermark --------------------------------------------------------------------------------
+
+
+def test_out_of_order_completion_commits_exactly_the_contiguous_prefix(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(5))
+    fake.script_assign([P0])
+    probe = Probe()
+    gates = {off: threading.Event() for off in range(5)}
+    for off, ev in gates.items():
+        probe.actions[(P0, off)] = gated(ev)
+    gc = launch(probe, fake, ordering="unordered", workers=5)
+    for off in range(5):
+        wait_until(probe.entered((P0, off)).is_set, f"offset {off} running")
+    # Release out of order; after each, the watermark is the first unfinished offset.
+    for n, (off, expected) in enumerate([(4, 0), (2, 0), (0, 1), (1, 3), (3, 5)], start=1):
+        gates[off].set()
+        wait_until(lambda n=n: gc.stats().processed >= n, f"{n} records processed")
+        committed = offsets_committed(fake, P0)
+        assert max(committed, default=0) == expected, (off, committed)
+    sent = offsets_committed(fake, P0)
+    assert sent == sorted(set(sent)), sent  # strictly increasing
+    assert set(sent) <= {0, 1, 3, 5}
+    assert {1, 3, 5} <= set(sent)
+
+
+@pytest.mark.parametrize("fetch_chunk", [None, 2])
+def test_gaps_in_offsets_never_block(launch: Launch, fetch_chunk: int | None) -> None:
+    fake = FakeConsumer(fetch_chunk=fetch_chunk)
+    offsets = [100, 103, 107, 108, 120, 135]
+    fake.produce_many(TOPIC, 0, offsets, key=lambda o: bytes([o % 3]))
+    fake.script_assign([P0])
+    probe = Probe()
+    launch(probe, fake)
+    wait_until(lambda: 136 in offsets_committed(fake, P0), "commit of 136")
+    assert sorted(probe.started_offsets(P0)) == offsets
+    assert max(offsets_committed(fake, P0)) == 136
+
+
+def test_trailing_transaction_markers_do_not_leave_the_watermark_behind(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, [0, 1, 2])
+    fake.produce_marker(TOPIC, 0)  # offset 3: a commit marker, never delivered
+    fake.script_assign([P0])
+    launch(Probe(), fake)
+    wait_until(lambda: 4 in offsets_committed(fake, P0), "commit past the marker (4)")
+
+
+def test_rewind_inside_an_assignment_never_moves_commits_backwards(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(10))
+    fake.script_assign([P0])
+    probe = Probe()
+    launch(probe, fake)
+    wait_until(lambda: 10 in offsets_committed(fake, P0), "commit of 10")
+    fake.rewind(P0, 5)  # the client re-delivers 5..9 (an offset reset or a seek)
+    wait_until(lambda: len(probe.started_offsets(P0)) == 15, "re-delivered records processed")
+    fake.produce_many(TOPIC, 0, [10, 11])
+    wait_until(lambda: 12 in offsets_committed(fake, P0), "commit of 12")
+    sent = offsets_committed(fake, P0)
+    assert sent == sorted(sent), sent
+    assert sorted(probe.started_offsets(P0)) == sorted([*range(12), *range(5, 10)])
+
+
+# -- handler failure --------------------------------------------------------------------------
+
+
+class Boom(Exception):
+    pass
+
+
+def failing_key_setup(probe: Probe) -> FakeConsumer:
+    """Keys A@0 B@1 A@2 A@3 B@4 B@5; A@2 raises once B@1 has finished."""
+    fake = FakeConsumer()
+    keys = {0: b"A", 1: b"B", 2: b"A", 3: b"A", 4: b"B", 5: b"B"}
+    fake.produce_many(TOPIC, 0, range(6), key=keys.__getitem__)
+    fake.script_assign([P0])
+
+    def fail(record: Record, ctx: Context) -> None:
+        wait_until(lambda: probe.did_finish((P0, 1)), "B@1 finished")
+        raise Boom("A@2 failed")
+
+    probe.actions[(P0, 2)] = fail
+    return fake
+
+
+def check_failure_outcome(probe: Probe, fake: FakeConsumer, err: HandlerError) -> None:
+    assert err.record.offset == 2
+    assert err.record.key == b"A"
+    assert isinstance(err.__cause__, Boom)
+    # Nothing of lane A ran after the failed record.
+    assert not probe.did_start((P0, 3))
+    commits = fake.commit_log()
+    assert [c.asynchronous for c in commits] == [False], commits  # one final sync commit
+    assert commits[0].offsets == {P0: 2}  # at the failed offset: it will be processed again
+    names = fake.call_names()
+    assert names.index("commit") < names.index("close")
+    assert names[-1] == "close"
+
+
+def test_handler_exception_stops_the_member_and_join_raises(launch: Launch) -> None:
+    probe = Probe()
+    fake = failing_key_setup(probe)
+    gc = launch(probe, fake, ordering="key", **QUIET)
+    with pytest.raises(HandlerError) as info:
+        gc.join(WAIT)
+    check_failure_outcome(probe, fake, info.value)
+    assert gc.failure is info.value
+
+
+def test_handler_exception_is_raised_by_run(members: list[GroupConsumer]) -> None:
+    probe = Probe()
+    fake = failing_key_setup(probe)
+    gc = GroupConsumer(probe, consumer_factory=fake.factory, **{**SETTINGS, **QUIET})
+    members.append(gc)
+    with pytest.raises(HandlerError) as info:
+        gc.run(handle_signals=False)
+    check_failure_outcome(probe, fake, info.value)
+
+
+# -- lost -------------------------------------------------------------------------------------
+
+
+def test_lost_partition_is_never_committed_and_running_handlers_are_cancelled(
+    launch: Launch,
+) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(5), key=b"A")
+    fake.produce_many(TOPIC, 1, range(3))
+    fake.script_assign([P0, P1])
+    probe = Probe()
+    seen: dict[Key, bool] = {}
+
+    def late_failure() -> None:
+        raise Boom("failure of a record whose partition was lost")
+
+    probe.actions[(P0, 0)] = until_cancelled(seen, then=late_failure)
+    gc = launch(probe, fake)
+    wait_until(probe.entered((P0, 0)).is_set, "P0@0 running")
+    wait_until(lambda: 3 in offsets_committed(fake, P1), "P1 committed")
+    before: list[int] = []
+    lost = fake.script_lost([P0], before=lambda: before.append(len(fake.commit_log())))
+    assert lost.done.wait(WAIT)
+    wait_until(lambda: seen.get((P0, 0)), "ctx.cancelled seen by the running handler")
+    wait_until(lambda: probe.did_finish((P0, 0)), "lost handler returned")
+    fake.produce_many(TOPIC, 1, [3, 4])
+    wait_until(lambda: 5 in offsets_committed(fake, P1), "P1 keeps committing")
+    gc.stop()
+    gc.join(WAIT)  # the late failure of the lost partition is not the member's failure
+    after = fake.commit_log()[before[0] :]
+    assert all(P0 not in c.offsets for c in after), after
+    assert probe.started_offsets(P0) == [0]  # queued records of the lost partition never ran
+    assert probe.lost == [[Partition(TOPIC, 0)]]
+    assert all(Partition(TOPIC, 0) not in revoked for revoked in probe.revoked)
+
+
+# -- revoke -----------------------------------------------------------------------------------
+
+
+def test_revoke_drops_queued_waits_for_in_flight_and_commits_once_synchronously(
+    launch: Launch,
+) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(10), key=b"A")  # one lane: 1..9 are queued behind 0
+    fake.produce_many(TOPIC, 1, range(2))
+    fake.script_assign([P0, P1])
+    probe = Probe()
+    release = threading.Event()
+    probe.actions[(P0, 0)] = gated(release)
+    gc = launch(probe, fake, **QUIET)
+    wait_until(probe.entered((P0, 0)).is_set, "P0@0 running")
+    wait_until(lambda: probe.did_finish((P1, 1)), "P1 processed")
+    timer = threading.Timer(0.15, release.set)
+    revoke = fake.script_revoke([P0], before=timer.start)
+    assert revoke.done.wait(WAIT)
+    assert revoke.seconds is not None and revoke.seconds >= 0.1  # it waited for P0@0
+    during = [c for c in fake.commit_log() if c.in_callback == "revoke"]
+    assert len(during) == 1, during
+    assert during[0].asynchronous is False
+    assert during[0].offsets == {P0: 1}  # the finished watermark: only offset 0 ran
+    assert probe.started_offsets(P0) == [0]
+    assert probe.revoked == [[Partition(TOPIC, 0)]]
+    assert probe.hook_log.count("revoked") == 1
+    gc.stop()
+    gc.join(WAIT)
+    final = fake.commit_log()[-1]
+    assert P0 not in final.offsets
+    assert final.offsets == {P1: 2}
+    assert sum(P0 in c.offsets for c in fake.commit_log()) == 1
+
+
+def test_revoke_commits_the_watermark_synchronously_even_if_an_async_commit_is_unconfirmed(
+    launch: Launch,
+) -> None:
+    """The hand-off commit must be confirmed before the partition moves. An async commit of the
+    same offset that is still in flight is not a hand-off: if it fails, the next owner replays."""
+    fake = FakeConsumer()
+    fake.hold_commit_results = True
+    fake.produce_many(TOPIC, 0, range(3))
+    fake.script_assign([P0])
+    launch(Probe(), fake)
+    wait_until(lambda: 3 in offsets_committed(fake, P0), "async commit of 3 sent")
+    assert fake.commit_log()[-1].asynchronous
+    revoke = fake.script_revoke([P0])
+    assert revoke.done.wait(WAIT)
+    during = [c for c in fake.commit_log() if c.in_callback == "revoke"]
+    assert [(c.offsets, c.asynchronous) for c in during] == [({P0: 3}, False)]
+
+
+def test_stop_commits_synchronously_even_if_an_async_commit_is_unconfirmed(
+    launch: Launch,
+) -> None:
+    fake = FakeConsumer()
+    fake.hold_commit_results = True
+    fake.produce_many(TOPIC, 0, range(3))
+    fake.script_assign([P0])
+    gc = launch(Probe(), fake)
+    wait_until(lambda: 3 in offsets_committed(fake, P0), "async commit of 3 sent")
+    gc.stop()
+    gc.join(WAIT)
+    sync = [c for c in fake.commit_log() if not c.asynchronous]
+    assert [c.offsets for c in sync] == [{P0: 3}]
+    assert fake.committed.get(P0) == 3
+
+
+def test_revoke_honours_its_budget_when_a_handler_is_stuck(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3), key=b"A")
+    fake.script_assign([P0])
+    probe = Probe()
+    seen: dict[Key, bool] = {}
+    probe.actions[(P0, 0)] = until_cancelled(seen)  # returns (DONE) only once cancelled
+    budget = 0.3
+    launch(probe, fake, revoke_timeout=budget)
+    wait_until(probe.entered((P0, 0)).is_set, "P0@0 running")
+    revoke = fake.script_revoke([P0])
+    assert revoke.done.wait(WAIT)
+    assert revoke.seconds is not None
+    assert budget - 0.05 <= revoke.seconds <= budget + 0.35, revoke.seconds
+    wait_until(lambda: seen.get((P0, 0)), "ctx.cancelled after the budget")
+    wait_until(lambda: probe.did_finish((P0, 0)), "stuck handler returned")
+    settle(fake)
+    # Its late DONE moves nothing: offset 0 was never finished inside the assignment.
+    assert max(offsets_committed(fake, P0), default=0) == 0
+    assert probe.started_offsets(P0) == [0]
+
+
+def test_revoke_of_a_reassigned_partition_does_not_wait_for_the_previous_assignment(
+    launch: Launch,
+) -> None:
+    """Work left behind by an earlier assignment (cancelled, results discarded) must not eat
+    the revoke budget of the partition's next assignment."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, [0])
+    fake.script_assign([P0])
+    probe = Probe()
+    stuck = threading.Event()
+    calls: list[int] = []
+
+    def first_call_stuck(record: Record, ctx: Context) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            stuck.wait(WAIT)  # ignores cancellation
+
+    probe.actions[(P0, 0)] = first_call_stuck
+    budget = 0.5
+    launch(probe, fake, revoke_timeout=budget)
+    try:
+        wait_until(probe.entered((P0, 0)).is_set, "P0@0 running")
+        first = fake.script_revoke([P0])
+        assert first.done.wait(WAIT)
+        fake.script_assign([P0])
+        wait_until(lambda: len(calls) == 2, "offset 0 re-delivered to the new assignment")
+        wait_until(lambda: 1 in offsets_committed(fake, P0), "new assignment committed 1")
+        second = fake.script_revoke([P0])
+        assert second.done.wait(WAIT)
+        assert second.seconds is not None and second.seconds < budget / 2, second.seconds
+    finally:
+        stuck.set()
+
+
+def test_stale_completion_never_moves_a_new_assignments_watermark(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(2), key=b"A")
+    fake.script_assign([P0])
+    probe = Probe()
+    old_release, new_release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def offset0(record: Record, ctx: Context) -> None:
+        calls.append(1)
+        (old_release if len(calls) == 1 else new_release).wait(WAIT)
+
+    probe.actions[(P0, 0)] = offset0
+    launch(probe, fake, revoke_timeout=0.2)
+    wait_until(probe.entered((P0, 0)).is_set, "old P0@0 running")
+    assert fake.script_revoke([P0]).done.wait(WAIT)
+    n_before = len(fake.commit_log())
+    fake.script_assign([P0])
+    wait_until(lambda: len(calls) == 2, "new P0@0 running")
+    old_release.set()  # the old assignment's record finishes now
+    wait_until(lambda: probe.finished.count((P0, 0)) == 1, "old P0@0 returned")
+    settle(fake)
+    after = [c.offsets[P0] for c in fake.commit_log()[n_before:] if P0 in c.offsets]
+    assert max(after, default=0) == 0, after
+    new_release.set()
+    wait_until(lambda: 2 in offsets_committed(fake, P0), "new assignment reaches 2")
+
+
+# -- pause state across assignments -----------------------------------------------------------
+
+SMALL_FLOW = {"capacity_records": 20, "pause_records": 10, "resume_records": 4}
+
+
+def test_partition_assigned_while_flow_is_paused_gets_paused(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(10))
+    probe = Probe()
+    hold = threading.Event()
+    for off in range(10):
+        probe.actions[(P0, off)] = gated(hold)
+    fake.script_assign([P0])
+    launch(probe, fake, ordering="unordered", workers=10, max_batch=10, flow=SMALL_FLOW)
+    wait_until(lambda: ("pause", (P0,)) in fake.pause_calls, "flow pause")
+    fake.produce_many(TOPIC, 1, range(3))
+    assert fake.script_assign([P1]).done.wait(WAIT)
+    assert ("pause", (P1,)) in fake.pause_calls
+    assert P1 in fake.paused_set()
+    settle(fake)
+    assert fake.delivered_offsets(P1) == []
+    hold.set()
+    wait_until(lambda: 3 in offsets_committed(fake, P1), "P1 processed after resume")
+    calls = fake.pause_calls
+    after = calls[calls.index(("pause", (P1,))) + 1 :]
+    resumes = [tps for op, tps in after if op == "resume"]
+    assert resumes and set(resumes[0]) == {P0, P1}
+
+
+def test_partition_assigned_while_flow_is_running_gets_resumed(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 1, range(3))
+    fake.paused.add(P1)  # the client kept a pause flag from an earlier assignment
+    fake.script_assign([P1])
+    launch(Probe(), fake)
+    wait_until(lambda: 3 in offsets_committed(fake, P1), "P1 processed")
+    assert ("resume", (P1,)) in fake.pause_calls
+    assert not any(op == "pause" for op, _ in fake.pause_calls)
+
+
+# -- flow -------------------------------------------------------------------------------------
+
+
+def test_in_flight_never_exceeds_capacity_and_pause_does_not_flap(launch: Launch) -> None:
+    fake = FakeConsumer()
+    n = 150
+    fake.produce_many(TOPIC, 0, range(n))
+    fake.produce_many(TOPIC, 1, range(n))
+    fake.script_assign([P0, P1])
+    probe = Probe()
+    probe.delay = 0.0005
+    lower_bound = [0]
+
+    def observe() -> None:
+        # delivered - finished by handlers <= the engine's own in-flight count
+        with fake._lock:
+            delivered = len(fake.delivered)
+        lower_bound[0] = max(lower_bound[0], delivered - probe.finished_count())
+
+    probe.observe = observe
+    cap = SMALL_FLOW["capacity_records"]
+    gc = launch(probe, fake, ordering="unordered", workers=8, max_batch=10, flow=SMALL_FLOW)
+    wait_until(lambda: probe.finished_count() == 2 * n, "all records processed")
+    settle(fake)
+    ops = [op for op, _ in fake.pause_calls]  # before shutdown, which may pause everything
+    gc.stop()
+    gc.join(WAIT)
+    stats = gc.stats()
+    assert stats.processed == 2 * n
+    assert SMALL_FLOW["pause_records"] <= stats.peak_in_flight <= cap
+    assert lower_bound[0] <= cap
+    assert max(fake.requested) <= 10
+    # One pause per high-water crossing, one resume per low-water crossing: strict alternation.
+    assert ops.count("pause") >= 1
+    assert all(a != b for a, b in itertools.pairwise(ops)), ops
+    assert ops.count("pause") == stats.pauses
+
+
+def test_flow_counts_bytes_too(launch: Launch) -> None:
+    kib = 1024
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(40), value=b"x" * (200 * kib))
+    fake.script_assign([P0])
+    probe = Probe()
+    probe.delay = 0.002
+    flow = {"capacity_bytes": 4096 * kib, "pause_bytes": 2048 * kib, "resume_bytes": 1024 * kib}
+    max_batch = 5  # one consume call brings at most 1000 KiB
+    gc = launch(probe, fake, ordering="unordered", workers=4, max_batch=max_batch, flow=flow)
+    wait_until(lambda: probe.finished_count() == 40, "all records processed")
+    settle(fake)
+    ops = [op for op, _ in fake.pause_calls]
+    gc.stop()
+    gc.join(WAIT)
+    stats = gc.stats()
+    assert stats.peak_in_flight < 20  # the count marks (1000) were never the reason
+    assert stats.pauses >= 1
+    assert flow["pause_bytes"] <= stats.peak_in_flight_bytes
+    assert stats.peak_in_flight_bytes <= flow["pause_bytes"] + max_batch * 200 * kib
+    assert all(a != b for a, b in itertools.pairwise(ops)), ops
+
+
+def test_one_slow_record_does_not_stall_other_keys_or_partitions(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(6), key=lambda o: b"A" if o == 0 else b"B")
+    fake.produce_many(TOPIC, 1, range(5), key=b"A")
+    fake.script_assign([P0, P1])
+    probe = Probe()
+    release = threading.Event()
+    probe.actions[(P0, 0)] = gated(release)
+    launch(probe, fake, ordering="key", workers=2)
+    wait_until(lambda: 5 in offsets_committed(fake, P1), "P1 fully committed")
+    wait_until(lambda: all(probe.did_finish((P0, o)) for o in range(1, 6)), "P0 key B done")
+    settle(fake)
+    assert max(offsets_committed(fake, P0), default=0) == 0  # held by the slow A@0
+    release.set()
+    wait_until(lambda: 6 in offsets_committed(fake, P0), "P0 committed after the slow one")
+
+
+# -- commit monotonicity ----------------------------------------------------------------------
+
+
+def test_commits_stay_monotonic_with_reordered_and_failing_async_results(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.hold_commit_results = True
+    fake.produce_many(TOPIC, 0, range(4), key=b"A")
+    fake.script_assign([P0])
+    probe = Probe()
+    gates = {off: threading.Event() for off in range(4)}
+    for off, ev in gates.items():
+        probe.actions[(P0, off)] = gated(ev)
+    gc = launch(probe, fake)
+
+    def seq_of(offset: int) -> int:
+        return wait_until(
+            lambda: next((c.seq for c in fake.commit_log() if c.offsets.get(P0) == offset), 0),
+            f"commit of {offset}",
+        )
+
+    for off in range(3):
+        gates[off].set()
+        seq_of(off + 1)
+    s1, s2, s3 = seq_of(1), seq_of(2), seq_of(3)
+    timeout = KafkaError(KafkaError.REQUEST_TIMED_OUT, "late failure")
+    # The newest succeeds first, then the older ones fail.
+    fake.deliver_commit_results([(s3, None), (s1, timeout), (s2, timeout)])
+    wait_until(lambda: len(fake.delivered_results) >= 3, "results delivered")
+    n_before = len(fake.commit_log())
+    settle(fake, steps=10)
+    assert all(c.offsets.get(P0, 4) > 3 for c in fake.commit_log()[n_before:])
+    wait_until(lambda: any(p.committed == 3 for p in gc.stats().partitions), "3 confirmed in stats")
+    # The newest fails while nothing newer exists: it must be sent again, never below.
+    gates[3].set()
+    s4 = seq_of(4)
+    fake.deliver_commit_results([(s4, timeout)])
+    wait_until(lambda: offsets_committed(fake, P0).count(4) == 2, "4 sent again")
+    retry = [c.seq for c in fake.commit_log() if c.offsets.get(P0) == 4][-1]
+    fake.deliver_commit_results([(retry, None)])
+    wait_until(lambda: any(p.committed == 4 for p in gc.stats().partitions), "4 confirmed in stats")
+    sent = offsets_committed(fake, P0)
+    assert sent == sorted(sent), sent
+    assert sent.count(4) == 2 and all(sent.count(o) == 1 for o in set(sent) - {4}), sent
+
+
+def test_failed_async_commit_is_retried_while_idle(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3))
+    fake.script_assign([P0])
+    fake.commit_failure_if = lambda call: (
+        KafkaError(KafkaError.REQUEST_TIMED_OUT) if len(fake.commits) <= 3 else None
+    )
+    launch(Probe(), fake)
+    wait_until(lambda: fake.committed.get(P0) == 3, "3 committed after failures")
+
+
+# -- ordering ---------------------------------------------------------------------------------
+
+
+def test_key_order_holds_per_key_and_keys_run_in_parallel(launch: Launch) -> None:
+    fake = FakeConsumer()
+    keys = [b"A", b"B", b"C"]
+    fake.produce_many(TOPIC, 0, range(60), key=lambda o: keys[o % 3])
+    fake.script_assign([P0])
+    probe = Probe()
+    probe.delay = 0.001
+    both = threading.Barrier(2, timeout=WAIT)
+
+    def meet(record: Record, ctx: Context) -> None:
+        both.wait()  # A@0 and B@1 must be running at the same time
+
+    probe.actions[(P0, 0)] = meet
+    probe.actions[(P0, 1)] = meet
+    gc = launch(probe, fake, ordering="key", workers=4)
+    wait_until(lambda: 60 in offsets_committed(fake, P0), "all committed")
+    gc.stop()
+    gc.join(WAIT)
+    for i, k in enumerate(keys):
+        order = [r.offset for r in probe.records if r.key == k]
+        assert order == list(range(i, 60, 3))
+        assert probe.max_running_by[(TOPIC, 0, k)] == 1
+    assert probe.max_running >= 2
+
+
+def test_partition_mode_runs_one_record_at_a_time_per_partition(launch: Launch) -> None:
+    fake = FakeConsumer()
+    for p in (0, 1):
+        fake.produce_many(TOPIC, p, range(20), key=lambda o: bytes([o]))  # all keys distinct
+    fake.script_assign([P0, P1])
+    probe = Probe()
+    probe.delay = 0.001
+    both = threading.Barrier(2, timeout=WAIT)
+
+    def meet(record: Record, ctx: Context) -> None:
+        both.wait()  # the two partitions run in parallel
+
+    probe.actions[(P0, 0)] = meet
+    probe.actions[(P1, 0)] = meet
+    gc = launch(probe, fake, ordering="partition", workers=6)
+    wait_until(
+        lambda: 20 in offsets_committed(fake, P0) and 20 in offsets_committed(fake, P1),
+        "both partitions committed",
+    )
+    gc.stop()
+    gc.join(WAIT)
+    for tp in (P0, P1):
+        assert probe.started_offsets(tp) == list(range(20))
+        assert probe.max_running_by_tp[tp] == 1
+
+
+def test_unordered_mode_runs_one_key_in_parallel(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3), key=b"same")
+    fake.script_assign([P0])
+    probe = Probe()
+    three = threading.Barrier(3, timeout=WAIT)
+    for off in range(3):
+        probe.actions[(P0, off)] = lambda r, c: three.wait()
+    gc = launch(probe, fake, ordering="unordered", workers=3)
+    wait_until(lambda: 3 in offsets_committed(fake, P0), "all committed")
+    gc.stop()
+    gc.join(WAIT)
+
+
+# -- lifecycle --------------------------------------------------------------------------------
+
+
+def test_stop_makes_a_final_sync_commit_then_unsubscribes_and_closes(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(5))
+    fake.script_assign([P0])
+    probe = Probe()
+    gc = launch(probe, fake, **QUIET)
+    wait_until(lambda: probe.finished_count() == 5, "5 processed")
+    assert fake.commit_log() == []
+    gc.stop()
+    gc.join(WAIT)
+    commits = fake.commit_log()
+    assert [(c.offsets, c.asynchronous) for c in commits] == [({P0: 5}, False)]
+    assert fake.committed == {P0: 5}
+    names = fake.call_names()
+    assert names.index("commit") < names.index("unsubscribe") < names.index("close")
+    assert names[-1] == "close"
+    assert fake.closed
+    assert probe.shutdowns == 1
+    # The fake revokes the assignment inside close(), as the client does: on_shutdown is last.
+    assert probe.hook_log[-2:] == ["revoked", "shutdown"]
+    assert gc.stats().running is False
+
+
+def stop_with_a_cancel_aware_handler(launch: Launch) -> tuple[FakeConsumer, Probe, float, bool]:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3), key=b"A")
+    fake.script_assign([P0])
+    probe = Probe()
+    seen: dict[Key, bool] = {}
+    probe.actions[(P0, 1)] = until_cancelled(seen)  # gives up (returns) once cancelled
+    gc = launch(probe, fake, shutdown_timeout=0.3, **QUIET)
+    wait_until(probe.entered((P0, 1)).is_set, "P0@1 running")
+    t0 = time.monotonic()
+    gc.stop()
+    gc.join(WAIT)
+    seconds = time.monotonic() - t0
+    # join() returns within the budget, right after the cancel flag is set: give the handler
+    # thread its moment to notice and report.
+    wait_until(lambda: (P0, 1) in seen, "the handler of P0@1 to return")
+    return fake, probe, seconds, seen.get((P0, 1)) is True
+
+
+def test_stop_honours_the_shutdown_budget_and_cancels_running_handlers(launch: Launch) -> None:
+    fake, probe, seconds, cancelled = stop_with_a_cancel_aware_handler(launch)
+    assert seconds < 0.3 + 0.4
+    assert cancelled
+    assert probe.started_offsets(P0) == [0, 1]  # nothing dispatched after stop()
+    assert fake.commit_log()[0].offsets == {P0: 1}  # the final commit stops below P0@1
+
+
+def test_record_given_up_at_shutdown_is_never_committed(launch: Launch) -> None:
+    """`ctx.cancelled` says the result will be discarded, so a handler may return early without
+    finishing. Returning must then not count as done: committing past P0@1 would lose it. The
+    client serves the final revoke inside close(), after the handler gave up."""
+    fake, _, _, cancelled = stop_with_a_cancel_aware_handler(launch)
+    assert cancelled
+    assert max(offsets_committed(fake, P0)) == 1, fake.commit_log()
+
+
+def test_stop_with_a_handler_ignoring_cancellation_returns_within_the_shutdown_budget(
+    launch: Launch,
+) -> None:
+    """The whole shutdown (drain, final commit, leaving the group, the final revoke the client
+    serves inside close()) shares one budget: a stuck handler must not add a second one."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(2))
+    fake.script_assign([P0])
+    probe = Probe()
+    stuck = threading.Event()
+    probe.actions[(P0, 1)] = gated(stuck)
+    budget = 0.3
+    gc = launch(probe, fake, shutdown_timeout=budget, revoke_timeout=1.5, **QUIET)
+    try:
+        wait_until(probe.entered((P0, 1)).is_set, "P0@1 running")
+        t0 = time.monotonic()
+        gc.stop()
+        gc.join(WAIT)
+        assert time.monotonic() - t0 < budget + 0.4
+    finally:
+        stuck.set()
+
+
+def test_unreachable_broker_fails_fast(members: list[GroupConsumer]) -> None:
+    fake = FakeConsumer()
+    fake.unreachable = KafkaException(KafkaError(KafkaError._TRANSPORT, "connection refused"))
+    gc = GroupConsumer(Probe(), consumer_factory=fake.factory, **SETTINGS)
+    members.append(gc)
+    t0 = time.monotonic()
+    gc.start()
+    with pytest.raises(BrokerUnreachableError, match=r"fake:9092"):
+        gc.join(WAIT)
+    assert time.monotonic() - t0 < 1.0
+    assert "subscribe" not in fake.call_names()
+    assert fake.closed
+
+
+def test_unreachable_broker_raises_from_run() -> None:
+    fake = FakeConsumer()
+    fake.unreachable = KafkaException(KafkaError(KafkaError._TRANSPORT, "connection refused"))
+    gc = GroupConsumer(Probe(), consumer_factory=fake.factory, **SETTINGS)
+    with pytest.raises(BrokerUnreachableError):
+        gc.run(handle_signals=False)
+
+
+def test_fatal_client_error_stops_the_member(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(2))
+    fake.script_assign([P0])
+    probe = Probe()
+    gc = launch(probe, fake, **QUIET)
+    wait_until(lambda: probe.finished_count() == 2, "processed")
+    fake.raise_error_cb(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    with pytest.raises(KafkaFatalError):
+        gc.join(WAIT)
+    assert fake.closed
+
+
+def test_non_fatal_consume_errors_are_skipped(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.inject_error(KafkaError(KafkaError._MAX_POLL_EXCEEDED, "poll interval exceeded"))
+    fake.produce_many(TOPIC, 0, range(3))
+    fake.script_assign([P0])
+    gc = launch(Probe(), fake)
+    wait_until(lambda: 3 in offsets_committed(fake, P0), "processed after the error")
+    assert gc.failure is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "incremental"),
+    [
+        ({"assignment_strategy": "range"}, False),
+        ({"assignment_strategy": "cooperative-sticky"}, True),
+        ({"group_protocol": "consumer"}, True),
+    ],
+)
+def test_assign_uses_the_protocols_family(
+    launch: Launch, settings: dict[str, Any], incremental: bool
+) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(2))
+    fake.produce_many(TOPIC, 1, range(2))
+    fake.script_assign([P0, P1])
+    probe = Probe()
+    gc = launch(probe, fake, **settings)
+    wait_until(lambda: 2 in offsets_committed(fake, P1), "P1 processed")
+    if incremental:
+        assert fake.script_revoke([P0]).done.wait(WAIT)
+    else:  # eager: everything is revoked, then everything handed out again
+        assert fake.script_revoke([P0, P1]).done.wait(WAIT)
+        assert fake.script_assign([P1]).done.wait(WAIT)
+    fake.produce_many(TOPIC, 1, [2])
+    wait_until(lambda: 3 in offsets_committed(fake, P1), "P1 goes on")
+    names = fake.call_names()
+    assert ("incremental_assign" in names) is incremental
+    assert ("assign" in names) is not incremental
+    assert gc.failure is None
+    assert fake.assignment_set() == {P1}
+
+
+def test_records_carry_the_message_fields(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce(
+        TOPIC,
+        0,
+        b"value",
+        b"key",
+        offset=7,
+        headers=[("h1", b"xy"), ("h2", None)],
+        timestamp=1_700_000_000_000,
+        leader_epoch=3,
+    )
+    fake.produce(TOPIC, 0, None, None, offset=8)
+    fake.script_assign([P0])
+    probe = Probe()
+    launch(probe, fake)
+    wait_until(lambda: probe.finished_count() == 2, "processed")
+    r7, r8 = sorted(probe.records, key=lambda r: r.offset)
+    assert (r7.topic, r7.partition, r7.offset) == (TOPIC, 0, 7)
+    assert (r7.key, r7.value) == (b"key", b"value")
+    assert r7.headers == (("h1", b"xy"), ("h2", None))
+    assert r7.timestamp == 1_700_000_000_000
+    assert r7.leader_epoch == 3
+    assert r7.size == len(b"key") + len(b"value") + len("h1") + 2 + len("h2")
+    assert r7.event_id == "t/0/7"
+    assert (r8.key, r8.value, r8.headers, r8.timestamp, r8.size) == (None, None, (), None, 0)
+
+
+# -- the fake itself (so a fake bug cannot make the tests above pass vacuously) ---------------
+
+
+def test_fake_honours_pause_and_serves_callbacks_inside_consume() -> None:
+    fake = FakeConsumer({"group.id": "g", "partition.assignment.strategy": "cooperative-sticky"})
+    fake.produce_many(TOPIC, 0, [0, 2, 5])
+    fake.produce_marker(TOPIC, 0)
+    seen: list[tuple[str, list[tuple[str, int]]]] = []
+    fake.subscribe(
+        [TOPIC],
+        on_assign=lambda c, tps: seen.append(("assign", [(t.topic, t.partition) for t in tps])),
+        on_revoke=lambda c, tps: seen.append(("revoke", [(t.topic, t.partition) for t in tps])),
+    )
+    fake.script_assign([P0])
+    fake.pause([_tp_obj(P0)])
+    assert fake.consume(10, 0) == []
+    assert seen == [("assign", [P0])]
+    fake.resume([_tp_obj(P0)])
+    assert [m.offset() for m in fake.consume(10, 0)] == [0, 2, 5]
+    assert fake.position([_tp_obj(P0)])[0].offset == 7  # past the marker at 6
+    fake.script_lost([P0])  # no on_lost registered: goes to on_revoke
+    fake.consume(1, 0)
+    assert seen[-1] == ("revoke", [P0])
+    assert fake.assignment_set() == set()
+
+
+def test_fake_delivers_async_commit_results_on_a_later_consume() -> None:
+    results: list[tuple[object, list[tuple[str, int, int]]]] = []
+    fake = FakeConsumer(
+        {
+            "group.id": "g",
+            "on_commit": lambda err, tps: results.append(
+                (err, [(t.topic, t.partition, t.offset) for t in tps])
+            ),
+        }
+    )
+    fake.commit(offsets=[_tp_obj(P0, 3)], asynchronous=True)
+    assert results == []
+    fake.fail_next_commits()
+    fake.commit(offsets=[_tp_obj(P0, 4)], asynchronous=True)
+    fake.consume(1, 0)
+    assert results[0] == (None, [(TOPIC, 0, 3)])
+    assert results[1][0] is not None
+    assert fake.committed == {P0: 3}
+    out = fake.commit(offsets=[_tp_obj(P0, 5)], asynchronous=False)
+    assert out is not None and out[0].offset == 5 and out[0].error is None
+    fake.fail_next_commits()
+    with pytest.raises(KafkaException):
+        fake.commit(offsets=[_tp_obj(P0, 6)], asynchronous=False)
+    assert fake.committed == {P0: 5}
+
+
+def test_fake_rejects_the_wrong_assign_family_inside_a_callback() -> None:
+    fake = FakeConsumer({"group.id": "g", "partition.assignment.strategy": "range"})
+    errors: list[BaseException] = []
+
+    def on_assign(c: FakeConsumer, tps: list[Any]) -> None:
+        try:
+            c.incremental_assign(tps)
+        except KafkaException as exc:
+            errors.append(exc)
+
+    fake.subscribe([TOPIC], on_assign=on_assign)
+    fake.script_assign([P0])
+    fake.consume(1, 0)
+    assert len(errors) == 1
+    assert fake.assignment_set() == {P0}  # applied by the "client" after the callback
+    with pytest.raises(KafkaException):
+        FakeConsumer({"group.protocol": "consumer", "session.timeout.ms": 6000})
+
+
+def _tp_obj(tp: tuple[str, int], offset: int | None = None) -> TopicPartition:
+    if offset is None:
+        return TopicPartition(tp[0], tp[1])
+    return TopicPartition(tp[0], tp[1], offset)
