@@ -22,8 +22,6 @@ from tests.integration.kafka_helpers import (
 )
 from weir import HandlerError, Record
 
-pytestmark = pytest.mark.broker
-
 PROTOCOLS = ["classic", "consumer"]
 
 
@@ -189,3 +187,23 @@ def test_transaction_markers_leave_gaps_that_never_stall(kafka_bootstrap: str, m
     assert committed(kafka_bootstrap, group, topic, 1) == [end]
     offsets = sorted(o for _, o in seen.offsets())
     assert any(b - a > 1 for a, b in itertools.pairwise(offsets)), "expected gaps at markers"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_unreachable_broker_is_reported_within_the_startup_timeout(protocol: str) -> None:
+    from weir import BrokerUnreachableError, GroupConsumer
+    from weir.testing.broker import pick_free_port
+
+    port = pick_free_port()  # nothing listens there
+    gc = GroupConsumer(
+        lambda r: None,
+        bootstrap_servers=f"127.0.0.1:{port}",
+        group_id="nobody",
+        topics=["t"],
+        group_protocol=protocol,
+        startup_timeout=2.0,
+    )
+    t0 = time.monotonic()
+    with pytest.raises(BrokerUnreachableError, match=f"127.0.0.1:{port}"):
+        gc.run(handle_signals=False)
+    assert time.monotonic() - t0 < 6.0
