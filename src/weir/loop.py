@@ -1,0 +1,474 @@
+"""The owner thread's loop: the only code that calls the Kafka client.
+
+One thread polls, registers batches, dispatches records into lanes, drains the completion queue,
+commits, pauses and resumes, and serves the rebalance callbacks. Workers only run handlers.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from weir.committing import Committer
+from weir.errors import BrokerUnreachableError, HandlerError, KafkaFatalError
+from weir.flow import FlowControl
+from weir.metrics import ConsumerStats, PartitionStats
+from weir.rebalance import Ownership, PartitionState
+from weir.records import Partition, Record
+from weir.scheduling import Assignment, Completion, Outcome, Scheduler, Work
+
+if TYPE_CHECKING:
+    from weir.consumer import GroupConsumer
+
+__all__ = ["Loop"]
+
+log = structlog.get_logger(__name__)
+
+# How long the owner waits on the completion queue when work is in flight and nothing was fetched:
+# short enough that new records are picked up promptly, long enough not to spin.
+_IDLE_WAIT = 0.01
+
+
+def _record(m: Message) -> Record:
+    key = m.key()
+    value = m.value()
+    raw_headers = m.headers()
+    headers = tuple(raw_headers) if raw_headers else ()
+    size = (len(key) if key else 0) + (len(value) if value else 0)
+    for hk, hv in headers:
+        size += len(hk) + (len(hv) if hv else 0)  # type: ignore[arg-type]
+    ts_type, ts = m.timestamp()
+    topic = m.topic()
+    partition = m.partition()
+    offset = m.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return Record(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key=key,
+        value=value,
+        headers=headers,  # type: ignore[arg-type]
+        timestamp=None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
+        leader_epoch=m.leader_epoch(),
+        size=size,
+    )
+
+
+def _runs(msgs: list[Message]) -> list[list[Message]]:
+    """Split one partition's messages where offsets stop increasing (a rewind mid-call)."""
+    runs = [[msgs[0]]]
+    for m in msgs[1:]:
+        if m.offset() > runs[-1][-1].offset():  # type: ignore[operator]
+            runs[-1].append(m)
+        else:
+            runs.append([m])
+    return runs
+
+
+class Loop:
+    """The state of one run: lives on the owner thread only."""
+
+    def __init__(self, gc: GroupConsumer) -> None:
+        self.gc = gc
+        cfg = gc.config
+        self.cfg = cfg
+        self.scheduler = Scheduler(gc._handler, cfg.ordering, cfg.workers)
+        self.committer = Committer(cfg.commit_interval, cfg.commit_every)
+        self.committer.listeners.extend(gc._commit_listeners)
+        self.flow = FlowControl(cfg.flow, cfg.max_batch)
+        self.own = Ownership(
+            gc._handler, self.scheduler, self.committer, self.flow, cfg.revoke_timeout
+        )
+        self.paused: set[Partition] = set()
+        self.processed = 0
+        self.failed = 0
+        self.client: Any = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        gc = self.gc
+        conf = self.cfg.librdkafka_config()
+        conf["on_commit"] = self._on_commit
+        conf["error_cb"] = self._on_error
+        try:
+            self.client = gc._factory(conf)
+            self._check_reachable()
+            self.client.subscribe(
+                list(self.cfg.topics),
+                on_assign=self._guard(self._on_assign),
+                on_revoke=self._guard(self._on_revoke),
+                on_lost=self._guard(self._on_lost),
+            )
+            self.scheduler.start()
+            log.info(
+                "consumer_started",
+                group_id=self.cfg.group_id,
+                topics=self.cfg.topics,
+                ordering=self.cfg.ordering,
+                workers=self.cfg.workers,
+                protocol=self.cfg.group_protocol,
+            )
+            gc._started.set()
+            while not gc._stop.is_set() and gc._failure is None:
+                self._step()
+        except BaseException as exc:
+            if gc._failure is None:
+                gc._failure = exc
+        finally:
+            gc._started.set()
+            self._shutdown()
+
+    def _check_reachable(self) -> None:
+        timeout = self.cfg.startup_timeout
+        try:
+            self.client.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise BrokerUnreachableError(
+                f"no Kafka broker answered at {self.cfg.bootstrap_servers!r} within "
+                f"{timeout:g}s (startup_timeout): {exc.args[0] if exc.args else exc}"
+            ) from exc
+
+    def _shutdown(self) -> None:
+        gc = self.gc
+        client = self.client
+        deadline = time.monotonic() + self.cfg.shutdown_timeout
+        if client is None:
+            self.scheduler.stop(0)
+            return
+        log.info("consumer_stopping", reason=repr(gc._failure) if gc._failure else "stop")
+        try:
+            self.own.deadline_cap = deadline
+            self.own.stop_dispatch()
+            self._set_paused(list(self.own.partitions), True)
+            while self.scheduler.running(self.own.assignments()) and time.monotonic() < deadline:
+                self._drain(0.05)
+                # Keep serving the group while handlers finish; nothing new is dispatched.
+                self.client.consume(1, 0)
+            self._drain(0)
+            left = self.scheduler.running(self.own.assignments())
+            if left:
+                self.own.cancel_all()
+                log.warning("shutdown_budget_exceeded", unfinished=left)
+            self._commit_sync(self._committable())
+            self.own.fence_progress()
+            self._publish(running=False)
+            if self.cfg.group_instance_id is None:
+                # Leave the group now so partitions move at once. A static member keeps its
+                # partitions for the session timeout instead, so a restart gets them back.
+                client.unsubscribe()
+        except BaseException as exc:
+            log.exception("shutdown_failed")
+            if gc._failure is None:
+                gc._failure = exc
+        finally:
+            try:
+                client.close()
+            except Exception:
+                log.exception("close_failed")
+            try:
+                gc._handler.on_shutdown()
+            except Exception:
+                log.exception("handler_hook_failed", hook="on_shutdown")
+            self.scheduler.stop(max(0.0, deadline - time.monotonic()))
+            log.info("consumer_stopped", processed=self.processed)
+
+    # -- one turn of the loop --------------------------------------------------------------
+
+    def _step(self) -> None:
+        busy = self.scheduler.outstanding() > 0
+        msgs = self.client.consume(self.flow.fetch_size(), 0 if busy else self.cfg.poll_timeout)
+        if msgs:
+            self._register(msgs)
+        if busy and not msgs:
+            self._drain(self.cfg.poll_timeout if self.flow.paused else _IDLE_WAIT)
+        else:
+            self._drain(0)
+        now = time.monotonic()
+        if self.committer.due(now):
+            self._commit_async(now)
+        action = self.flow.update()
+        if action is not None:
+            log.debug("flow_" + action, in_flight=self.flow.records, bytes=self.flow.bytes)
+            self._set_paused(list(self.own.partitions), action == "pause")
+
+    def _register(self, msgs: list[Message]) -> None:
+        now = time.monotonic()
+        groups: dict[tuple[str, int], list[Message]] = {}
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                self._on_message_error(err)
+                continue
+            key = (m.topic(), m.partition())
+            g = groups.get(key)  # type: ignore[arg-type]
+            if g is None:
+                groups[key] = [m]  # type: ignore[index]
+            else:
+                g.append(m)
+        partitions = self.own.partitions
+        for (topic, p), group in groups.items():
+            st = partitions.get(Partition(topic, p))
+            if st is None or not st.assignment.dispatching:
+                # Fetched before a revoke or lost: the next owner reads them again.
+                continue
+            for run in _runs(group):
+                self._register_run(st, run, now)
+
+    def _register_run(self, st: PartitionState, msgs: list[Message], now: float) -> None:
+        offsets: list[int] = [m.offset() for m in msgs]  # type: ignore[misc]
+        try:
+            batch = st.progress.add_batch(offsets, offsets[-1] + 1)
+        except ValueError:
+            log.warning("partition_rewound", tp=str(st.assignment.tp), offset=offsets[0])
+            st.rewind()
+            batch = st.progress.add_batch(offsets, offsets[-1] + 1)
+        total = 0
+        submit = self.scheduler.submit
+        assignment = st.assignment
+        for m in msgs:
+            rec = _record(m)
+            total += rec.size
+            submit(Work(rec, batch, assignment, now))
+        st.records += len(msgs)
+        st.bytes += total
+        self.flow.add(len(msgs), total)
+
+    def _drain(self, wait: float) -> int:
+        q = self.scheduler.completions
+        try:
+            c = q.get(timeout=wait) if wait > 0 else q.get_nowait()
+        except queue.Empty:
+            return 0
+        n = 0
+        while True:
+            self._complete(c)
+            n += 1
+            try:
+                c = q.get_nowait()
+            except queue.Empty:
+                return n
+
+    def _drain_until(self, deadline: float, assignments: list[Assignment]) -> None:
+        while self.scheduler.running(assignments):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._drain(min(remaining, 0.05))
+
+    def _complete(self, c: Completion) -> None:
+        w = c.work
+        self.scheduler.returned(w)
+        st = self.own.partitions.get(w.assignment.tp)
+        current = st is not None and st.assignment is w.assignment
+        if c.outcome is Outcome.FAILED:
+            self.failed += 1
+            if current:
+                # No failure policy decides otherwise yet: the record stays unfinished, its
+                # lane stays held, and the member stops after committing what is below it.
+                if self.gc._failure is None:
+                    assert c.error is not None
+                    self.gc._failure = HandlerError(w.record, c.error)
+                    log.error("handler_failed", event_id=w.record.event_id, error=repr(c.error))
+                return
+            self.scheduler.advance(w)
+            return
+        if current:
+            assert st is not None
+            st.records -= 1
+            st.bytes -= w.record.size
+            self.flow.remove(1, w.record.size)
+        # A handler may return early once ctx.cancelled is set: its record is not known to be
+        # finished, so it never moves the watermark.
+        if (
+            c.outcome is Outcome.DONE
+            and not w.assignment.cancel.is_set()
+            and w.batch.completed(w.record.offset, w.batch.token)
+        ):
+            self.processed += 1
+            self.committer.finished()
+        self.scheduler.advance(w)
+
+    # -- commits ---------------------------------------------------------------------------
+
+    def _committable(self) -> dict[Partition, int | None]:
+        return {tp: st.progress.committable() for tp, st in self.own.partitions.items()}
+
+    def _catch_up_positions(self) -> None:
+        owned = [tp for tp, st in self.own.partitions.items() if st.assignment.dispatching]
+        if not owned:
+            return
+        try:
+            positions = self.client.position(_tps({tp: None for tp in owned}))
+        except KafkaException as exc:
+            log.debug("position_failed", error=str(exc))
+            return
+        for r in positions:
+            st = self.own.partitions.get(Partition(r.topic, r.partition))
+            if st is not None and r.offset >= 0:
+                st.progress.advance_to(r.offset)
+
+    def _commit_async(self, now: float) -> None:
+        self._catch_up_positions()
+        send = self.committer.to_send(self._committable())
+        if send:
+            try:
+                self.client.commit(offsets=_tps(send), asynchronous=True)
+            except KafkaException as exc:
+                log.warning("commit_request_failed", error=str(exc))
+                send = {}
+        self.committer.sent(send, now)
+        self._publish(running=True)
+
+    def _commit_sync(self, committable: Mapping[Partition, int | None]) -> None:
+        send = self.committer.to_send(committable, unconfirmed=True)
+        if not send:
+            return
+        self.committer.sent(send, time.monotonic(), sync=True)
+        try:
+            results = self.client.commit(offsets=_tps(send), asynchronous=False)
+        except KafkaException as exc:
+            # A failed hand-off commit means replay, never loss: the next owner starts lower.
+            for tp, off in send.items():
+                self.committer.result(tp, off, str(exc.args[0] if exc.args else exc), sync=True)
+            return
+        for r in results or ():
+            self.committer.result(
+                Partition(r.topic, r.partition),
+                r.offset,
+                None if r.error is None else str(r.error),
+                sync=True,
+            )
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        for r in partitions:
+            error = r.error or err
+            if (
+                error is not None
+                and getattr(error, "code", lambda: None)() == KafkaError._NO_OFFSET
+            ):
+                continue
+            self.committer.result(
+                Partition(r.topic, r.partition),
+                r.offset,
+                None if error is None else str(error),
+                sync=False,
+            )
+
+    # -- rebalance callbacks (owner thread, inside consume) --------------------------------
+
+    def _guard(self, fn: Callable[[Any, list[TopicPartition]], None]) -> Callable[..., None]:
+        def wrapped(client: Any, tps: list[TopicPartition]) -> None:
+            try:
+                fn(client, tps)
+            except BaseException as exc:
+                log.exception("rebalance_callback_failed", callback=fn.__name__)
+                if self.gc._failure is None:
+                    self.gc._failure = exc
+
+        return wrapped
+
+    def _on_assign(self, client: Any, tps: list[TopicPartition]) -> None:
+        if tps:
+            # Assign here rather than after the callback so the pause state set below applies
+            # to partitions that are really assigned.
+            if self.cfg.incremental:
+                client.incremental_assign(tps)
+            else:
+                client.assign(tps)
+        self.own.assign([Partition(t.topic, t.partition) for t in tps], self._set_paused)
+
+    def _on_revoke(self, client: Any, tps: list[TopicPartition]) -> None:
+        self.own.revoke(
+            [Partition(t.topic, t.partition) for t in tps], self._drain_until, self._commit_sync
+        )
+        self.paused.difference_update(Partition(t.topic, t.partition) for t in tps)
+
+    def _on_lost(self, client: Any, tps: list[TopicPartition]) -> None:
+        self.own.lost([Partition(t.topic, t.partition) for t in tps])
+        self.paused.difference_update(Partition(t.topic, t.partition) for t in tps)
+
+    def _set_paused(self, tps: Sequence[Partition], paused: bool) -> None:
+        if not tps:
+            return
+        try:
+            if paused:
+                self.client.pause(_tps({tp: None for tp in tps}))
+                self.paused.update(tps)
+            else:
+                self.client.resume(_tps({tp: None for tp in tps}))
+                self.paused.difference_update(tps)
+        except KafkaException as exc:
+            log.warning("pause_resume_failed", paused=paused, error=str(exc))
+
+    # -- errors ----------------------------------------------------------------------------
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            log.error("kafka_fatal_error", error=str(err))
+            if self.gc._failure is None:
+                self.gc._failure = KafkaFatalError(str(err))
+        elif err.code() == KafkaError._ALL_BROKERS_DOWN:
+            log.error("all_brokers_down", error=str(err))
+        else:
+            log.warning("kafka_error", error=str(err))
+
+    def _on_message_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._on_error(err)
+        elif err.code() == KafkaError._MAX_POLL_EXCEEDED:
+            log.error("max_poll_interval_exceeded", error=str(err))
+        else:
+            log.warning("consume_error", error=str(err))
+
+    # -- observability ---------------------------------------------------------------------
+
+    def _publish(self, *, running: bool) -> None:
+        parts = tuple(
+            PartitionStats(
+                tp=tp,
+                token=st.assignment.token,
+                in_flight=st.records,
+                in_flight_bytes=st.bytes,
+                committable=st.progress.committable(),
+                committed=self.committer.confirmed(tp),
+                paused=tp in self.paused,
+            )
+            for tp, st in sorted(self.own.partitions.items())
+        )
+        f = self.flow
+        self.gc._stats = ConsumerStats(
+            at=time.monotonic(),
+            running=running,
+            processed=self.processed,
+            failed=self.failed,
+            in_flight=f.records,
+            in_flight_bytes=f.bytes,
+            peak_in_flight=f.peak_records,
+            peak_in_flight_bytes=f.peak_bytes,
+            paused=f.paused,
+            pauses=f.pauses,
+            rebalances=self.own.rebalances,
+            partitions=parts,
+        )
+
+
+def _tps(offsets: dict[Partition, int] | dict[Partition, None]) -> list[TopicPartition]:
+    return [
+        TopicPartition(tp.topic, tp.partition)
+        if off is None
+        else TopicPartition(tp.topic, tp.partition, off)
+        for tp, off in offsets.items()
+    ]
