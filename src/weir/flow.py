@@ -1,8 +1,10 @@
 """In-flight budget by count and bytes, with pause/resume hysteresis.
 
-All assigned partitions pause together: pausing only the busiest would still let the others fill
-the budget, and every pause throws away prefetched data, so a single switch with a wide gap between
-the marks flaps least.
+Two levels. At the high mark fetching is *throttled*: each poll takes at most one record, and the
+client keeps its prefetched data. Only at the capacity are the partitions *paused* in the client,
+because librdkafka's pause throws its prefetch away and a resume has to fetch it again: pausing at
+every high mark made a budgeted drain several times slower. Both lift together once the counts are
+below their low marks. All partitions switch together: one switch with a wide gap flaps least.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ class FlowControl:
         "_cfg",
         "_max_batch",
         "bytes",
+        "client_paused",
         "paused",
         "pauses",
         "peak_bytes",
@@ -32,6 +35,7 @@ class FlowControl:
         self.records = 0
         self.bytes = 0
         self.paused = False
+        self.client_paused = False
         self.pauses = 0
         self.peak_records = 0
         self.peak_bytes = 0
@@ -51,6 +55,12 @@ class FlowControl:
     def fetch_size(self) -> int:
         """How many records one consume call may return without passing the capacity."""
         return max(1, min(self._max_batch, self._cfg.capacity_records - self.records))
+
+    @property
+    def full(self) -> bool:
+        """No headroom left: the client must stop handing out records (a real pause)."""
+        cfg = self._cfg
+        return self.records >= cfg.capacity_records or self.bytes >= cfg.capacity_bytes
 
     def update(self) -> Literal["pause", "resume"] | None:
         cfg = self._cfg

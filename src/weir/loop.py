@@ -92,6 +92,7 @@ class Loop:
             gc._handler, self.scheduler, self.committer, self.flow, cfg.revoke_timeout
         )
         self.paused: set[Partition] = set()
+        self._last_poll = 0.0
         self.processed = 0
         self.failed = 0
         self.client: Any = None
@@ -188,21 +189,36 @@ class Loop:
     # -- one turn of the loop --------------------------------------------------------------
 
     def _step(self) -> None:
+        flow = self.flow
         busy = self.scheduler.outstanding() > 0
-        msgs = self.client.consume(self.flow.fetch_size(), 0 if busy else self.cfg.poll_timeout)
+        if flow.paused:
+            # Throttled: poll once per poll_timeout (callbacks, max.poll.interval.ms) taking at
+            # most one record, and otherwise wait for completions. The client keeps its prefetch.
+            wait = self._last_poll + self.cfg.poll_timeout - time.monotonic()
+            if wait > 0:
+                self._drain(wait)
+                msgs = []
+            else:
+                self._last_poll = time.monotonic()
+                msgs = self.client.consume(1, 0)
+        else:
+            msgs = self.client.consume(flow.fetch_size(), 0 if busy else self.cfg.poll_timeout)
         if msgs:
             self._register(msgs)
         if busy and not msgs:
-            self._drain(self.cfg.poll_timeout if self.flow.paused else _IDLE_WAIT)
+            self._drain(_IDLE_WAIT)
         else:
             self._drain(0)
         now = time.monotonic()
         if self.committer.due(now):
             self._commit_async(now)
-        action = self.flow.update()
+        action = flow.update()
         if action is not None:
-            log.debug("flow_" + action, in_flight=self.flow.records, bytes=self.flow.bytes)
-            self._set_paused(list(self.own.partitions), action == "pause")
+            log.debug("flow_" + action, in_flight=flow.records, bytes=flow.bytes)
+        if flow.full and not flow.client_paused:
+            self._set_paused(list(self.own.partitions), True)
+        elif action == "resume" and flow.client_paused:
+            self._set_paused(list(self.own.partitions), False)
 
     def _register(self, msgs: list[Message]) -> None:
         now = time.monotonic()
@@ -410,8 +426,22 @@ class Loop:
             else:
                 self.client.resume(_tps({tp: None for tp in tps}))
                 self.paused.difference_update(tps)
+                self._wake_fetcher(tps[0].topic)
+            if len(tps) == len(self.own.partitions):
+                self.flow.client_paused = paused
         except KafkaException as exc:
             log.warning("pause_resume_failed", paused=paused, error=str(exc))
+
+    def _wake_fetcher(self, topic: str) -> None:
+        """librdkafka's resume does not wake the broker thread, which then idles up to 1 s
+        (rd_kafka_max_block_ms) before fetching again: measured 0.97 to 1.0 s from resume to the
+        next record. Any request to the broker wakes it; a metadata request is the cheapest one the
+        Python client exposes (2 to 5 ms here). Only the broker that answers is woken: with several
+        brokers the others may still take up to 1 s."""
+        try:
+            self.client.list_topics(topic, timeout=1.0)
+        except KafkaException as exc:
+            log.debug("wake_fetcher_failed", error=str(exc))
 
     # -- errors ----------------------------------------------------------------------------
 

@@ -85,7 +85,7 @@ class Ownership:
         if added:
             # librdkafka keeps its own pause flag across rebalances: state it explicitly so a
             # partition that comes back matches weir's paused set, whichever way it was left.
-            set_paused(added, self._flow.paused)
+            set_paused(added, self._flow.client_paused)
         log.info(
             "partitions_assigned",
             partitions=[str(tp) for tp in added],

@@ -546,11 +546,13 @@ SMALL_FLOW = {"capacity_records": 20, "pause_records": 10, "resume_records": 4}
 
 
 def test_partition_assigned_while_flow_is_paused_gets_paused(launch: Launch) -> None:
+    # The client pause happens at the capacity (20); between the high mark and the capacity the
+    # loop only throttles, so 20 held records are needed to pause P0.
     fake = FakeConsumer()
-    fake.produce_many(TOPIC, 0, range(10))
+    fake.produce_many(TOPIC, 0, range(20))
     probe = Probe()
     hold = threading.Event()
-    for off in range(10):
+    for off in range(20):
         probe.actions[(P0, off)] = gated(hold)
     fake.script_assign([P0])
     launch(probe, fake, ordering="unordered", workers=10, max_batch=10, flow=SMALL_FLOW)
@@ -612,10 +614,11 @@ def test_in_flight_never_exceeds_capacity_and_pause_does_not_flap(launch: Launch
     assert SMALL_FLOW["pause_records"] <= stats.peak_in_flight <= cap
     assert lower_bound[0] <= cap
     assert max(fake.requested) <= 10
-    # One pause per high-water crossing, one resume per low-water crossing: strict alternation.
-    assert ops.count("pause") >= 1
+    # The high mark throttles (counted in stats.pauses); the client is paused only at the
+    # capacity, at most once per throttle, and pause/resume strictly alternate: no flapping.
+    assert stats.pauses >= 1
     assert all(a != b for a, b in itertools.pairwise(ops)), ops
-    assert ops.count("pause") == stats.pauses
+    assert ops.count("pause") <= stats.pauses
 
 
 def test_flow_counts_bytes_too(launch: Launch) -> None:
@@ -637,7 +640,9 @@ def test_flow_counts_bytes_too(launch: Launch) -> None:
     assert stats.peak_in_flight < 20  # the count marks (1000) were never the reason
     assert stats.pauses >= 1
     assert flow["pause_bytes"] <= stats.peak_in_flight_bytes
-    assert stats.peak_in_flight_bytes <= flow["pause_bytes"] + max_batch * 200 * kib
+    # Past the high mark records arrive one at a time, so the byte capacity is passed by at most
+    # one record before the client pauses.
+    assert stats.peak_in_flight_bytes <= flow["capacity_bytes"] + 200 * kib
     assert all(a != b for a, b in itertools.pairwise(ops)), ops
 
 
