@@ -219,6 +219,8 @@ class Loop:
             self._set_paused(list(self.own.partitions), True)
         elif action == "resume" and flow.client_paused:
             self._set_paused(list(self.own.partitions), False)
+            if self.own.partitions:
+                self._wake_fetcher(next(iter(self.own.partitions)).topic)
 
     def _register(self, msgs: list[Message]) -> None:
         now = time.monotonic()
@@ -426,7 +428,6 @@ class Loop:
             else:
                 self.client.resume(_tps({tp: None for tp in tps}))
                 self.paused.difference_update(tps)
-                self._wake_fetcher(tps[0].topic)
             if len(tps) == len(self.own.partitions):
                 self.flow.client_paused = paused
         except KafkaException as exc:
@@ -437,7 +438,8 @@ class Loop:
         (rd_kafka_max_block_ms) before fetching again: measured 0.97 to 1.0 s from resume to the
         next record. Any request to the broker wakes it; a metadata request is the cheapest one the
         Python client exposes (2 to 5 ms here). Only the broker that answers is woken: with several
-        brokers the others may still take up to 1 s."""
+        brokers the others may still take up to 1 s. Never call this from a rebalance callback:
+        confluent-kafka aborts the process (CallState_get assertion) on a nested blocking call."""
         try:
             self.client.list_topics(topic, timeout=1.0)
         except KafkaException as exc:

@@ -452,6 +452,10 @@ class FakeConsumer:
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> _Metadata:
         self._check_open()
+        if self._in_callback is not None:
+            # The real client aborts the whole process here (confluent-kafka's CallState_get
+            # assertion): a blocking call nested in a callback served by consume().
+            raise AssertionError(f"list_topics() called inside the {self._in_callback} callback")
         self._record("list_topics", timeout)
         if self.unreachable is not None:
             raise self.unreachable

@@ -1052,3 +1052,19 @@ def _tp_obj(tp: tuple[str, int], offset: int | None = None) -> TopicPartition:
     if offset is None:
         return TopicPartition(tp[0], tp[1])
     return TopicPartition(tp[0], tp[1], offset)
+
+
+def test_no_blocking_client_call_inside_rebalance_callbacks(launch: Launch) -> None:
+    """A resumed fetcher is woken with a metadata request; from inside a rebalance callback the
+    real client would abort the process, so assignment must never take that path."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(5))
+    probe = Probe()
+    fake.script_assign([P0])
+    gc = launch(probe, fake, ordering="unordered")
+    wait_until(lambda: probe.finished_count() == 5, "records processed")
+    assert fake.script_assign([P1]).done.wait(WAIT)
+    wait_until(lambda: 5 in offsets_committed(fake, P0), "P0 committed to its end")
+    gc.stop()
+    gc.join(WAIT)
+    assert gc.failure is None
