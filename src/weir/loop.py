@@ -93,6 +93,12 @@ class Loop:
         )
         self.paused: set[Partition] = set()
         self._last_poll = 0.0
+        # Partition mode runs one record per partition at a time, and librdkafka hands out one
+        # partition's data at a time: without a per-partition share the budget filled from one
+        # to three partitions and as many workers ran. Resumes wait for the loop (never inside
+        # a callback, where the fetcher must not be woken).
+        self._shared = cfg.ordering == "partition"
+        self._share_resume: set[Partition] = set()
         self.processed = 0
         self.failed = 0
         self.client: Any = None
@@ -215,12 +221,28 @@ class Loop:
         action = flow.update()
         if action is not None:
             log.debug("flow_" + action, in_flight=flow.records, bytes=flow.bytes)
+        parts = self.own.partitions
         if flow.full and not flow.client_paused:
-            self._set_paused(list(self.own.partitions), True)
+            flow.client_paused = True
+            self._set_paused(list(parts), True)
         elif action == "resume" and flow.client_paused:
-            self._set_paused(list(self.own.partitions), False)
-            if self.own.partitions:
-                self._wake_fetcher(next(iter(self.own.partitions)).topic)
+            flow.client_paused = False
+            self._share_resume.clear()
+            share = self._share()
+            for st in parts.values():
+                if st.over_share and st.records <= share // 2:
+                    st.over_share = False  # drained during the global pause
+            self._set_paused([tp for tp, st in parts.items() if not st.over_share], False)
+            if parts:
+                self._wake_fetcher(next(iter(parts)).topic)
+        elif self._share_resume and not flow.client_paused:
+            ready = [tp for tp in self._share_resume if tp in parts and parts[tp].over_share]
+            self._share_resume.clear()
+            for tp in ready:
+                parts[tp].over_share = False
+            self._set_paused(ready, False)
+            if ready:
+                self._wake_fetcher(ready[0].topic)
 
     def _register(self, msgs: list[Message]) -> None:
         now = time.monotonic()
@@ -263,6 +285,12 @@ class Loop:
         st.records += len(msgs)
         st.bytes += total
         self.flow.add(len(msgs), total)
+        if self._shared and not st.over_share and st.records > self._share():
+            st.over_share = True
+            self._set_paused([st.assignment.tp], True)
+
+    def _share(self) -> int:
+        return max(1, self.cfg.flow.capacity_records // max(1, len(self.own.partitions)))
 
     def _drain(self, wait: float) -> int:
         q = self.scheduler.completions
@@ -308,6 +336,8 @@ class Loop:
             st.records -= 1
             st.bytes -= w.record.size
             self.flow.remove(1, w.record.size)
+            if st.over_share and st.records <= self._share() // 2:
+                self._share_resume.add(w.assignment.tp)
         # A handler may return early once ctx.cancelled is set: its record is not known to be
         # finished, so it never moves the watermark.
         if (
@@ -428,8 +458,6 @@ class Loop:
             else:
                 self.client.resume(_tps({tp: None for tp in tps}))
                 self.paused.difference_update(tps)
-            if len(tps) == len(self.own.partitions):
-                self.flow.client_paused = paused
         except KafkaException as exc:
             log.warning("pause_resume_failed", paused=paused, error=str(exc))
 

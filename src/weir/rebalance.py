@@ -30,13 +30,14 @@ _tokens = itertools.count(1)
 class PartitionState:
     """Everything the owner keeps for one owned partition."""
 
-    __slots__ = ("assignment", "bytes", "progress", "records")
+    __slots__ = ("assignment", "bytes", "over_share", "progress", "records")
 
     def __init__(self, tp: Partition) -> None:
         self.assignment = Assignment(tp, next(_tokens))
         self.progress = PartitionProgress(self.assignment.token)
         self.records = 0  # registered and not finished: this partition's share of the budget
         self.bytes = 0
+        self.over_share = False  # paused alone because it holds more than its share
 
     def rewind(self) -> None:
         """The client delivered offsets below the read position (a seek, an offset reset, or

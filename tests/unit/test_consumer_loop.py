@@ -1068,3 +1068,25 @@ def test_no_blocking_client_call_inside_rebalance_callbacks(launch: Launch) -> N
     gc.stop()
     gc.join(WAIT)
     assert gc.failure is None
+
+
+def test_partition_mode_shares_the_budget_across_partitions(launch: Launch) -> None:
+    """In partition mode a partition holding more than its share (capacity / partitions) is paused
+    alone and resumed below half its share, so records of other partitions get into the budget;
+    nothing stalls and everything is committed to the end."""
+    fake = FakeConsumer()
+    parts = [(TOPIC, p) for p in range(4)]
+    for _, p in parts:
+        fake.produce_many(TOPIC, p, range(60))
+    fake.script_assign(parts)
+    probe = Probe()
+    probe.delay = 0.001
+    gc = launch(probe, fake, ordering="partition", workers=4, max_batch=10, flow=SMALL_FLOW)
+    wait_until(lambda: probe.finished_count() == 240, "all records processed")
+    for tp in parts:
+        wait_until(lambda tp=tp: 60 in offsets_committed(fake, tp), f"{tp} committed to its end")
+    gc.stop()
+    gc.join(WAIT)
+    single = [tps for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1]
+    assert single, "no partition was ever paused for holding more than its share"
+    assert gc.stats().peak_in_flight <= SMALL_FLOW["capacity_records"]
