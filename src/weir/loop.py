@@ -39,6 +39,11 @@ log = structlog.get_logger(__name__)
 # short enough that new records are picked up promptly, long enough not to spin.
 _IDLE_WAIT = 0.01
 
+# tuple.__new__ skips NamedTuple's keyword handling: this runs once per record on the owner.
+_new_record = tuple.__new__
+_DONE = Outcome.DONE
+_FAILED = Outcome.FAILED
+
 
 def _record(m: Message) -> Record:
     key = m.key()
@@ -53,16 +58,19 @@ def _record(m: Message) -> Record:
     partition = m.partition()
     offset = m.offset()
     assert topic is not None and partition is not None and offset is not None
-    return Record(
-        topic=topic,
-        partition=partition,
-        offset=offset,
-        key=key,
-        value=value,
-        headers=headers,  # type: ignore[arg-type]
-        timestamp=None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
-        leader_epoch=m.leader_epoch(),
-        size=size,
+    return _new_record(
+        Record,
+        (
+            topic,
+            partition,
+            offset,
+            key,
+            value,
+            headers,
+            None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
+            m.leader_epoch(),
+            size,
+        ),
     )
 
 
@@ -319,7 +327,7 @@ class Loop:
         self.scheduler.returned(w)
         st = self.own.partitions.get(w.assignment.tp)
         current = st is not None and st.assignment is w.assignment
-        if c.outcome is Outcome.FAILED:
+        if c.outcome is _FAILED:
             self.failed += 1
             if current:
                 # No failure policy decides otherwise yet: the record stays unfinished, its
@@ -341,7 +349,7 @@ class Loop:
         # A handler may return early once ctx.cancelled is set: its record is not known to be
         # finished, so it never moves the watermark.
         if (
-            c.outcome is Outcome.DONE
+            c.outcome is _DONE
             and not w.assignment.cancel.is_set()
             and w.batch.completed(w.record.offset, w.batch.token)
         ):
