@@ -13,7 +13,8 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from tests.audit import read
+from tests.audit import check, read
+from tests.integration.kafka_helpers import end_offsets
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,6 +85,22 @@ class Members:
                 return evs
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}")
+
+    def finish(
+        self, producer: SteadyProducer, bootstrap: str, topic: str, partitions: int, timeout: float
+    ) -> list[int]:
+        """Stop producing, wait until every produced record was handled, then stop every member
+        gracefully. Returns the end offsets."""
+        producer.finish()
+        ends = end_offsets(bootstrap, topic, partitions)
+        self.wait_for(
+            lambda e: check(e, ends).distinct >= sum(ends),
+            timeout,
+            "every produced record to be handled",
+        )
+        for name in list(self.procs):
+            assert self.stop(name) == 0
+        return ends
 
     def close(self) -> None:
         for p in self.procs.values():

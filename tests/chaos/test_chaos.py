@@ -17,7 +17,7 @@ import pytest
 
 from tests.audit import check
 from tests.audit.cluster import Members, SteadyProducer
-from tests.integration.kafka_helpers import committed, end_offsets
+from tests.integration.kafka_helpers import committed
 
 PARTITIONS = 8
 
@@ -52,15 +52,7 @@ def _chaos(bootstrap: str, topic: str, workdir: Path, protocol: str, seconds: fl
                 members.stop(victim)
                 actions.append(f"stop {victim}")
             spawn()
-        producer.finish()
-        ends = end_offsets(bootstrap, topic, PARTITIONS)
-        members.wait_for(
-            lambda e: check(e, ends).distinct >= sum(ends),
-            120,
-            "every produced record to be handled after the chaos",
-        )
-        for name in list(members.procs):
-            assert members.stop(name) == 0
+        ends = members.finish(producer, bootstrap, topic, PARTITIONS, timeout=120)
     finally:
         members.close()
         if producer.is_alive():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,15 @@ def keyed_orders(n: int, keys: int) -> list[tuple[bytes, bytes]]:
         out.append((f"k{k}".encode(), json.dumps({"key": k, "seq": seq[k]}).encode()))
         seq[k] += 1
     return out
+
+
+def wait_until(pred: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:

@@ -19,6 +19,7 @@ from tests.integration.kafka_helpers import (
     keyed_orders,
     member,
     produce,
+    wait_until,
 )
 from weir import HandlerError, Record
 
@@ -27,15 +28,6 @@ PROTOCOLS = ["classic", "consumer"]
 
 def _group() -> str:
     return f"g-{uuid.uuid4().hex[:10]}"
-
-
-def _wait(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -65,7 +57,7 @@ def test_out_of_order_completion_commits_only_the_contiguous_prefix(
     with gc:
         assert seen.wait_for(19, 30), "the 19 records other than offset 5 were not processed"
         # Several commit intervals pass with offset 5 unfinished: the group must stay at 5.
-        _wait(
+        wait_until(
             lambda: gc.stats().partitions and gc.stats().partitions[0].committed == 5,
             15,
             "a commit at offset 5",
@@ -73,7 +65,7 @@ def test_out_of_order_completion_commits_only_the_contiguous_prefix(
         time.sleep(0.6)
         assert committed(kafka_bootstrap, group, topic, 1) == [5]
         release.set()
-        _wait(lambda: gc.stats().partitions[0].committed == 20, 15, "a commit at 20")
+        wait_until(lambda: gc.stats().partitions[0].committed == 20, 15, "a commit at 20")
     assert committed(kafka_bootstrap, group, topic, 1) == [20]
 
 
@@ -172,12 +164,12 @@ def test_transaction_markers_leave_gaps_that_never_stall(kafka_bootstrap: str, m
     gc = member(seen.add, kafka_bootstrap, group, [topic], ordering="unordered", workers=4)
     # 30 records + 6 markers; markers are written after commit_transaction returns, so the
     # stable end offset (read_committed) can trail for a moment.
-    _wait(lambda: end_offsets(kafka_bootstrap, topic, 1)[0] == 36, 20, "the stable end offset")
+    wait_until(lambda: end_offsets(kafka_bootstrap, topic, 1)[0] == 36, 20, "the stable end offset")
     end = 36
     with gc:
         assert seen.wait_for(len(expected), 30)
         # The last offset is a commit marker: the watermark must still reach the end.
-        _wait(
+        wait_until(
             lambda: gc.stats().partitions and gc.stats().partitions[0].committed == end,
             15,
             "a commit at the end offset past the final marker",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.audit.member import settings
-from tests.integration.kafka_helpers import member
+from tests.integration.kafka_helpers import member, wait_until
 from weir import Context, Handler, Partition, Record
 
 pytestmark = pytest.mark.broker
@@ -49,15 +49,6 @@ class Watch(Handler):
         return out
 
 
-def _until(pred: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.parametrize("protocol", ["eager", "roundrobin", "cooperative", "consumer"])
 def test_graceful_leave_hands_partitions_over_well_before_the_session_timeout(
     kafka_bootstrap: str, make_topic: Any, protocol: str
@@ -69,7 +60,7 @@ def test_graceful_leave_hands_partitions_over_well_before_the_session_timeout(
     ga = member(a, kafka_bootstrap, group, [topic], **kw).start()
     gb = member(b, kafka_bootstrap, group, [topic], **kw).start()
     try:
-        _until(
+        wait_until(
             lambda: len(a.owned()) + len(b.owned()) == 4 and a.owned() and b.owned(),
             60,
             "both members to own partitions",
@@ -77,7 +68,7 @@ def test_graceful_leave_hands_partitions_over_well_before_the_session_timeout(
         t0 = time.monotonic()
         ga.stop()
         ga.join(30)
-        _until(lambda: len(b.owned()) == 4, 30, "b to own all partitions")
+        wait_until(lambda: len(b.owned()) == 4, 30, "b to own all partitions")
         handover = time.monotonic() - t0
     finally:
         gb.stop()
@@ -98,7 +89,7 @@ def test_static_member_restart_gets_its_partitions_back_without_a_rebalance(
     ga = member(a1, kafka_bootstrap, group, [topic], group_instance_id="a", **kw).start()
     gb = member(b, kafka_bootstrap, group, [topic], group_instance_id="b", **kw).start()
     try:
-        _until(
+        wait_until(
             lambda: len(a1.owned()) + len(b.owned()) == 4 and a1.owned() and b.owned(),
             60,
             "both static members to own partitions",
@@ -111,7 +102,7 @@ def test_static_member_restart_gets_its_partitions_back_without_a_rebalance(
         a2 = Watch()
         ga2 = member(a2, kafka_bootstrap, group, [topic], group_instance_id="a", **kw).start()
         try:
-            _until(lambda: a2.owned() == before_a, 20, "the restarted member's old partitions")
+            wait_until(lambda: a2.owned() == before_a, 20, "the restarted member's old partitions")
             time.sleep(1.0)
             after_b = b.owned()
             b_changes = len(b.assigned) + len(b.revoked) - b_events

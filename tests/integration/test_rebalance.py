@@ -20,7 +20,7 @@ import pytest
 
 from tests.audit import check
 from tests.audit.cluster import Members, SteadyProducer, handled_by
-from tests.integration.kafka_helpers import committed, end_offsets
+from tests.integration.kafka_helpers import committed
 
 pytestmark = pytest.mark.broker
 
@@ -88,15 +88,7 @@ def test_hand_offs_keep_every_invariant(
             "m3 to see its partitions lost after the freeze",
         )
         time.sleep(1)
-        producer.finish()
-        ends = end_offsets(kafka_bootstrap, topic, PARTITIONS)
-        members.wait_for(
-            lambda e: check(e, ends).distinct >= sum(ends),
-            90,
-            "every produced record to be handled",
-        )
-        for name in list(members.procs):
-            assert members.stop(name) == 0
+        ends = members.finish(producer, kafka_bootstrap, topic, PARTITIONS, timeout=90)
     finally:
         members.close()
         if producer.is_alive():
