@@ -248,9 +248,9 @@ class Loop:
             self._share_resume.clear()
             for tp in ready:
                 parts[tp].over_share = False
+            # No wake-up here: other partitions are still fetching, so the broker thread is
+            # busy and picks the resumed ones up on its next fetch.
             self._set_paused(ready, False)
-            if ready:
-                self._wake_fetcher(ready[0].topic)
 
     def _register(self, msgs: list[Message]) -> None:
         now = time.monotonic()
