@@ -9,12 +9,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-import structlog
 
 from weir.cli import main
 from weir.testing.broker import kafka_answers
@@ -71,18 +69,6 @@ def test_broker_dies_with_a_sigkilled_parent(tmp_path: Path) -> None:
         parent.kill()
         if java_pid is not None and not gone(java_pid):
             os.kill(java_pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def restore_structlog() -> Iterator[None]:
-    # main() configures structlog for a terminal; keep that out of the rest of the session.
-    was_configured = structlog.is_configured()
-    config = structlog.get_config()
-    yield
-    if was_configured:
-        structlog.configure(**config)
-    else:
-        structlog.reset_defaults()
 
 
 @pytest.mark.usefixtures("restore_structlog")

@@ -5,27 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 from weir.cli import SUBCOMMANDS, build_parser, main
 
-pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture(autouse=True)
-def restore_structlog() -> Iterator[None]:
-    # main() configures structlog for a terminal; keep that out of the rest of the session.
-    was_configured = structlog.is_configured()
-    config = structlog.get_config()
-    yield
-    if was_configured:
-        structlog.configure(**config)
-    else:
-        structlog.reset_defaults()
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("restore_structlog")]
 
 
 def dead_pid() -> int:
