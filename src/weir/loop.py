@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -367,7 +367,7 @@ class Loop:
         if not owned:
             return
         try:
-            positions = self.client.position(_tps({tp: None for tp in owned}))
+            positions = self.client.position(_parts(owned))
         except KafkaException as exc:
             log.debug("position_failed", error=str(exc))
             return
@@ -461,10 +461,10 @@ class Loop:
             return
         try:
             if paused:
-                self.client.pause(_tps({tp: None for tp in tps}))
+                self.client.pause(_parts(tps))
                 self.paused.update(tps)
             else:
-                self.client.resume(_tps({tp: None for tp in tps}))
+                self.client.resume(_parts(tps))
                 self.paused.difference_update(tps)
         except KafkaException as exc:
             log.warning("pause_resume_failed", paused=paused, error=str(exc))
@@ -533,10 +533,9 @@ class Loop:
         )
 
 
-def _tps(offsets: dict[Partition, int] | dict[Partition, None]) -> list[TopicPartition]:
-    return [
-        TopicPartition(tp.topic, tp.partition)
-        if off is None
-        else TopicPartition(tp.topic, tp.partition, off)
-        for tp, off in offsets.items()
-    ]
+def _tps(offsets: Mapping[Partition, int]) -> list[TopicPartition]:
+    return [TopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()]
+
+
+def _parts(tps: Iterable[Partition]) -> list[TopicPartition]:
+    return [TopicPartition(tp.topic, tp.partition) for tp in tps]
