@@ -26,7 +26,7 @@ from weir.flow import FlowControl
 from weir.metrics import ConsumerStats, PartitionStats
 from weir.rebalance import Ownership, PartitionState
 from weir.records import Partition, Record
-from weir.scheduling import Assignment, Completion, Outcome, Scheduler, Work
+from weir.scheduling import DONE, FAILED, FENCED, Assignment, Scheduler, Task
 
 if TYPE_CHECKING:
     from weir.consumer import GroupConsumer
@@ -41,8 +41,6 @@ _IDLE_WAIT = 0.01
 
 # tuple.__new__ skips NamedTuple's keyword handling: this runs once per record on the owner.
 _new_record = tuple.__new__
-_DONE = Outcome.DONE
-_FAILED = Outcome.FAILED
 
 
 def _record(m: Message) -> Record:
@@ -72,17 +70,6 @@ def _record(m: Message) -> Record:
             size,
         ),
     )
-
-
-def _runs(msgs: list[Message]) -> list[list[Message]]:
-    """Split one partition's messages where offsets stop increasing (a rewind mid-call)."""
-    runs = [[msgs[0]]]
-    for m in msgs[1:]:
-        if m.offset() > runs[-1][-1].offset():  # type: ignore[operator]
-            runs[-1].append(m)
-        else:
-            runs.append([m])
-    return runs
 
 
 class Loop:
@@ -253,46 +240,45 @@ class Loop:
             self._set_paused(ready, False)
 
     def _register(self, msgs: list[Message]) -> None:
-        now = time.monotonic()
-        groups: dict[tuple[str, int], list[Message]] = {}
+        """Split what one consume call returned into runs (one partition, offsets increasing:
+        a rewind mid-call starts a new run), one batch each, then hand them to the lanes."""
+        partitions = self.own.partitions
+        run: list[Record] = []
+        topic: str | None = None
+        part = -1
+        last = -1
         for m in msgs:
             err = m.error()
             if err is not None:
                 self._on_message_error(err)
                 continue
-            key = (m.topic(), m.partition())
-            g = groups.get(key)  # type: ignore[arg-type]
-            if g is None:
-                groups[key] = [m]  # type: ignore[index]
-            else:
-                g.append(m)
-        partitions = self.own.partitions
-        for (topic, p), group in groups.items():
-            st = partitions.get(Partition(topic, p))
-            if st is None or not st.assignment.dispatching:
-                # Fetched before a revoke or lost: the next owner reads them again.
-                continue
-            for run in _runs(group):
-                self._register_run(st, run, now)
+            rec = _record(m)
+            if rec.partition != part or rec.offset <= last or rec.topic != topic:
+                if run:
+                    self._register_run(partitions.get(Partition(topic, part)), run)  # type: ignore[arg-type]
+                run = []
+                topic, part = rec.topic, rec.partition
+            run.append(rec)
+            last = rec.offset
+        if run:
+            self._register_run(partitions.get(Partition(topic, part)), run)  # type: ignore[arg-type]
+        self.scheduler.dispatch()
 
-    def _register_run(self, st: PartitionState, msgs: list[Message], now: float) -> None:
-        offsets: list[int] = [m.offset() for m in msgs]  # type: ignore[misc]
+    def _register_run(self, st: PartitionState | None, recs: list[Record]) -> None:
+        if st is None or not st.assignment.dispatching:
+            return  # fetched before a revoke or lost: the next owner reads them again
+        offsets = [r.offset for r in recs]
         try:
             batch = st.progress.add_batch(offsets, offsets[-1] + 1)
         except ValueError:
             log.warning("partition_rewound", tp=str(st.assignment.tp), offset=offsets[0])
             st.rewind()
             batch = st.progress.add_batch(offsets, offsets[-1] + 1)
-        total = 0
-        submit = self.scheduler.submit
-        assignment = st.assignment
-        for m in msgs:
-            rec = _record(m)
-            total += rec.size
-            submit(Work(rec, batch, assignment, now))
-        st.records += len(msgs)
+        total = sum(r.size for r in recs)
+        self.scheduler.submit(st.assignment, batch, recs)
+        st.records += len(recs)
         st.bytes += total
-        self.flow.add(len(msgs), total)
+        self.flow.add(len(recs), total)
         if self._shared and not st.over_share and st.records > self._share():
             st.over_share = True
             self._set_paused([st.assignment.tp], True)
@@ -303,17 +289,19 @@ class Loop:
     def _drain(self, wait: float) -> int:
         q = self.scheduler.completions
         try:
-            c = q.get(timeout=wait) if wait > 0 else q.get_nowait()
+            t = q.get(timeout=wait) if wait > 0 else q.get_nowait()
         except queue.Empty:
             return 0
         n = 0
         while True:
-            self._complete(c)
+            self._complete(t)
             n += 1
             try:
-                c = q.get_nowait()
+                t = q.get_nowait()
             except queue.Empty:
-                return n
+                break
+        self.scheduler.dispatch()
+        return n
 
     def _drain_until(self, deadline: float, assignments: list[Assignment]) -> None:
         while self.scheduler.running(assignments):
@@ -322,40 +310,65 @@ class Loop:
                 return
             self._drain(min(remaining, 0.05))
 
-    def _complete(self, c: Completion) -> None:
-        w = c.work
-        self.scheduler.returned(w)
-        st = self.own.partitions.get(w.assignment.tp)
-        current = st is not None and st.assignment is w.assignment
-        if c.outcome is _FAILED:
-            self.failed += 1
-            if current:
-                # No failure policy decides otherwise yet: the record stays unfinished, its
-                # lane stays held, and the member stops after committing what is below it.
-                if self.gc._failure is None:
-                    assert c.error is not None
-                    self.gc._failure = HandlerError(w.record, c.error)
-                    log.error("handler_failed", event_id=w.record.event_id, error=repr(c.error))
-                return
-            self.scheduler.advance(w)
-            return
-        if current:
-            assert st is not None
-            st.records -= 1
-            st.bytes -= w.record.size
-            self.flow.remove(1, w.record.size)
-            if st.over_share and st.records <= self._share() // 2:
-                self._share_resume.add(w.assignment.tp)
-        # A handler may return early once ctx.cancelled is set: its record is not known to be
-        # finished, so it never moves the watermark.
-        if (
-            c.outcome is _DONE
-            and not w.assignment.cancel.is_set()
-            and w.batch.completed(w.record.offset, w.batch.token)
-        ):
-            self.processed += 1
-            self.committer.finished()
-        self.scheduler.advance(w)
+    def _complete(self, t: Task) -> None:
+        self.scheduler.returned(t)
+        a = t.assignment
+        st = self.own.partitions.get(a.tp)
+        if st is None or st.assignment is not a:
+            st = None  # revoked or lost: its budget was released, its batches are fenced
+        if t.outcomes is None:
+            if st is not None:
+                self._finish(st, len(t.records), t.nbytes)
+                # A handler may return early once ctx.cancelled is set: its record is not
+                # known to be finished, so it never moves the watermark.
+                if not a.cancel.is_set():
+                    b = t.batch
+                    if b is not None:
+                        done = b.completed_many([r.offset for r in t.records], b.token)
+                    else:
+                        done = 0
+                        for rec, b in zip(t.records, t.batches, strict=True):
+                            if b.completed(rec.offset, b.token):
+                                done += 1
+                    self.processed += done
+                    self.committer.finished(done)
+        else:
+            self._complete_mixed(t, st)
+        self.scheduler.advance(t)
+
+    def _complete_mixed(self, t: Task, st: PartitionState | None) -> None:
+        """A task with failures or fenced records. Failed records stay unfinished and in the
+        budget (waiting for retry counts); the scheduler holds their lanes."""
+        assert t.outcomes is not None
+        count = nbytes = done = 0
+        ok = st is not None and not t.assignment.cancel.is_set()
+        for i, code in enumerate(t.outcomes):
+            rec = t.records[i]
+            if code in (DONE, FENCED):
+                count += 1
+                nbytes += rec.size
+                b = t.batches[i]
+                if code == DONE and ok and b.completed(rec.offset, b.token):
+                    done += 1
+            elif code == FAILED:
+                self.failed += 1
+                # No failure policy decides otherwise yet: the member stops after committing
+                # what is below the failed record.
+                if st is not None and self.gc._failure is None:
+                    error = (t.errors or {})[i]
+                    self.gc._failure = HandlerError(rec, error)
+                    log.error("handler_failed", event_id=rec.event_id, error=repr(error))
+        if st is not None:
+            self._finish(st, count, nbytes)
+        self.processed += done
+        self.committer.finished(done)
+
+    def _finish(self, st: PartitionState, count: int, nbytes: int) -> None:
+        st.records -= count
+        st.bytes -= nbytes
+        self.flow.remove(count, nbytes)
+        if st.over_share and st.records <= self._share() // 2:
+            self._share_resume.add(st.assignment.tp)
 
     # -- commits ---------------------------------------------------------------------------
 

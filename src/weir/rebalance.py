@@ -105,7 +105,7 @@ class Ownership:
         self.rebalances += 1
         for a in assignments:
             a.dispatching = False
-        self._drop_queued(owned)
+        self._drop_queued(assignments)
         drain(deadline, assignments)
         left = self._scheduler.running(assignments)
         offsets: dict[Partition, int] = {}
@@ -122,7 +122,7 @@ class Ownership:
                 st.assignment.cancel.set()
             st.progress.revoke()
             self._release(st)
-        self._scheduler.forget(owned)
+        self._scheduler.forget(assignments)
         self._committer.forget(owned)
         self.revoked_total += len(owned)
         log.info(
@@ -137,13 +137,16 @@ class Ownership:
     def lost(self, tps: Iterable[Partition]) -> None:
         owned = {tp for tp in tps if tp in self.partitions}
         self.rebalances += 1
+        gone = []
         for tp in owned:
             st = self.partitions.pop(tp)
             st.assignment.dispatching = False
             st.assignment.cancel.set()
             st.progress.revoke()
             self._release(st)
-        self._scheduler.forget(owned)
+            gone.append(st.assignment)
+        self._scheduler.drop_queued(gone)
+        self._scheduler.forget(gone)
         self._committer.forget(owned)
         self.lost_total += len(owned)
         log.warning("partitions_lost", partitions=sorted(str(tp) for tp in owned))
@@ -151,10 +154,9 @@ class Ownership:
 
     def stop_dispatch(self) -> None:
         """Shutdown: fence every queued record; running ones finish or are cancelled later."""
-        tps = set(self.partitions)
         for st in self.partitions.values():
             st.assignment.dispatching = False
-        self._drop_queued(tps)
+        self._drop_queued(self.assignments())
 
     def cancel_all(self) -> None:
         for st in self.partitions.values():
@@ -169,13 +171,13 @@ class Ownership:
         for st in self.partitions.values():
             st.progress.revoke()
 
-    def _drop_queued(self, tps: set[Partition]) -> None:
-        for work in self._scheduler.drop_queued(tps):
-            st = self.partitions.get(work.assignment.tp)
-            if st is not None and st.assignment is work.assignment:
+    def _drop_queued(self, assignments: list[Assignment]) -> None:
+        for rec in self._scheduler.drop_queued(assignments):
+            st = self.partitions.get(rec.tp)
+            if st is not None:
                 st.records -= 1
-                st.bytes -= work.record.size
-                self._flow.remove(1, work.record.size)
+                st.bytes -= rec.size
+                self._flow.remove(1, rec.size)
 
     def _release(self, st: PartitionState) -> None:
         self._flow.remove(st.records, st.bytes)

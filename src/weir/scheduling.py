@@ -1,37 +1,54 @@
-"""Lanes per ordering mode, the worker pool and the completion queue.
+"""Lanes per ordering mode, tasks, the worker pool and the completion queue.
 
-Lane state is touched only by the owner thread: a lane's next record is released when the owner
-drains the completion of the one before it, so workers never share mutable ordering state. Workers
-see only the ready queue, the handler and the per-assignment fence.
+The hand-off unit is a *task*: records of one assignment that one worker runs in order. Lanes
+(a key, or the whole partition) are owner-side state: a lane is busy while one task holds it,
+and its later records wait until that task comes back, so workers never share ordering state.
+Tasks are sized from the measured handler time: a no-op handler gets whole batches (one queue
+round trip per batch instead of per record), a slow one gets small tasks spread over every
+worker.
 """
 
 from __future__ import annotations
 
-import enum
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from typing import Literal
 
 import structlog
 
-from weir.records import Context, Handler, Partition, Record
+from weir.records import Context, Handler, Partition, Record, _FunctionHandler
 from weir.tracking import BatchProgress
 
-__all__ = ["Assignment", "Completion", "Outcome", "Scheduler", "Work"]
+__all__ = ["DONE", "FAILED", "FENCED", "HELD", "Assignment", "Scheduler", "Task"]
 
 log = structlog.get_logger(__name__)
 
 Ordering = Literal["key", "partition", "unordered"]
 
+# Per-record outcomes in `Task.outcomes` (a bytearray; None there means every record is DONE).
+FENCED = 0  # not run: its assignment stopped dispatching before the worker reached it
+DONE = 1
+FAILED = 2
+HELD = 3  # not run: an earlier record of its lane failed in the same task
+
+# Records of *different* lanes share a task only up to about this much handler time: enough to
+# make the queue round trip (two thread wake-ups, several microseconds each on a busy machine)
+# small next to fast handlers, and never so much that a slow record holds up other keys while a
+# worker is free (with 1 ms handlers every lane gets a task of its own).
+_TASK_SECONDS = 0.0005
+# A task never holds more records than this: a long task delays its lanes' later records.
+_MAX_TASK = 500
+# Handler time assumed before the first task comes back: slow, so the first tasks spread.
+_FIRST_GUESS = 0.001
+
 
 class Assignment:
     """One partition's ownership by this member, from assign to revoke/lost.
 
-    Workers read `dispatching` before they run a record: once the owner clears it, queued records
-    of that assignment are fenced without running. `cancel` is what `Context.cancelled` reads.
+    Workers read `dispatching` before each record they run: once the owner clears it, the rest
+    of the task is fenced without running. `cancel` is what `Context.cancelled` reads.
     """
 
     __slots__ = ("cancel", "dispatching", "token", "tp")
@@ -46,62 +63,102 @@ class Assignment:
         return f"Assignment({self.tp}, token={self.token}, dispatching={self.dispatching})"
 
 
-class Outcome(enum.Enum):
-    DONE = "done"
-    FAILED = "failed"
-    FENCED = "fenced"  # not run: its assignment stopped dispatching before a worker took it
+class Task:
+    """Records of one assignment run in order by one worker; `batches[i]` tracks `records[i]`."""
 
-
-class Work:
-    __slots__ = ("assignment", "attempt", "batch", "lane", "record", "registered_at", "started")
+    __slots__ = (
+        "advanced",
+        "assignment",
+        "attempt",
+        "batch",
+        "batches",
+        "errors",
+        "lanes",
+        "nbytes",
+        "outcomes",
+        "records",
+        "seconds",
+        "started",
+    )
 
     def __init__(
-        self, record: Record, batch: BatchProgress, assignment: Assignment, registered_at: float
+        self,
+        assignment: Assignment,
+        records: list[Record],
+        batches: list[BatchProgress],
+        lanes: list[Hashable] | None,
+        attempt: int = 1,
     ) -> None:
-        self.record = record
-        self.batch = batch
         self.assignment = assignment
-        self.attempt = 1
-        self.lane: Hashable | None = None
-        self.registered_at = registered_at
-        # Set by the worker that takes it, before the fence check: the owner waits at a revoke
-        # only for records some worker has taken, not for ones still in the ready queue.
+        self.records = records
+        self.batches = batches
+        self.lanes = lanes  # the lanes this task holds busy (None: unordered)
+        # The one batch every record belongs to, when there is one (the common case): the owner
+        # then marks the whole task finished in one call.
+        self.batch: BatchProgress | None = None
+        if batches and batches.count(batches[0]) == len(batches):
+            self.batch = batches[0]
+        self.nbytes = sum(r.size for r in records)
+        self.attempt = attempt
+        # Set by the worker that takes it, before the fence check: a revoke waits only for
+        # tasks some worker has taken, not for ones still in the ready queue.
         self.started = False
+        self.outcomes: bytearray | None = None
+        self.errors: dict[int, BaseException] | None = None
+        self.seconds = 0.0
+        self.advanced = False
+
+    def __repr__(self) -> str:
+        first = self.records[0].offset if self.records else None
+        return f"Task({self.assignment.tp}, first={first}, records={len(self.records)})"
 
 
-class Completion:
-    __slots__ = ("duration", "error", "outcome", "work")
+class _Lane:
+    """A busy lane's records waiting for the task that holds it (parallel lists)."""
 
-    def __init__(
-        self, work: Work, outcome: Outcome, error: BaseException | None, duration: float
-    ) -> None:
-        self.work = work
-        self.outcome = outcome
-        self.error = error
-        self.duration = duration
+    __slots__ = ("batches", "held", "records")
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self.batches: list[BatchProgress] = []
+        self.held = False  # a failed record waits at the front: nothing is released
 
 
-def _lane_of(ordering: Ordering) -> Callable[[Record], Hashable | None]:
+_Group = tuple[Assignment, Hashable, list[Record], list[BatchProgress]]
+_FREE: Hashable = object()  # lane marker of unordered groups: split anywhere, hold nothing
+
+
+def _key_of(ordering: Ordering) -> Callable[[Record], Hashable] | None:
     if ordering == "key":
         # Null keys share one lane per partition: they have no identity to parallelise by.
-        return lambda r: (r.topic, r.partition, r.key)
+        return lambda r: r.key
     if ordering == "partition":
-        return lambda r: (r.topic, r.partition)
-    return lambda r: None
+        return lambda r: None
+    return None
 
 
 class Scheduler:
-    """Owner-side lanes plus a pool of worker threads feeding one completion queue."""
+    """Owner-side lanes plus a pool of worker threads feeding one completion queue.
+
+    Owner thread: `submit` and `advance` collect runnable records, `dispatch` packs them into
+    tasks; `completions` yields each task back once, with its outcomes.
+    """
 
     def __init__(self, handler: Handler, ordering: Ordering, workers: int) -> None:
         self._handler = handler
-        self._lane_of = _lane_of(ordering)
-        self._lanes: dict[Hashable, deque[Work]] = {}
-        self._ready: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
-        self.completions: queue.SimpleQueue[Completion] = queue.SimpleQueue()
-        # Records handed to workers and not yet back, per assignment (not per partition: work
+        self._fn = handler._fn if type(handler) is _FunctionHandler else None
+        self._ordering = ordering
+        self._key_of = _key_of(ordering)
+        self._workers = workers
+        self._lanes: dict[Assignment, dict[Hashable, _Lane]] = {}
+        self._pending: list[_Group] = []
+        self._ready: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self.completions: queue.SimpleQueue[Task] = queue.SimpleQueue()
+        # Tasks handed to workers and not yet back, per assignment (not per partition: work
         # left over from an earlier assignment of the same partition must not hold up this one).
-        self._outstanding: dict[Assignment, set[Work]] = {}
+        self._outstanding: dict[Assignment, set[Task]] = {}
+        self._out_records = 0
+        self._per_record = _FIRST_GUESS  # smoothed handler seconds per record
         self._threads = [
             threading.Thread(target=self._worker, name=f"weir-worker-{i}", daemon=True)
             for i in range(workers)
@@ -127,107 +184,302 @@ class Scheduler:
 
     # -- owner thread ----------------------------------------------------------------------
 
-    def submit(self, work: Work) -> None:
-        lane = self._lane_of(work.record)
-        if lane is None:
-            self._release(work)
+    def submit(self, assignment: Assignment, batch: BatchProgress, records: list[Record]) -> None:
+        """Records of one batch, in offset order: runnable ones wait for `dispatch`, the rest
+        join their busy lane."""
+        if not records:
+            return  # an empty group would mark its lane busy with nothing to release it
+        pending = self._pending
+        key_of = self._key_of
+        n = len(records)
+        if key_of is None:
+            pending.append((assignment, _FREE, records, [batch] * n))
             return
-        work.lane = lane
-        waiting = self._lanes.get(lane)
-        if waiting is None:
-            self._lanes[lane] = deque((work,))
-            self._release(work)
-        else:
-            waiting.append(work)
+        lanes = self._lanes.get(assignment)
+        if lanes is None:
+            lanes = self._lanes[assignment] = {}
+        if self._ordering == "partition":
+            lane = lanes.get(None)
+            if lane is None:
+                lanes[None] = _Lane()
+                pending.append((assignment, None, records, [batch] * n))
+            else:
+                lane.records.extend(records)
+                lane.batches.extend([batch] * n)
+            return
+        fresh: dict[Hashable, list[Record]] = {}
+        for rec in records:
+            key = rec.key
+            group = fresh.get(key)
+            if group is not None:
+                group.append(rec)
+                continue
+            lane = lanes.get(key)
+            if lane is not None:
+                lane.records.append(rec)
+                lane.batches.append(batch)
+            else:
+                fresh[key] = [rec]
+                lanes[key] = _Lane()
+        for lane_key, group in fresh.items():
+            pending.append((assignment, lane_key, group, [batch] * len(group)))
 
-    def _release(self, work: Work) -> None:
-        a = work.assignment
+    def advance(self, task: Task) -> None:
+        """`task` came back: its lanes take their waiting records, except lanes where a record
+        failed: the failed record and those held behind it go back to the front, and the lane
+        stays held until `release`."""
+        if task.lanes is None or task.advanced:
+            return
+        task.advanced = True  # a second call would free lanes that a later task now holds
+        a = task.assignment
+        lanes = self._lanes.get(a)
+        if lanes is None:
+            return  # forgotten: revoked or lost
+        failed: dict[Hashable, tuple[list[Record], list[BatchProgress]]] = {}
+        if task.errors and self._key_of is not None:
+            key_of = self._key_of
+            for i, code in enumerate(task.outcomes or ()):
+                if code in (FAILED, HELD):
+                    rec = task.records[i]
+                    recs, batches = failed.setdefault(key_of(rec), ([], []))
+                    recs.append(rec)
+                    batches.append(task.batches[i])
+        for key in task.lanes:
+            if key in failed:
+                self.hold(a, key, *failed[key])
+                continue
+            lane = lanes.get(key)
+            if lane is None or lane.held:
+                continue
+            if lane.records:
+                self._pending.append((a, key, lane.records, lane.batches))
+                lane.records = []
+                lane.batches = []
+            else:
+                del lanes[key]
+
+    def hold(
+        self,
+        assignment: Assignment,
+        key: Hashable,
+        records: list[Record],
+        batches: list[BatchProgress],
+    ) -> None:
+        """Put a failed record (and the ones behind it) back at the front of its lane and stop
+        the lane: nothing of it runs until `release`."""
+        lanes = self._lanes.get(assignment)
+        if lanes is None:
+            return
+        lane = lanes.get(key)
+        if lane is None:
+            lane = lanes[key] = _Lane()
+        lane.records[:0] = records
+        lane.batches[:0] = batches
+        lane.held = True
+
+    def release(self, assignment: Assignment, key: Hashable) -> None:
+        """Let a held lane run again from its front record (a retry)."""
+        lane = self._lanes.get(assignment, {}).get(key)
+        if lane is None or not lane.held:
+            return
+        lane.held = False
+        if lane.records:
+            self._pending.append((assignment, key, lane.records, lane.batches))
+            lane.records = []
+            lane.batches = []
+
+    def dispatch(self) -> int:
+        """Pack the runnable records into tasks and hand them to the workers; returns tasks."""
+        groups = self._pending
+        if not groups:
+            return 0
+        self._pending = []
+        size = min(_MAX_TASK, int(_TASK_SECONDS / self._per_record) + 1)
+        tasks = 0
+        cur: Assignment | None = None
+        recs: list[Record] = []
+        batches: list[BatchProgress] = []
+        keys: list[Hashable] | None = None
+        for a, key, grecs, gbatches in groups:
+            if not a.dispatching:
+                continue  # revoked, lost or stopping since: these would come back fenced
+            free = key is _FREE
+            if not free:
+                lane = self._lanes.get(a, {}).get(key)
+                if lane is None:
+                    continue  # forgotten while still dispatching: nothing may run it now
+                if len(grecs) > size:
+                    # The rest wait in the lane: finished records then come back (and move the
+                    # watermark and free the budget) every task's worth, not once per lane.
+                    lane.records[:0] = grecs[size:]
+                    lane.batches[:0] = gbatches[size:]
+                    grecs, gbatches = grecs[:size], gbatches[:size]
+            if recs and (a is not cur or len(recs) + len(grecs) > size):
+                self._release(Task(cur, recs, batches, keys))  # type: ignore[arg-type]
+                tasks += 1
+                recs, batches = [], []
+            if not recs:
+                cur = a
+                keys = None if free else []
+            if free:
+                # Unordered: cut anywhere, one task per `size` records.
+                i = 0
+                while i < len(grecs):
+                    take = size - len(recs)
+                    recs += grecs[i : i + take]
+                    batches += gbatches[i : i + take]
+                    i += take
+                    if len(recs) >= size:
+                        self._release(Task(a, recs, batches, None))
+                        tasks += 1
+                        recs, batches = [], []
+                continue
+            recs += grecs
+            batches += gbatches
+            assert keys is not None
+            keys.append(key)
+        if recs:
+            self._release(Task(cur, recs, batches, keys))  # type: ignore[arg-type]
+            tasks += 1
+        return tasks
+
+    def _release(self, task: Task) -> None:
+        a = task.assignment
         out = self._outstanding.get(a)
         if out is None:
-            self._outstanding[a] = {work}
+            self._outstanding[a] = {task}
         else:
-            out.add(work)
-        self._ready.put(work)
+            out.add(task)
+        self._out_records += len(task.records)
+        self._ready.put(task)
 
-    def returned(self, work: Work) -> None:
-        """A completion came back: it no longer counts as outstanding."""
-        a = work.assignment
+    def returned(self, task: Task) -> None:
+        """A task came back: it no longer counts as outstanding; its time tunes task sizes."""
+        a = task.assignment
         out = self._outstanding.get(a)
-        if out is not None:
-            out.discard(work)
+        if out is not None and task in out:
+            out.discard(task)
+            self._out_records -= len(task.records)
             if not out:
                 del self._outstanding[a]
-
-    def advance(self, work: Work) -> None:
-        """The record is finished (or fenced): release the next one of its lane."""
-        if work.lane is None:
-            return
-        waiting = self._lanes.get(work.lane)
-        if waiting is None or not waiting or waiting[0] is not work:
-            return
-        waiting.popleft()
-        if waiting:
-            self._release(waiting[0])
-        else:
-            del self._lanes[work.lane]
-
-    def resubmit(self, work: Work) -> None:
-        """Run a held lane head again (a retry) without giving up its place."""
-        self._release(work)
+        ran = len(task.records) if task.outcomes is None else task.outcomes.count(DONE)
+        if ran:
+            self._per_record = 0.8 * self._per_record + 0.2 * max(task.seconds / ran, 1e-7)
 
     def outstanding(self, assignments: Iterable[Assignment] | None = None) -> int:
         """Records handed to workers and not back yet (started or still in the ready queue)."""
         if assignments is None:
-            return sum(len(s) for s in self._outstanding.values())
-        return sum(len(self._outstanding.get(a, ())) for a in assignments)
+            return self._out_records
+        return sum(len(t.records) for a in assignments for t in self._outstanding.get(a, ()))
 
     def running(self, assignments: Iterable[Assignment]) -> int:
-        """Outstanding records of these assignments that a worker has taken: what a revoke or
-        shutdown waits for. Records still in the ready queue of a fenced assignment come back
-        without running."""
-        return sum(1 for a in assignments for w in self._outstanding.get(a, ()) if w.started)
+        """Records of these assignments in tasks a worker has taken: what a revoke or shutdown
+        waits for. Tasks still in the ready queue of a fenced assignment come back without
+        running."""
+        return sum(
+            len(t.records) for a in assignments for t in self._outstanding.get(a, ()) if t.started
+        )
 
-    def drop_queued(self, tps: set[Partition]) -> list[Work]:
-        """Remove records of `tps` that no worker has been handed yet; lane heads already
-        released stay (they come back fenced or finished). Returns what was dropped."""
-        dropped: list[Work] = []
-        for waiting in self._lanes.values():
-            if waiting[0].assignment.tp in tps:
-                while len(waiting) > 1:
-                    dropped.append(waiting.pop())
+    def drop_queued(self, assignments: Iterable[Assignment]) -> list[Record]:
+        """Remove records of these assignments that no task holds yet (tasks already released
+        come back fenced or finished). Returns what was dropped."""
+        targets = set(assignments)
+        dropped: list[Record] = []
+        keep: list[_Group] = []
+        for g in self._pending:
+            if g[0] in targets:
+                dropped += g[2]
+            else:
+                keep.append(g)
+        self._pending = keep
+        for a in targets:
+            for lane in self._lanes.get(a, {}).values():
+                dropped += lane.records
+                lane.records = []
+                lane.batches = []
         return dropped
 
-    def forget(self, tps: set[Partition]) -> None:
-        """Remove every lane of `tps` (their late completions are ignored by the fence)."""
-        for lane in [k for k, w in self._lanes.items() if w[0].assignment.tp in tps]:
-            del self._lanes[lane]
+    def forget(self, assignments: Iterable[Assignment]) -> None:
+        """Remove every lane of these assignments (their late completions are ignored)."""
+        for a in assignments:
+            self._lanes.pop(a, None)
 
     @property
     def lanes(self) -> int:
-        return len(self._lanes)
+        return sum(len(lanes) for lanes in self._lanes.values())
+
+    @property
+    def per_record_seconds(self) -> float:
+        return self._per_record
 
     # -- worker threads --------------------------------------------------------------------
 
     def _worker(self) -> None:
-        handler = self._handler
         ready = self._ready
-        done = self.completions
+        done = self.completions.put
         clock = time.perf_counter
+        fn = self._fn
+        handle = self._handler.handle
         while True:
-            work = ready.get()
-            if work is None:
+            task = ready.get()
+            if task is None:
                 return
-            work.started = True
-            a = work.assignment
-            if not a.dispatching:
-                done.put(Completion(work, Outcome.FENCED, None, 0.0))
-                continue
-            rec = work.record
-            ctx = Context(a.token, work.attempt, rec.event_id, a.cancel)
+            task.started = True
+            a = task.assignment
+            recs = task.records
             t0 = clock()
+            i = 0
             try:
-                handler.handle(rec, ctx)
+                if fn is not None:
+                    for rec in recs:
+                        if not a.dispatching:
+                            break
+                        fn(rec)
+                        i += 1
+                else:
+                    token, attempt, cancel = a.token, task.attempt, a.cancel
+                    for rec in recs:
+                        if not a.dispatching:
+                            break
+                        handle(rec, Context(token, attempt, rec.event_id, cancel))
+                        i += 1
             except BaseException as exc:
-                done.put(Completion(work, Outcome.FAILED, exc, clock() - t0))
+                self._after_failure(task, i, exc)
             else:
-                done.put(Completion(work, Outcome.DONE, None, clock() - t0))
+                if i < len(recs):
+                    task.outcomes = bytearray(b"\x01" * i + bytes(len(recs) - i))  # rest FENCED
+            task.seconds = clock() - t0
+            done(task)
+
+    def _after_failure(self, task: Task, index: int, exc: BaseException) -> None:
+        """Record a failure and run the rest of the task one record at a time: records of the
+        failed lane are held back, every other lane goes on."""
+        recs = task.records
+        out = task.outcomes = bytearray(len(recs))
+        out[:index] = b"\x01" * index
+        out[index] = FAILED
+        task.errors = {index: exc}
+        key_of = self._key_of
+        held = set() if key_of is None else {key_of(recs[index])}
+        a = task.assignment
+        for j in range(index + 1, len(recs)):
+            if not a.dispatching:
+                break  # the rest stay FENCED
+            rec = recs[j]
+            if key_of is not None and key_of(rec) in held:
+                out[j] = HELD
+                continue
+            try:
+                if self._fn is not None:
+                    self._fn(rec)
+                else:
+                    self._handler.handle(
+                        rec, Context(a.token, task.attempt, rec.event_id, a.cancel)
+                    )
+            except BaseException as e:
+                out[j] = FAILED
+                task.errors[j] = e
+                if key_of is not None:
+                    held.add(key_of(rec))
+            else:
+                out[j] = DONE

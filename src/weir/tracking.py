@@ -8,6 +8,7 @@ were actually delivered are tracked, so gaps left by compaction or transaction m
 from __future__ import annotations
 
 import itertools
+import operator
 from collections import deque
 from collections.abc import Hashable, Sequence
 
@@ -17,13 +18,23 @@ __all__ = ["BatchProgress", "PartitionProgress"]
 class BatchProgress:
     """Completion state of one polled batch of one partition."""
 
-    __slots__ = ("_cursor", "_done", "_index", "_next_position", "_offsets", "_revoked", "_token")
+    __slots__ = (
+        "_base",
+        "_cursor",
+        "_done",
+        "_index",
+        "_next_position",
+        "_offsets",
+        "_revoked",
+        "_token",
+    )
 
     def __init__(self, offsets: Sequence[int], next_position: int, token: Hashable) -> None:
         offs = tuple(offsets)
-        for prev, cur in itertools.pairwise(offs):
-            if cur <= prev:
-                raise ValueError(f"offsets must be strictly increasing: {prev} then {cur}")
+        if not all(map(operator.lt, offs, itertools.islice(offs, 1, None))):
+            for prev, cur in itertools.pairwise(offs):
+                if cur <= prev:
+                    raise ValueError(f"offsets must be strictly increasing: {prev} then {cur}")
         if offs and offs[0] < 0:
             raise ValueError(f"offsets must be >= 0, got {offs[0]}")
         if next_position < 0:
@@ -33,7 +44,14 @@ class BatchProgress:
                 f"next_position {next_position} must be greater than the last offset {offs[-1]}"
             )
         self._offsets = offs
-        self._index = {off: i for i, off in enumerate(offs)}
+        # Most batches have no gaps: an offset's index is then plain arithmetic, and the dict
+        # (one entry per record) is built only for batches with gaps.
+        self._base = offs[0] if offs else 0
+        self._index: dict[int, int] | None = (
+            None
+            if not offs or offs[-1] - offs[0] == len(offs) - 1
+            else {off: i for i, off in enumerate(offs)}
+        )
         self._done = bytearray(len(offs))
         # Index of the first unfinished offset; only moves forward, which keeps complete +
         # committable O(1) amortised per record.
@@ -74,10 +92,17 @@ class BatchProgress:
         # must be ignored quietly, whatever offset they carry.
         if self._revoked or token != self._token:
             return False
-        i = self._index.get(offset)
-        if i is None:
-            raise ValueError(f"offset {offset} was not delivered in this batch")
+        index = self._index
         done = self._done
+        if index is None:
+            i = offset - self._base
+            if i < 0 or i >= len(done):
+                raise ValueError(f"offset {offset} was not delivered in this batch")
+        else:
+            found = index.get(offset)
+            if found is None:
+                raise ValueError(f"offset {offset} was not delivered in this batch")
+            i = found
         if not done[i]:
             done[i] = 1
             cursor = self._cursor
@@ -86,6 +111,35 @@ class BatchProgress:
                 cursor += 1
             self._cursor = cursor
         return True
+
+    def completed_many(self, offsets: Sequence[int], token: Hashable) -> int:
+        """`completed` for several offsets at once: 0 if stale or revoked, else how many were
+        accepted (all of them). Every offset is checked before any is marked."""
+        if self._revoked or token != self._token or not offsets:
+            return 0
+        done = self._done
+        index = self._index
+        if index is None:
+            base = self._base
+            low, high = min(offsets) - base, max(offsets) - base
+            if low < 0 or high >= len(done):
+                bad = next(o for o in offsets if not 0 <= o - base < len(done))
+                raise ValueError(f"offset {bad} was not delivered in this batch")
+            for off in offsets:
+                done[off - base] = 1
+        else:
+            positions = [index.get(off) for off in offsets]
+            if None in positions:
+                bad = offsets[positions.index(None)]
+                raise ValueError(f"offset {bad} was not delivered in this batch")
+            for i in positions:
+                done[i] = 1  # type: ignore[index]
+        cursor = self._cursor
+        n = len(done)
+        while cursor < n and done[cursor]:
+            cursor += 1
+        self._cursor = cursor
+        return len(offsets)
 
     def committable(self) -> int | None:
         if self._revoked:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -404,3 +405,37 @@ def test_committer_is_monotonic_under_any_result_order(
         assert out == {}
     else:
         assert out == {P: committable}
+
+
+@SETTINGS
+@given(gapped_offsets(), st.data())
+def test_completed_many_equals_one_by_one(
+    shape: tuple[list[int], int], data: st.DataObject
+) -> None:
+    """The owner marks a whole task finished in one call: it must end exactly where completing
+    the same offsets one at a time ends, and a chunk with an undelivered offset marks nothing."""
+    offsets, next_position = shape
+    bulk = BatchProgress(offsets, next_position, "t")
+    single = BatchProgress(offsets, next_position, "t")
+    order = data.draw(st.permutations(offsets))
+    delivered = set(offsets)
+    i = 0
+    while i < len(order):
+        size = data.draw(st.integers(1, 6))
+        chunk = list(order[i : i + size])
+        i += size
+        if data.draw(st.booleans()) and data.draw(st.booleans()):
+            bad = data.draw(st.integers(-3, next_position + 3).filter(lambda o: o not in delivered))
+            before = bulk.committable(), bulk.pending
+            with pytest.raises(ValueError, match="not delivered"):
+                bulk.completed_many([*chunk, bad], "t")
+            assert (bulk.committable(), bulk.pending) == before
+        assert bulk.completed_many(chunk, "stale") == 0
+        assert bulk.completed_many(chunk, "t") == len(chunk)
+        for off in chunk:
+            assert single.completed(off, "t")
+        assert bulk.committable() == single.committable()
+        assert bulk.pending == single.pending
+    assert bulk.committable() == next_position
+    bulk.revoke()
+    assert bulk.completed_many(offsets, "t") == 0
