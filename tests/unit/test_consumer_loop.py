@@ -1090,3 +1090,32 @@ def test_partition_mode_shares_the_budget_across_partitions(launch: Launch) -> N
     single = [tps for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1]
     assert single, "no partition was ever paused for holding more than its share"
     assert gc.stats().peak_in_flight <= SMALL_FLOW["capacity_records"]
+
+
+def test_partition_mode_pauses_for_its_share_only_when_the_budget_fills(launch: Launch) -> None:
+    """While handlers keep up, a single-partition pause would only make librdkafka drop that
+    partition's prefetch: partition mode shares the budget only from the resume mark on. A
+    consume call still never asks for more than one partition's share."""
+    fake = FakeConsumer()
+    parts = [(TOPIC, p) for p in range(8)]
+    fake.produce_many(TOPIC, 0, range(90))  # share 400 / 8 = 50 < 90 < resume mark 100
+    fake.script_assign(parts)
+    sizes: list[int] = []
+    consume = fake.consume
+
+    def recording_consume(num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        sizes.append(num_messages)
+        return consume(num_messages, timeout)
+
+    fake.consume = recording_consume  # type: ignore[method-assign]
+    probe = Probe()
+    flow = {"capacity_records": 400, "pause_records": 200, "resume_records": 100}
+    gc = launch(probe, fake, ordering="partition", workers=4, max_batch=200, flow=flow)
+    wait_until(lambda: probe.finished_count() == 90, "all records processed")
+    wait_until(lambda: 90 in offsets_committed(fake, (TOPIC, 0)), "committed to the end")
+    gc.stop()
+    gc.join(WAIT)
+    single = [tps for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1]
+    assert not single, "a partition was paused although the budget never filled"
+    # The first call serves the assignment: no partition was owned when its size was chosen.
+    assert len(sizes) > 1 and max(sizes[1:]) == 50
