@@ -25,7 +25,7 @@ from weir.errors import BrokerUnreachableError, HandlerError, KafkaFatalError
 from weir.flow import FlowControl
 from weir.metrics import ConsumerStats, PartitionStats
 from weir.rebalance import Ownership, PartitionState
-from weir.records import Partition, Record
+from weir.records import Partition, Record, offset_of, size_of
 from weir.scheduling import DONE, FAILED, FENCED, Assignment, Scheduler, Task
 
 if TYPE_CHECKING:
@@ -41,35 +41,6 @@ _IDLE_WAIT = 0.01
 
 # tuple.__new__ skips NamedTuple's keyword handling: this runs once per record on the owner.
 _new_record = tuple.__new__
-
-
-def _record(m: Message) -> Record:
-    key = m.key()
-    value = m.value()
-    raw_headers = m.headers()
-    headers = tuple(raw_headers) if raw_headers else ()
-    size = (len(key) if key else 0) + (len(value) if value else 0)
-    for hk, hv in headers:
-        size += len(hk) + (len(hv) if hv else 0)  # type: ignore[arg-type]
-    ts_type, ts = m.timestamp()
-    topic = m.topic()
-    partition = m.partition()
-    offset = m.offset()
-    assert topic is not None and partition is not None and offset is not None
-    return _new_record(
-        Record,
-        (
-            topic,
-            partition,
-            offset,
-            key,
-            value,
-            headers,
-            None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
-            m.leader_epoch(),
-            size,
-        ),
-    )
 
 
 class Loop:
@@ -252,19 +223,33 @@ class Loop:
         topic: str | None = None
         part = -1
         last = -1
+        # The owner's hottest loop (once per record, on the one thread every record passes):
+        # Record is built inline with tuple.__new__, which skips NamedTuple's argument handling.
+        new, record_type, no_ts = _new_record, Record, TIMESTAMP_NOT_AVAILABLE
         for m in msgs:
             err = m.error()
             if err is not None:
                 self._on_message_error(err)
                 continue
-            rec = _record(m)
-            if rec.partition != part or rec.offset <= last or rec.topic != topic:
+            t, p, off = m.topic(), m.partition(), m.offset()
+            if p != part or off <= last or t != topic:  # type: ignore[operator]
                 if run:
                     self._register_run(partitions.get(Partition(topic, part)), run)  # type: ignore[arg-type]
                 run = []
-                topic, part = rec.topic, rec.partition
-            run.append(rec)
-            last = rec.offset
+                topic, part = t, p  # type: ignore[assignment]
+            key = m.key()
+            value = m.value()
+            raw_headers = m.headers()
+            headers = tuple(raw_headers) if raw_headers else ()
+            size = (len(key) if key else 0) + (len(value) if value else 0)
+            for hk, hv in headers:
+                size += len(hk) + (len(hv) if hv else 0)  # type: ignore[arg-type]
+            ts_type, ts = m.timestamp()
+            ts_ms = None if ts_type == no_ts else ts
+            run.append(
+                new(record_type, (t, p, off, key, value, headers, ts_ms, m.leader_epoch(), size))
+            )
+            last = off  # type: ignore[assignment]
         if run:
             self._register_run(partitions.get(Partition(topic, part)), run)  # type: ignore[arg-type]
         self.scheduler.dispatch()
@@ -272,14 +257,14 @@ class Loop:
     def _register_run(self, st: PartitionState | None, recs: list[Record]) -> None:
         if st is None or not st.assignment.dispatching:
             return  # fetched before a revoke or lost: the next owner reads them again
-        offsets = [r.offset for r in recs]
+        offsets = list(map(offset_of, recs))
         try:
             batch = st.progress.add_batch(offsets, offsets[-1] + 1)
         except ValueError:
             log.warning("partition_rewound", tp=str(st.assignment.tp), offset=offsets[0])
             st.rewind()
             batch = st.progress.add_batch(offsets, offsets[-1] + 1)
-        total = sum(r.size for r in recs)
+        total = sum(map(size_of, recs))
         self.scheduler.submit(st.assignment, batch, recs)
         st.records += len(recs)
         st.bytes += total
@@ -336,7 +321,7 @@ class Loop:
                 if not a.cancel.is_set():
                     b = t.batch
                     if b is not None:
-                        done = b.completed_many([r.offset for r in t.records], b.token)
+                        done = b.completed_many(list(map(offset_of, t.records)), b.token)
                     else:
                         done = 0
                         for rec, b in zip(t.records, t.batches, strict=True):

@@ -18,7 +18,7 @@ from typing import Literal
 
 import structlog
 
-from weir.records import Context, Handler, Partition, Record, _FunctionHandler
+from weir.records import Context, Handler, Partition, Record, _FunctionHandler, size_of
 from weir.tracking import BatchProgress
 
 __all__ = ["DONE", "FAILED", "FENCED", "HELD", "Assignment", "Scheduler", "Task"]
@@ -98,7 +98,7 @@ class Task:
         self.batch: BatchProgress | None = None
         if batches and batches.count(batches[0]) == len(batches):
             self.batch = batches[0]
-        self.nbytes = sum(r.size for r in records)
+        self.nbytes = sum(map(size_of, records))
         self.attempt = attempt
         # Set by the worker that takes it, before the fence check: a revoke waits only for
         # tasks some worker has taken, not for ones still in the ready queue.
