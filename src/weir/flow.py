@@ -62,6 +62,13 @@ class FlowControl:
         cfg = self._cfg
         return self.records >= cfg.capacity_records or self.bytes >= cfg.capacity_bytes
 
+    @property
+    def filling(self) -> bool:
+        """At or past a resume mark: the budget is in use, not idle (while throttled, this is
+        what keeps the throttle on)."""
+        cfg = self._cfg
+        return self.records >= cfg.resume_records or self.bytes >= cfg.resume_bytes
+
     def update(self) -> Literal["pause", "resume"] | None:
         cfg = self._cfg
         if not self.paused:
@@ -69,7 +76,7 @@ class FlowControl:
                 self.paused = True
                 self.pauses += 1
                 return "pause"
-        elif self.records < cfg.resume_records and self.bytes < cfg.resume_bytes:
+        elif not self.filling:
             self.paused = False
             return "resume"
         return None

@@ -269,16 +269,11 @@ class Loop:
         st.records += len(recs)
         st.bytes += total
         self.flow.add(len(recs), total)
-        if self._shared and not st.over_share and st.records >= self._share() and self._pressed():
+        # Shared only once the budget fills: while handlers keep up, a pause would only make
+        # librdkafka drop this partition's prefetched records and fetch them again.
+        if self._shared and not st.over_share and st.records >= self._share() and self.flow.filling:
             st.over_share = True
             self._set_paused([st.assignment.tp], True)
-
-    def _pressed(self) -> bool:
-        """Partition mode shares the budget only once it fills: while handlers keep up, a pause
-        would only throw prefetched records away (librdkafka drops a paused partition's queue)
-        and wait for them to be fetched again."""
-        f = self.cfg.flow
-        return self.flow.records >= f.resume_records or self.flow.bytes >= f.resume_bytes
 
     def _share(self) -> int:
         return max(1, self.cfg.flow.capacity_records // max(1, len(self.own.partitions)))

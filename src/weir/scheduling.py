@@ -123,6 +123,12 @@ class _Lane:
         self.batches: list[BatchProgress] = []
         self.held = False  # a failed record waits at the front: nothing is released
 
+    def take(self) -> tuple[list[Record], list[BatchProgress]]:
+        """Empty the lane's waiting records, returning them (the lane itself stays busy)."""
+        taken = self.records, self.batches
+        self.records, self.batches = [], []
+        return taken
+
 
 _Group = tuple[Assignment, Hashable, list[Record], list[BatchProgress]]
 _FREE: Hashable = object()  # lane marker of unordered groups: split anywhere, hold nothing
@@ -252,9 +258,7 @@ class Scheduler:
             if lane is None or lane.held:
                 continue
             if lane.records:
-                self._pending.append((a, key, lane.records, lane.batches))
-                lane.records = []
-                lane.batches = []
+                self._pending.append((a, key, *lane.take()))
             else:
                 del lanes[key]
 
@@ -284,9 +288,7 @@ class Scheduler:
             return
         lane.held = False
         if lane.records:
-            self._pending.append((assignment, key, lane.records, lane.batches))
-            lane.records = []
-            lane.batches = []
+            self._pending.append((assignment, key, *lane.take()))
 
     def dispatch(self) -> int:
         """Pack the runnable records into tasks and hand them to the workers; returns tasks."""
@@ -394,9 +396,7 @@ class Scheduler:
         self._pending = keep
         for a in targets:
             for lane in self._lanes.get(a, {}).values():
-                dropped += lane.records
-                lane.records = []
-                lane.batches = []
+                dropped += lane.take()[0]
         return dropped
 
     def forget(self, assignments: Iterable[Assignment]) -> None:
