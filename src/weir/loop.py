@@ -9,6 +9,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -175,7 +176,7 @@ class Loop:
                 msgs = self.client.consume(1, 0)
         else:
             size = flow.fetch_size()
-            if self._shared:
+            if self._sharing():
                 # librdkafka hands out one partition's prefetch at a time: a batch larger than
                 # the share would fill the budget from one partition.
                 size = min(size, self._share())
@@ -269,11 +270,16 @@ class Loop:
         st.records += len(recs)
         st.bytes += total
         self.flow.add(len(recs), total)
-        # Shared only once the budget fills: while handlers keep up, a pause would only make
-        # librdkafka drop this partition's prefetched records and fetch them again.
-        if self._shared and not st.over_share and st.records >= self._share() and self.flow.filling:
+        if not st.over_share and st.records >= self._share() and self._sharing():
             st.over_share = True
             self._set_paused([st.assignment.tp], True)
+
+    def _sharing(self) -> bool:
+        """Partition mode shares the budget between partitions only when it is in use and one
+        task runs less than a share: only then could a partition's backlog keep other
+        partitions out while workers sit idle. Otherwise a pause would only make librdkafka drop
+        the partition's prefetched records and fetch them again."""
+        return self._shared and self.flow.filling and self.scheduler.task_size() < self._share()
 
     def _share(self) -> int:
         return max(1, self.cfg.flow.capacity_records // max(1, len(self.own.partitions)))
@@ -314,14 +320,18 @@ class Loop:
                 # A handler may return early once ctx.cancelled is set: its record is not
                 # known to be finished, so it never moves the watermark.
                 if not a.cancel.is_set():
+                    offsets = list(map(offset_of, t.records))
                     b = t.batch
                     if b is not None:
-                        done = b.completed_many(list(map(offset_of, t.records)), b.token)
+                        done = b.completed_many(offsets, b.token)
                     else:
-                        done = 0
-                        for rec, b in zip(t.records, t.batches, strict=True):
-                            if b.completed(rec.offset, b.token):
-                                done += 1
+                        # Records of a batch sit next to each other (a lane's waiting records
+                        # come in read order): one call per run of the same batch.
+                        done = i = 0
+                        for b, run in groupby(t.batches):
+                            n = len(list(run))
+                            done += b.completed_many(offsets[i : i + n], b.token)
+                            i += n
                     self.processed += done
                     self.committer.finished(done)
         else:

@@ -130,8 +130,9 @@ class _Lane:
         return taken
 
 
-_Group = tuple[Assignment, Hashable, list[Record], list[BatchProgress]]
-_FREE: Hashable = object()  # lane marker of unordered groups: split anywhere, hold nothing
+# A runnable group: its assignment, the lanes it holds busy (None: unordered, split anywhere),
+# its records in order and the batch of each record.
+_Group = tuple[Assignment, list[Hashable] | None, list[Record], list[BatchProgress]]
 
 
 def _key_of(ordering: Ordering) -> Callable[[Record], Hashable] | None:
@@ -156,7 +157,9 @@ class Scheduler:
         self._ordering = ordering
         self._key_of = _key_of(ordering)
         self._workers = workers
-        self._lanes: dict[Assignment, dict[Hashable, _Lane]] = {}
+        # A busy lane is a `_Lane` when records wait for it, else the key list of the group
+        # holding it (see `_submit_keys`).
+        self._lanes: dict[Assignment, dict[Hashable, _Lane | list[Hashable]]] = {}
         self._pending: list[_Group] = []
         self._ready: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self.completions: queue.SimpleQueue[Task] = queue.SimpleQueue()
@@ -196,39 +199,59 @@ class Scheduler:
         if not records:
             return  # an empty group would mark its lane busy with nothing to release it
         pending = self._pending
-        key_of = self._key_of
         n = len(records)
-        if key_of is None:
-            pending.append((assignment, _FREE, records, [batch] * n))
+        if self._key_of is None:
+            pending.append((assignment, None, records, [batch] * n))
             return
         lanes = self._lanes.get(assignment)
         if lanes is None:
             lanes = self._lanes[assignment] = {}
         if self._ordering == "partition":
             lane = lanes.get(None)
-            if lane is None:
-                lanes[None] = _Lane()
-                pending.append((assignment, None, records, [batch] * n))
-            else:
+            if isinstance(lane, _Lane):
                 lane.records.extend(records)
                 lane.batches.extend([batch] * n)
+            else:
+                lanes[None] = _Lane()
+                pending.append((assignment, [None], records, [batch] * n))
             return
-        fresh: dict[Hashable, list[Record]] = {}
+        self._submit_keys(assignment, lanes, batch, records)
+
+    def _submit_keys(
+        self,
+        assignment: Assignment,
+        lanes: dict[Hashable, _Lane | list[Hashable]],
+        batch: BatchProgress,
+        records: list[Record],
+    ) -> None:
+        """Key mode, the owner's per-record hot path. Records whose key is free form groups of
+        up to one task's size; a free key is marked busy with its group's key list, so a later
+        record of the same key joins that group, or its lane once the group is full. Only keys
+        that really wait get a `_Lane`: with distinct keys this is a few dict operations per
+        record."""
+        pending = self._pending
+        size = self.task_size()
+        keys: list[Hashable] = []
+        group: list[Record] = []
         for rec in records:
-            key = rec.key
-            group = fresh.get(key)
-            if group is not None:
-                group.append(rec)
-                continue
+            key = rec[3]  # Record.key, read by index: this loop runs once per record
             lane = lanes.get(key)
-            if lane is not None:
+            if lane is None:
+                if len(group) >= size:
+                    pending.append((assignment, keys, group, [batch] * len(group)))
+                    keys, group = [], []
+                lanes[key] = keys
+                keys.append(key)
+                group.append(rec)
+            elif lane is keys and len(group) < size:
+                group.append(rec)
+            else:
+                if type(lane) is not _Lane:
+                    lane = lanes[key] = _Lane()  # busy with an earlier group: now it waits
                 lane.records.append(rec)
                 lane.batches.append(batch)
-            else:
-                fresh[key] = [rec]
-                lanes[key] = _Lane()
-        for lane_key, group in fresh.items():
-            pending.append((assignment, lane_key, group, [batch] * len(group)))
+        if group:
+            pending.append((assignment, keys, group, [batch] * len(group)))
 
     def advance(self, task: Task) -> None:
         """`task` came back: its lanes take their waiting records, except lanes where a record
@@ -250,15 +273,20 @@ class Scheduler:
                     recs, batches = failed.setdefault(key_of(rec), ([], []))
                     recs.append(rec)
                     batches.append(task.batches[i])
+        pending = self._pending
         for key in task.lanes:
-            if key in failed:
+            if failed and key in failed:
                 self.hold(a, key, *failed[key])
                 continue
             lane = lanes.get(key)
-            if lane is None or lane.held:
+            if lane is None:
                 continue
-            if lane.records:
-                self._pending.append((a, key, *lane.take()))
+            if type(lane) is not _Lane:
+                del lanes[key]  # busy with nothing waiting
+            elif lane.held:
+                continue
+            elif lane.records:
+                pending.append((a, [key], *lane.take()))
             else:
                 del lanes[key]
 
@@ -275,7 +303,7 @@ class Scheduler:
         if lanes is None:
             return
         lane = lanes.get(key)
-        if lane is None:
+        if type(lane) is not _Lane:
             lane = lanes[key] = _Lane()
         lane.records[:0] = records
         lane.batches[:0] = batches
@@ -284,11 +312,11 @@ class Scheduler:
     def release(self, assignment: Assignment, key: Hashable) -> None:
         """Let a held lane run again from its front record (a retry)."""
         lane = self._lanes.get(assignment, {}).get(key)
-        if lane is None or not lane.held:
+        if type(lane) is not _Lane or not lane.held:
             return
         lane.held = False
         if lane.records:
-            self._pending.append((assignment, key, *lane.take()))
+            self._pending.append((assignment, [key], *lane.take()))
 
     def dispatch(self) -> int:
         """Pack the runnable records into tasks and hand them to the workers; returns tasks."""
@@ -296,23 +324,26 @@ class Scheduler:
         if not groups:
             return 0
         self._pending = []
-        size = min(_MAX_TASK, int(_TASK_SECONDS / self._per_record) + 1)
+        size = self.task_size()
         tasks = 0
         cur: Assignment | None = None
         recs: list[Record] = []
         batches: list[BatchProgress] = []
         keys: list[Hashable] | None = None
-        for a, key, grecs, gbatches in groups:
+        for a, gkeys, grecs, gbatches in groups:
             if not a.dispatching:
                 continue  # revoked, lost or stopping since: these would come back fenced
-            free = key is _FREE
-            if not free:
-                lane = self._lanes.get(a, {}).get(key)
-                if lane is None:
+            if gkeys is not None:
+                lanes = self._lanes.get(a)
+                if lanes is None:
                     continue  # forgotten while still dispatching: nothing may run it now
-                if len(grecs) > size:
-                    # The rest wait in the lane: finished records then come back (and move the
-                    # watermark and free the budget) every task's worth, not once per lane.
+                if len(grecs) > size and len(gkeys) == 1:
+                    # One lane's records: the rest wait in the lane, so finished records come
+                    # back (and move the watermark and free the budget) every task's worth.
+                    # Groups of several lanes are never longer than a task when submitted.
+                    lane = lanes.get(gkeys[0])
+                    if type(lane) is not _Lane:
+                        lane = lanes[gkeys[0]] = _Lane()
                     lane.records[:0] = grecs[size:]
                     lane.batches[:0] = gbatches[size:]
                     grecs, gbatches = grecs[:size], gbatches[:size]
@@ -322,8 +353,8 @@ class Scheduler:
                 recs, batches = [], []
             if not recs:
                 cur = a
-                keys = None if free else []
-            if free:
+                keys = None if gkeys is None else []
+            if gkeys is None:
                 # Unordered: cut anywhere, one task per `size` records.
                 i = 0
                 while i < len(grecs):
@@ -339,11 +370,15 @@ class Scheduler:
             recs += grecs
             batches += gbatches
             assert keys is not None
-            keys.append(key)
+            keys += gkeys
         if recs:
             self._release(Task(cur, recs, batches, keys))  # type: ignore[arg-type]
             tasks += 1
         return tasks
+
+    def task_size(self) -> int:
+        """Records per task: about `_TASK_SECONDS` of measured handler time."""
+        return min(_MAX_TASK, int(_TASK_SECONDS / self._per_record) + 1)
 
     def _release(self, task: Task) -> None:
         a = task.assignment
@@ -396,7 +431,8 @@ class Scheduler:
         self._pending = keep
         for a in targets:
             for lane in self._lanes.get(a, {}).values():
-                dropped += lane.take()[0]
+                if type(lane) is _Lane:
+                    dropped += lane.take()[0]
         return dropped
 
     def forget(self, assignments: Iterable[Assignment]) -> None:
