@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from typing import Literal, Protocol
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from weir.records import Context, Handler, Partition, Record, as_handler
 from weir.scheduling import (
@@ -604,6 +606,240 @@ def test_hold_and_release_of_a_lane(make: Factory) -> None:
     assert s.dispatch() == 0
     for t in (t_l, t_m, t_k):
         settle(s, t)
+    assert s.lanes == 0
+
+
+# -- key mode: groups of free keys, marker lanes ----------------------------------------------
+
+# Pinned per-record times giving task sizes 1..5 (checked in the property test).
+PER_RECORD_FOR_SIZE = {1: 0.001, 2: 0.0004, 3: SIZE_3, 4: 0.00015, 5: 0.00011}
+
+
+def test_a_repeated_key_in_a_fresh_batch_joins_its_group(make: Factory) -> None:
+    s = make(Handler(), "key", start=False)
+    s._per_record = FAST
+    a = assignment()
+    keys = {0: b"A", 1: b"B", 2: b"A", 3: b"C", 4: b"B"}
+    batch, recs = submit(s, a, [0, 1, 2, 3, 4], key=keys.__getitem__)
+    assert s.lanes == 3  # one per key, however often it repeats
+    assert s.dispatch() == 1
+    (t,) = queued(s)
+    assert t.records == recs  # offset order, the repeats in place
+    assert t.batches == [batch] * 5
+    assert t.lanes == [b"A", b"B", b"C"]  # each key once, first seen first
+    settle(s, t)
+    assert s.lanes == 0
+    assert s.dispatch() == 0
+
+
+def test_a_key_repeated_after_its_group_is_full_waits_for_the_group(make: Factory) -> None:
+    s = make(Handler(), "key", start=False)
+    s._per_record = SIZE_3
+    a = assignment()
+    keys = dict(enumerate([b"A", b"B", b"C", b"A", b"D"]))
+    submit(s, a, [0, 1, 2, 3, 4], key=keys.__getitem__)
+    assert s.lanes == 4
+    assert s.dispatch() == 2
+    t1, t2 = queued(s)
+    assert (offsets(t1), t1.lanes) == ([0, 1, 2], [b"A", b"B", b"C"])
+    assert (offsets(t2), t2.lanes) == ([4], [b"D"])  # a group of its own, not behind A
+    assert t1.lanes is not None and t2.lanes is not None
+    assert not set(t1.lanes) & set(t2.lanes)
+    assert s.dispatch() == 0  # 3 waits for t1, which holds A
+    submit(s, a, [5], key=lambda o: b"A")  # a later batch: A is still busy
+    s.release(a, b"A")  # busy with records waiting, not held: nothing
+    s.release(a, b"B")  # only marked busy: nothing
+    assert s.dispatch() == 0
+    settle(s, t1)
+    assert s.lanes == 2  # B and C are free; A has records waiting, D is still out
+    assert s.dispatch() == 1
+    (t3,) = queued(s)
+    assert (offsets(t3), t3.lanes) == ([3, 5], [b"A"])
+    assert t3.lanes is not None
+    assert not set(t3.lanes) & set(t2.lanes)  # both in flight now
+    settle(s, t2)
+    settle(s, t3)
+    assert s.lanes == 0
+    assert s.dispatch() == 0
+
+
+def test_key_lanes_do_not_leak_across_batches(make: Factory) -> None:
+    s = make(Handler(), "key", start=False)
+    s._per_record = SIZE_3
+    a = assignment()
+    out: list[Task] = []
+    done: list[int] = []
+    n = 48
+    # Eight records a batch over eleven keys: every batch repeats keys still busy from the last
+    # one, and only the oldest task comes back between batches.
+    for start in range(0, n, 8):
+        submit(s, a, list(range(start, start + 8)), key=lambda o: bytes([o % 11]))
+        s.dispatch()
+        out += queued(s)
+        t = out.pop(0)
+        settle(s, t)
+        done += offsets(t)
+    while out:
+        t = out.pop()  # newest first
+        settle(s, t)
+        done += offsets(t)
+        s.dispatch()
+        out += queued(s)
+    assert sorted(done) == list(range(n))
+    assert s.outstanding() == 0
+    assert s.lanes == 0
+
+
+def test_hold_on_a_key_only_marked_busy(make: Factory) -> None:
+    s = make(Handler(), "key", start=False)
+    s._per_record = FAST
+    a = assignment()
+    b1, recs = submit(s, a, [0, 1], key=lambda o: b"A" if o == 0 else b"B")
+    assert s.dispatch() == 1
+    (t,) = queued(s)
+    assert isinstance(s._lanes[a][b"A"], list)  # busy, nothing waits: a marker, not a _Lane
+    s.hold(a, b"A", [recs[0]], [b1])  # as if 0 failed
+    b2, _ = submit(s, a, [2], key=lambda o: b"A")  # waits behind the held record
+    settle(s, t)
+    assert s.lanes == 1  # B is free; A stays held across the advance
+    assert s.dispatch() == 0
+    s.release(a, b"A")
+    assert s.dispatch() == 1
+    (t,) = queued(s)
+    assert (offsets(t), t.lanes) == ([0, 2], [b"A"])
+    assert t.batches == [b1, b2]
+    settle(s, t)
+    assert s.lanes == 0
+
+
+def test_a_failure_holds_a_key_only_marked_busy(make: Factory) -> None:
+    s = make(Handler(), "key", start=False)
+    s._per_record = FAST
+    a = assignment()
+    submit(s, a, [0, 1, 2], key=lambda o: b"B" if o == 1 else b"A")
+    assert s.dispatch() == 1
+    (t,) = queued(s)
+    assert isinstance(s._lanes[a][b"A"], list)
+    # What a worker reports when 0 fails: 2 (same key) is held, 1 (another key) ran.
+    t.outcomes = bytearray([FAILED, DONE, HELD])
+    t.errors = {0: RuntimeError("boom 0")}
+    submit(s, a, [3], key=lambda o: b"A")
+    settle(s, t)
+    assert s.lanes == 1
+    assert s.dispatch() == 0
+    s.release(a, b"A")
+    assert s.dispatch() == 1
+    (t,) = queued(s)
+    assert offsets(t) == [0, 2, 3]
+    settle(s, t)
+    assert s.lanes == 0
+
+
+def test_drop_queued_with_marker_and_waiting_lanes(make: Factory) -> None:
+    s = make(Handler(), "key", start=False)
+    s._per_record = SIZE_3
+    a, other = assignment(0, 1), assignment(1, 2)
+    keys = dict(enumerate([b"A", b"B", b"C", b"A", b"D"]))
+    submit(s, a, [0, 1, 2, 3, 4], key=keys.__getitem__)  # 3 waits in A's lane
+    submit(s, other, [0, 1], key=lambda o: b"A")
+    assert s.dispatch() == 3
+    released = queued(s)
+    assert [offsets(t) for t in released] == [[0, 1, 2], [4], [0, 1]]
+    keys = {5: b"B", 6: b"E", 7: b"E"}
+    submit(s, a, [5, 6, 7], key=keys.__getitem__)  # 5 waits for B; E is runnable
+    submit(s, other, [2], key=lambda o: b"A")  # waits for the other A lane
+    dropped = s.drop_queued([a])
+    assert sorted(r.offset for r in dropped) == [3, 5, 6, 7]
+    assert all(r.partition == 0 for r in dropped)
+    assert s.drop_queued([a]) == []  # each record dropped once
+    assert s.outstanding([a]) == 4  # released tasks are left alone
+    for t in released:
+        settle(s, t)
+    assert s.dispatch() == 1  # nothing of a: only the other assignment's lane
+    (t,) = queued(s)
+    assert (t.assignment, offsets(t)) == (other, [2])
+
+
+_KEYS: dict[int, bytes | None] = {0: None, 1: b"1", 2: b"2", 3: b"3", 4: b"4", 5: b"5"}
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(data=st.data())
+def test_key_lanes_dispatch_each_record_once_in_key_order(data: st.DataObject) -> None:
+    assert {n: size_for(p) for n, p in PER_RECORD_FOR_SIZE.items()} == {n: n for n in range(1, 6)}
+    s = Scheduler(as_handler(lambda r: None), "key", 1)  # never started
+    assigns = [assignment(0, 1), assignment(1, 2)]
+    next_offset = [0, 0]
+    submitted: set[tuple[int, int]] = set()
+    dispatched: set[tuple[int, int]] = set()
+    last: dict[tuple[int, bytes | None], int] = {}
+    out: list[Task] = []
+    submit_sizes: list[int] = []  # since the last dispatch
+
+    # Task sizes while the steps run, then the order and sizes of the final settling: drawn
+    # from a seeded Random to keep the number of draws (and the run time) small.
+    drain = data.draw(st.randoms(use_true_random=False), label="drain")
+    draining = False
+
+    def pin() -> int:
+        size = drain.randint(1, 5) if draining else data.draw(st.integers(1, 5), label="size")
+        s._per_record = PER_RECORD_FOR_SIZE[size]
+        return size
+
+    def dispatch() -> None:
+        size = pin()
+        s.dispatch()
+        # A task holds at most a task of records, or one group formed at a larger size.
+        bound = max([size, *submit_sizes])
+        submit_sizes.clear()
+        busy = {(t.assignment.tp.partition, k) for t in out for k in t.lanes or ()}
+        for t in queued(s):
+            p = t.assignment.tp.partition
+            assert t.lanes is not None
+            assert len(t.lanes) == len(set(t.lanes))
+            assert set(t.lanes) == {r.key for r in t.records}
+            assert 1 <= len(t.records) <= bound
+            lanes = {(p, k) for k in t.lanes}
+            assert not lanes & busy, f"a key in two outstanding tasks: {lanes & busy}"
+            busy |= lanes
+            for r in t.records:
+                at = (p, r.offset)
+                assert at in submitted and at not in dispatched
+                dispatched.add(at)
+                assert last.get((p, r.key), -1) < r.offset, f"{at} out of key order"
+                last[p, r.key] = r.offset
+            out.append(t)
+
+    def settle_one() -> None:
+        if draining:
+            i = drain.randrange(len(out))
+        else:
+            i = data.draw(st.integers(0, len(out) - 1), label="settle")
+        settle(s, out.pop(i))
+
+    for _ in range(data.draw(st.integers(0, 20), label="steps")):
+        op = data.draw(st.sampled_from(["submit", "dispatch", "settle"]), label="op")
+        if op == "submit":
+            i = data.draw(st.integers(0, 1), label="assignment")
+            ks = data.draw(st.lists(st.integers(0, 5), min_size=1, max_size=8), label="keys")
+            offs = list(range(next_offset[i], next_offset[i] + len(ks)))
+            next_offset[i] += len(ks)
+            key_of = {o: _KEYS[k] for o, k in zip(offs, ks, strict=True)}
+            submit_sizes.append(pin())
+            submit(s, assigns[i], offs, key=key_of.__getitem__)
+            submitted.update((i, o) for o in offs)
+        elif op == "dispatch":
+            dispatch()
+        elif out:
+            settle_one()
+    draining = True
+    while True:  # settle everything, releasing what waits
+        dispatch()
+        if not out:
+            break
+        settle_one()
+    assert dispatched == submitted
+    assert s.outstanding() == 0
     assert s.lanes == 0
 
 
