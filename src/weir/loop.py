@@ -202,7 +202,7 @@ class Loop:
             self._share_resume.clear()
             share = self._share()
             for st in parts.values():
-                if st.over_share and st.records <= share // 2:
+                if st.over_share and st.records <= _refill(share):
                     st.over_share = False  # drained during the global pause
             self._set_paused([tp for tp, st in parts.items() if not st.over_share], False)
             if parts:
@@ -275,11 +275,11 @@ class Loop:
             self._set_paused([st.assignment.tp], True)
 
     def _sharing(self) -> bool:
-        """Partition mode shares the budget between partitions only when it is in use and one
-        task runs less than a share: only then could a partition's backlog keep other
-        partitions out while workers sit idle. Otherwise a pause would only make librdkafka drop
-        the partition's prefetched records and fetch them again."""
-        return self._shared and self.flow.filling and self.scheduler.task_size() < self._share()
+        """Partition mode shares the budget between partitions when a share is more than one
+        task: a partition's backlog then outlasts its worker's turn and would keep other
+        partitions (and idle workers) out. With faster handlers a pause would only make
+        librdkafka drop the partition's prefetched records and fetch them again."""
+        return self._shared and self.scheduler.task_size() < self._share()
 
     def _share(self) -> int:
         return max(1, self.cfg.flow.capacity_records // max(1, len(self.own.partitions)))
@@ -369,7 +369,7 @@ class Loop:
         st.records -= count
         st.bytes -= nbytes
         self.flow.remove(count, nbytes)
-        if st.over_share and st.records <= self._share() // 2:
+        if st.over_share and st.records <= _refill(self._share()):
             self._share_resume.add(st.assignment.tp)
 
     # -- commits ---------------------------------------------------------------------------
@@ -546,6 +546,14 @@ class Loop:
             rebalances=self.own.rebalances,
             partitions=parts,
         )
+
+
+def _refill(share: int) -> int:
+    """A partition paused for its share resumes at three quarters of it: the refetch after a
+    resume takes tens of milliseconds, and resuming at half the share let partitions run dry
+    first (1 ms handlers on 16 partitions, default budget: 0.59x of the ideal at half, 0.64x
+    at three quarters)."""
+    return share * 3 // 4
 
 
 def _tps(offsets: Mapping[Partition, int]) -> list[TopicPartition]:

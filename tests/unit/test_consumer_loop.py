@@ -1092,13 +1092,15 @@ def test_partition_mode_shares_the_budget_across_partitions(launch: Launch) -> N
     assert gc.stats().peak_in_flight <= SMALL_FLOW["capacity_records"]
 
 
-def test_partition_mode_pauses_for_its_share_only_when_the_budget_fills(launch: Launch) -> None:
-    """While handlers keep up, a single-partition pause would only make librdkafka drop that
-    partition's prefetch: partition mode shares the budget only from the resume mark on, and
-    until then a consume call asks for whole batches, not for one partition's share."""
+def test_partition_mode_shares_the_budget_only_while_tasks_are_shorter_than_a_share(
+    launch: Launch,
+) -> None:
+    """With a fast handler a partition's share fits in one task, so pausing it would only make
+    librdkafka drop its prefetch: once the handler's time is measured (the first guess is slow,
+    1 ms), partition mode stops pausing single partitions and consumes whole batches again."""
     fake = FakeConsumer()
     parts = [(TOPIC, p) for p in range(8)]
-    fake.produce_many(TOPIC, 0, range(90))  # share 400 / 8 = 50 < 90 < resume mark 100
+    fake.produce_many(TOPIC, 0, range(400))  # share 40 / 8 = 5; at least 40 tasks to measure
     fake.script_assign(parts)
     sizes: list[int] = []
     consume = fake.consume
@@ -1109,13 +1111,21 @@ def test_partition_mode_pauses_for_its_share_only_when_the_budget_fills(launch: 
 
     fake.consume = recording_consume  # type: ignore[method-assign]
     probe = Probe()
-    flow = {"capacity_records": 400, "pause_records": 200, "resume_records": 100}
-    gc = launch(probe, fake, ordering="partition", workers=4, max_batch=200, flow=flow)
-    wait_until(lambda: probe.finished_count() == 90, "all records processed")
-    wait_until(lambda: 90 in offsets_committed(fake, (TOPIC, 0)), "committed to the end")
+    flow = {"capacity_records": 40, "pause_records": 30, "resume_records": 10}
+    gc = launch(probe, fake, ordering="partition", workers=4, max_batch=10, flow=flow)
+    wait_until(lambda: probe.finished_count() == 400, "warm-up records processed")
+
+    def single_pauses() -> int:
+        return sum(1 for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1)
+
+    # While the handler still counted as slow, the partition was held to its share.
+    assert single_pauses() > 0
+    assert 5 in sizes
+    before, calls = single_pauses(), len(sizes)
+    fake.produce_many(TOPIC, 0, range(400, 425))  # five shares, below the pause mark
+    wait_until(lambda: probe.finished_count() == 425, "all records processed")
+    wait_until(lambda: 425 in offsets_committed(fake, (TOPIC, 0)), "committed to the end")
     gc.stop()
     gc.join(WAIT)
-    single = [tps for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1]
-    assert not single, "a partition was paused although the budget never filled"
-    # The budget never reached its resume mark: every call could ask for a whole batch.
-    assert len(sizes) > 1 and max(sizes[1:]) == 200
+    assert single_pauses() == before, "a fast partition was paused for its share"
+    assert max(sizes[calls:]) == 10, "consume calls stayed capped at the share"
