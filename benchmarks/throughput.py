@@ -53,7 +53,7 @@ from _common import (
 )
 from confluent_kafka import Consumer
 
-from weir import FlowConfig, GroupConsumer
+from weir import ConsumerConfig, FlowConfig, GroupConsumer
 
 # Targets from the issue.
 NOOP_TARGET = 0.30  # of the raw loop
@@ -74,6 +74,10 @@ Handler = Callable[[Any], None]
 # busy) next to runs at 600k-930k/s. With these two settings every run is fast, so "x raw"
 # compares the engines, not fetch stalls. `--raw-librdkafka-defaults` runs it without them.
 RAW_FETCH: dict[str, Any] = {"fetch.wait.max.ms": 50, "fetch.queue.backoff.ms": 50}
+# weir's commit cadence, which the raw loop copies.
+DEFAULTS: dict[str, Any] = {
+    name: ConsumerConfig.model_fields[name].default for name in ("commit_every", "commit_interval")
+}
 
 
 @dataclasses.dataclass
@@ -161,9 +165,12 @@ def run_raw(
     batch: int,
     max_seconds: float,
     fetch: dict[str, Any],
+    commit_every: int = DEFAULTS["commit_every"],
+    commit_interval: float = DEFAULTS["commit_interval"],
 ) -> Result:
     """The baseline: one thread, `consume()` a batch, handle each record inline, commit async every
-    1000 records or 1 s (weir's default cadence). librdkafka defaults apart from `fetch`."""
+    `commit_every` records or `commit_interval` seconds (weir's cadence: its defaults unless given).
+    librdkafka defaults apart from `fetch`."""
     meter = Meter(records)
     h = handle(meter)
     watch = CpuWatch(bk)
@@ -193,7 +200,9 @@ def run_raw(
                     break
             since_commit += len(msgs)
             now = time.monotonic()
-            if since_commit and (since_commit >= 1000 or now - last_commit >= 1.0):
+            if since_commit and (
+                since_commit >= commit_every or now - last_commit >= commit_interval
+            ):
                 c.commit(asynchronous=True)
                 since_commit = 0
                 last_commit = now
@@ -211,7 +220,12 @@ def run_raw(
         started,
         cut_at,
         cpu,
-        {"consume_batch": batch, **fetch},
+        {
+            "consume_batch": batch,
+            "commit_every": commit_every,
+            "commit_interval": commit_interval,
+            **fetch,
+        },
     )
 
 
@@ -310,6 +324,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--max-batch", type=int, default=None, help="GroupConsumer max_batch (default: weir's)"
+    )
+    p.add_argument(
+        "--commit-every",
+        type=int,
+        default=None,
+        help="commit cadence in records, for GroupConsumer and the raw loop (default: weir's)",
     )
     p.add_argument("--modes", default="key,partition,unordered", help="ordering modes to run")
     p.add_argument("--flows", default="default,wide", help=f"flow budgets: {', '.join(FLOWS)}")
@@ -457,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     settings: dict[str, Any] = {}
     if args.max_batch is not None:
         settings["max_batch"] = args.max_batch
+    if args.commit_every is not None:
+        settings["commit_every"] = args.commit_every
+    raw_cadence = {"commit_every": settings.get("commit_every", DEFAULTS["commit_every"])}
     env = environment()
     print(
         f"# throughput: noop={args.noop_records:,} io={args.io_records:,} "
@@ -523,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
                                 batch=args.raw_batch,
                                 max_seconds=args.max_seconds,
                                 fetch=raw_fetch,
+                                **raw_cadence,
                             )
                         )
                     if rep >= args.noop_repeats:
@@ -555,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
                     batch=args.raw_batch,
                     max_seconds=args.max_seconds,
                     fetch=raw_fetch,
+                    **raw_cadence,
                 )
                 r.ideal = 1 / io_s
                 record(r)

@@ -18,7 +18,7 @@ from typing import Literal
 
 import structlog
 
-from weir.records import Context, Handler, Partition, Record, _FunctionHandler, size_of
+from weir.records import Context, Handler, Partition, Record, _FunctionHandler, offset_of, size_of
 from weir.tracking import BatchProgress
 
 __all__ = ["DONE", "FAILED", "FENCED", "HELD", "Assignment", "Scheduler", "Task"]
@@ -133,6 +133,18 @@ class _Lane:
 # A runnable group: its assignment, the lanes it holds busy (None: unordered, split anywhere),
 # its records in order and the batch of each record.
 _Group = tuple[Assignment, list[Hashable] | None, list[Record], list[BatchProgress]]
+
+
+def _joined(
+    a: Assignment, keys: list[Hashable], recs: list[Record], batches: list[BatchProgress]
+) -> _Group:
+    """A group of several freed lanes, in offset order: each lane keeps its order, and the
+    records of one batch sit together, so the owner marks them finished in one call per batch."""
+    if len(keys) > 1:
+        order = sorted(range(len(recs)), key=list(map(offset_of, recs)).__getitem__)
+        recs = [recs[i] for i in order]
+        batches = [batches[i] for i in order]
+    return (a, keys, recs, batches)
 
 
 def _key_of(ordering: Ordering) -> Callable[[Record], Hashable] | None:
@@ -273,7 +285,13 @@ class Scheduler:
                     recs, batches = failed.setdefault(key_of(rec), ([], []))
                     recs.append(rec)
                     batches.append(task.batches[i])
+        # Lanes freed together go out together: one group of several lanes (up to a task),
+        # not a group per lane. A lane longer than a task goes alone (dispatch cuts it).
         pending = self._pending
+        size = self.task_size()
+        keys: list[Hashable] = []
+        recs: list[Record] = []
+        batches: list[BatchProgress] = []
         for key in task.lanes:
             if failed and key in failed:
                 self.hold(a, key, *failed[key])
@@ -286,9 +304,20 @@ class Scheduler:
             elif lane.held:
                 continue
             elif lane.records:
-                pending.append((a, [key], *lane.take()))
+                if len(lane.records) > size:
+                    pending.append((a, [key], *lane.take()))
+                    continue
+                if len(recs) + len(lane.records) > size:
+                    pending.append(_joined(a, keys, recs, batches))
+                    keys, recs, batches = [], [], []
+                lane_recs, lane_batches = lane.take()
+                keys.append(key)
+                recs += lane_recs
+                batches += lane_batches
             else:
                 del lanes[key]
+        if recs:
+            pending.append(_joined(a, keys, recs, batches))
 
     def hold(
         self,

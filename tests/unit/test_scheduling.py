@@ -760,6 +760,48 @@ def test_drop_queued_with_marker_and_waiting_lanes(make: Factory) -> None:
     assert (t.assignment, offsets(t)) == (other, [2])
 
 
+def test_lanes_freed_by_one_task_go_out_as_one_group_in_offset_order(make: Factory) -> None:
+    s = make(Handler(), "key", start=False)
+    s._per_record = FAST
+    a = assignment()
+    submit(s, a, [0, 1], key=lambda o: [b"A", b"B"][o])
+    assert s.dispatch() == 1
+    (t0,) = queued(s)
+    keys = {2: b"B", 3: b"A", 4: b"B"}
+    b2, _ = submit(s, a, [2, 3, 4], key=keys.__getitem__)  # both lanes busy: all wait
+    assert s.dispatch() == 0
+    settle(s, t0)
+    assert s.dispatch() == 1
+    (t1,) = queued(s)
+    assert offsets(t1) == [2, 3, 4]  # not lane by lane (B: 2, 4 then A: 3)
+    assert sorted(t1.lanes or []) == [b"A", b"B"]
+    assert t1.batch is b2  # one batch: marked finished in one call
+    settle(s, t1)
+    assert s.lanes == 0
+
+
+def test_a_freed_lane_longer_than_a_task_goes_alone(make: Factory) -> None:
+    s = make(Handler(), "key", start=False)
+    s._per_record = SIZE_3
+    a = assignment()
+    submit(s, a, [0, 1], key=lambda o: [b"A", b"B"][o])
+    assert s.dispatch() == 1
+    (t0,) = queued(s)
+    submit(s, a, [2, 3, 4, 5, 6], key=lambda o: b"B" if o == 6 else b"A")
+    settle(s, t0)
+    assert s.dispatch() == 2
+    t_a, t_b = queued(s)
+    assert (offsets(t_a), t_a.lanes) == ([2, 3, 4], [b"A"])
+    assert (offsets(t_b), t_b.lanes) == ([6], [b"B"])
+    settle(s, t_b)
+    settle(s, t_a)
+    assert s.dispatch() == 1
+    (t,) = queued(s)
+    assert offsets(t) == [5]
+    settle(s, t)
+    assert s.lanes == 0
+
+
 _KEYS: dict[int, bytes | None] = {0: None, 1: b"1", 2: b"2", 3: b"3", 4: b"4", 5: b"5"}
 
 
@@ -774,7 +816,9 @@ def test_key_lanes_dispatch_each_record_once_in_key_order(data: st.DataObject) -
     dispatched: set[tuple[int, int]] = set()
     last: dict[tuple[int, bytes | None], int] = {}
     out: list[Task] = []
-    submit_sizes: list[int] = []  # since the last dispatch
+    # Task sizes at which groups were formed (submits, and advances joining freed lanes) since the
+    # last dispatch.
+    submit_sizes: list[int] = []
 
     # Task sizes while the steps run, then the order and sizes of the final settling: drawn
     # from a seeded Random to keep the number of draws (and the run time) small.
@@ -815,6 +859,7 @@ def test_key_lanes_dispatch_each_record_once_in_key_order(data: st.DataObject) -
             i = drain.randrange(len(out))
         else:
             i = data.draw(st.integers(0, len(out) - 1), label="settle")
+        submit_sizes.append(size_for(s._per_record))
         settle(s, out.pop(i))
 
     for _ in range(data.draw(st.integers(0, 20), label="steps")):
