@@ -282,9 +282,9 @@ class Scheduler:
             for i, code in enumerate(task.outcomes or ()):
                 if code in (FAILED, HELD):
                     rec = task.records[i]
-                    recs, batches = failed.setdefault(key_of(rec), ([], []))
-                    recs.append(rec)
-                    batches.append(task.batches[i])
+                    held_recs, held_batches = failed.setdefault(key_of(rec), ([], []))
+                    held_recs.append(rec)
+                    held_batches.append(task.batches[i])
         # Lanes freed together go out together: one group of several lanes (up to a task),
         # not a group per lane. A lane longer than a task goes alone (dispatch cuts it).
         pending = self._pending
