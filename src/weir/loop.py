@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from confluent_kafka import (
-    TIMESTAMP_NOT_AVAILABLE,
     KafkaError,
     KafkaException,
     Message,
@@ -24,9 +23,10 @@ from confluent_kafka import (
 from weir.committing import Committer
 from weir.errors import BrokerUnreachableError, HandlerError, KafkaFatalError
 from weir.flow import FlowControl
+from weir.intake import runs_of
 from weir.metrics import ConsumerStats, PartitionStats
 from weir.rebalance import Ownership, PartitionState
-from weir.records import Partition, Record, offset_of, size_of
+from weir.records import Partition, Record, offset_of
 from weir.scheduling import DONE, FAILED, FENCED, Assignment, Scheduler, Task
 
 if TYPE_CHECKING:
@@ -39,9 +39,6 @@ log = structlog.get_logger(__name__)
 # How long the owner waits on the completion queue when work is in flight and nothing was fetched:
 # short enough that new records are picked up promptly, long enough not to spin.
 _IDLE_WAIT = 0.01
-
-# tuple.__new__ skips NamedTuple's keyword handling: this runs once per record on the owner.
-_new_record = tuple.__new__
 
 
 class Loop:
@@ -217,55 +214,25 @@ class Loop:
             self._set_paused(ready, False)
 
     def _register(self, msgs: list[Message]) -> None:
-        """Split what one consume call returned into runs (one partition, offsets increasing:
-        a rewind mid-call starts a new run), one batch each, then hand them to the lanes."""
+        """Hand what one consume call returned to the lanes: one batch per run (one partition,
+        offsets increasing: a rewind mid-call starts a new run)."""
         partitions = self.own.partitions
-        run: list[Record] = []
-        topic: str | None = None
-        part = -1
-        last = -1
-        # The owner's hottest loop (once per record, on the one thread every record passes):
-        # Record is built inline with tuple.__new__, which skips NamedTuple's argument handling.
-        new, record_type, no_ts = _new_record, Record, TIMESTAMP_NOT_AVAILABLE
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                self._on_message_error(err)
-                continue
-            t, p, off = m.topic(), m.partition(), m.offset()
-            if p != part or off <= last or t != topic:  # type: ignore[operator]
-                if run:
-                    self._register_run(partitions.get(Partition(topic, part)), run)  # type: ignore[arg-type]
-                run = []
-                topic, part = t, p  # type: ignore[assignment]
-            key = m.key()
-            value = m.value()
-            raw_headers = m.headers()
-            headers = tuple(raw_headers) if raw_headers else ()
-            size = (len(key) if key else 0) + (len(value) if value else 0)
-            for hk, hv in headers:
-                size += len(hk) + (len(hv) if hv else 0)  # type: ignore[arg-type]
-            ts_type, ts = m.timestamp()
-            ts_ms = None if ts_type == no_ts else ts
-            run.append(
-                new(record_type, (t, p, off, key, value, headers, ts_ms, m.leader_epoch(), size))
-            )
-            last = off  # type: ignore[assignment]
-        if run:
-            self._register_run(partitions.get(Partition(topic, part)), run)  # type: ignore[arg-type]
+        for run in runs_of(msgs, self._on_message_error):
+            st = partitions.get(Partition(run.topic, run.partition))
+            self._register_run(st, run.records, run.offsets, run.nbytes)
         self.scheduler.dispatch()
 
-    def _register_run(self, st: PartitionState | None, recs: list[Record]) -> None:
+    def _register_run(
+        self, st: PartitionState | None, recs: list[Record], offsets: list[int], total: int
+    ) -> None:
         if st is None or not st.assignment.dispatching:
             return  # fetched before a revoke or lost: the next owner reads them again
-        offsets = list(map(offset_of, recs))
         try:
             batch = st.progress.add_batch(offsets, offsets[-1] + 1)
         except ValueError:
             log.warning("partition_rewound", tp=str(st.assignment.tp), offset=offsets[0])
             st.rewind()
             batch = st.progress.add_batch(offsets, offsets[-1] + 1)
-        total = sum(map(size_of, recs))
         self.scheduler.submit(st.assignment, batch, recs)
         st.records += len(recs)
         st.bytes += total

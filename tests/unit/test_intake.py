@@ -1,0 +1,163 @@
+"""From consumed messages to runs of records.
+
+Real `confluent_kafka.Message` objects (the client lets tests build them), no broker.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Any
+
+from confluent_kafka import (
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    TIMESTAMP_NOT_AVAILABLE,
+    KafkaError,
+    Message,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weir.intake import Run, runs_of
+from weir.records import Record
+
+
+def msg(
+    offset: int,
+    *,
+    partition: int = 0,
+    topic: str = "t",
+    key: bytes | None = b"k",
+    value: bytes | None = b"value",
+    headers: list[tuple[str, str | bytes | None]] | None = None,
+    timestamp: tuple[int, int] = (TIMESTAMP_CREATE_TIME, 1_700_000_000_000),
+    leader_epoch: int | None = 3,
+    error: KafkaError | None = None,
+) -> Message:
+    fields: dict[str, Any] = {"leader_epoch": leader_epoch} if leader_epoch is not None else {}
+    return Message(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key=key,
+        value=value,
+        headers=headers,
+        timestamp=timestamp,
+        error=error,
+        **fields,  # the constructor takes no None here; left out, the message has none
+    )
+
+
+def test_a_record_carries_every_field_and_its_size() -> None:
+    m = msg(7, partition=2, headers=[("h", b"xy"), ("n", None)], leader_epoch=5)
+    (run,) = runs_of([m], lambda e: None)
+    assert run == Run("t", 2, run.records, [7], 1 + 5 + (1 + 2) + 1)
+    (rec,) = run.records
+    assert type(rec) is Record
+    assert rec == Record(
+        topic="t",
+        partition=2,
+        offset=7,
+        key=b"k",
+        value=b"value",
+        headers=(("h", b"xy"), ("n", None)),
+        timestamp=1_700_000_000_000,
+        leader_epoch=5,
+        size=10,
+    )
+
+
+def test_no_timestamp_null_key_null_value() -> None:
+    m = msg(0, key=None, value=None, timestamp=(TIMESTAMP_NOT_AVAILABLE, 0), leader_epoch=None)
+    (run,) = runs_of([m], lambda e: None)
+    (rec,) = run.records
+    assert (rec.key, rec.value, rec.timestamp, rec.leader_epoch, rec.size) == (
+        None,
+        None,
+        None,
+        None,
+        0,
+    )
+
+
+def test_runs_split_at_partition_changes_and_rewinds() -> None:
+    msgs = [msg(5), msg(6), msg(0, partition=1), msg(1, partition=1), msg(6), msg(7)]
+    runs = runs_of(msgs, lambda e: None)
+    assert [(r.partition, r.offsets) for r in runs] == [(0, [5, 6]), (1, [0, 1]), (0, [6, 7])]
+    rewound = [msg(5), msg(6), msg(4), msg(5)]  # the client went back inside one call
+    assert [r.offsets for r in runs_of(rewound, lambda e: None)] == [[5, 6], [4, 5]]
+
+
+def test_error_messages_are_reported_and_left_out() -> None:
+    eof = KafkaError(KafkaError._PARTITION_EOF)
+    msgs = [msg(1), msg(2, error=eof), msg(3)]
+    errors: list[KafkaError] = []
+    runs = runs_of(msgs, errors.append)
+    assert [r.offsets for r in runs] == [[1, 3]]
+    assert [e.code() for e in errors] == [KafkaError._PARTITION_EOF]
+
+
+_headers = st.none() | st.lists(
+    st.tuples(st.sampled_from(["a", "bb"]), st.none() | st.binary(max_size=4)), max_size=2
+)
+_message = st.builds(
+    lambda partition, step, key, value, headers, stamp, epoch: (
+        partition,
+        step,
+        {"key": key, "value": value, "headers": headers, "timestamp": stamp, "leader_epoch": epoch},
+    ),
+    st.integers(0, 2),
+    st.integers(-2, 3),  # the offset step: <= 0 is a rewind
+    st.none() | st.binary(max_size=3),
+    st.none() | st.binary(max_size=6),
+    _headers,
+    st.tuples(
+        st.sampled_from(
+            [TIMESTAMP_NOT_AVAILABLE, TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME]
+        ),
+        st.integers(0, 2**41),
+    ),
+    st.none() | st.integers(0, 9),
+)
+
+
+def position_of(m: Message) -> int:
+    offset = m.offset()
+    assert offset is not None
+    return offset
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_message, min_size=1, max_size=30), st.booleans())
+def test_runs_are_maximal_single_partition_stretches_in_delivery_order(
+    specs: list[tuple[int, int, dict[str, Any]]], one_topic: bool
+) -> None:
+    position = {0: 100, 1: 200, 2: 300}
+    msgs = []
+    for i, (partition, step, fields) in enumerate(specs):
+        position[partition] = max(0, position[partition] + step)
+        topic = "t" if one_topic or i % 3 else "u"
+        msgs.append(msg(position[partition], partition=partition, topic=topic, **fields))
+    runs = runs_of(msgs, lambda e: None)
+    records = [r for run in runs for r in run.records]
+    # Every message once, in delivery order, with its own fields.
+    assert [(r.topic, r.partition, r.offset) for r in records] == [
+        (m.topic(), m.partition(), m.offset()) for m in msgs
+    ]
+    for m, r in zip(msgs, records, strict=True):
+        stamp_type, stamp = m.timestamp()
+        assert (r.key, r.value, r.leader_epoch) == (m.key(), m.value(), m.leader_epoch())
+        assert r.headers == tuple(m.headers() or ())
+        assert r.timestamp == (None if stamp_type == TIMESTAMP_NOT_AVAILABLE else stamp)
+        assert r.size == len(r.key or b"") + len(r.value or b"") + sum(
+            len(k) + len(v or b"") for k, v in r.headers
+        )
+    for run in runs:
+        assert {(r.topic, r.partition) for r in run.records} == {(run.topic, run.partition)}
+        assert run.offsets == [r.offset for r in run.records]
+        assert all(a < b for a, b in pairwise(run.offsets))
+        assert run.nbytes == sum(r.size for r in run.records)
+    # Maximal: a run ends only where the partition changes or the offset goes back.
+    for before, after in pairwise(runs):
+        same = (before.topic, before.partition) == (after.topic, after.partition)
+        assert not same or after.offsets[0] <= before.offsets[-1]
