@@ -26,8 +26,9 @@ from weir.flow import FlowControl
 from weir.intake import runs_of
 from weir.metrics import ConsumerStats, PartitionStats
 from weir.rebalance import Ownership, PartitionState
-from weir.records import Partition, Record, offset_of
+from weir.records import Partition, Record, offset_of, size_of
 from weir.scheduling import DONE, FAILED, FENCED, Assignment, Scheduler, Task
+from weir.tracking import BatchProgress
 
 if TYPE_CHECKING:
     from weir.consumer import GroupConsumer
@@ -259,7 +260,10 @@ class Loop:
             return 0
         n = 0
         while True:
-            self._complete(t)
+            if isinstance(t, tuple):
+                self._progress(*t)
+            else:
+                self._complete(t)
             n += 1
             try:
                 t = q.get_nowait()
@@ -275,43 +279,70 @@ class Loop:
                 return
             self._drain(min(remaining, 0.05))
 
-    def _complete(self, t: Task) -> None:
-        self.scheduler.returned(t)
-        a = t.assignment
+    def _owner_of(self, a: Assignment) -> PartitionState | None:
         st = self.own.partitions.get(a.tp)
         if st is None or st.assignment is not a:
-            st = None  # revoked or lost: its budget was released, its batches are fenced
+            return None  # revoked or lost: its budget was released, its batches are fenced
+        return st
+
+    def _progress(self, t: Task, upto: int) -> None:
+        """A long single-lane task finished its records up to `upto` and goes on: they leave
+        the budget and move the watermark now, not when the task ends."""
+        lo = t.reported
+        if upto <= lo:
+            return
+        recs = t.records[lo:upto]
+        nbytes = sum(map(size_of, recs))
+        t.reported, t.reported_bytes = upto, t.reported_bytes + nbytes
+        st = self._owner_of(t.assignment)
+        if st is not None:
+            self._finish(st, len(recs), nbytes)
+            if not t.assignment.cancel.is_set():
+                self._mark_done(recs, t.batches[lo:upto], t.batch)
+
+    def _complete(self, t: Task) -> None:
+        self.scheduler.returned(t)
+        st = self._owner_of(t.assignment)
         if t.outcomes is None:
             if st is not None:
-                self._finish(st, len(t.records), t.nbytes)
+                lo = t.reported
+                self._finish(st, len(t.records) - lo, t.nbytes - t.reported_bytes)
                 # A handler may return early once ctx.cancelled is set: its record is not
                 # known to be finished, so it never moves the watermark.
-                if not a.cancel.is_set():
-                    offsets = list(map(offset_of, t.records))
-                    b = t.batch
-                    if b is not None:
-                        done = b.completed_many(offsets, b.token)
-                    else:
-                        # Records of a batch sit next to each other (a lane's waiting records
-                        # come in read order): one call per run of the same batch.
-                        done = i = 0
-                        for b, run in groupby(t.batches):
-                            n = len(list(run))
-                            done += b.completed_many(offsets[i : i + n], b.token)
-                            i += n
-                    self.processed += done
-                    self.committer.finished(done)
+                if not t.assignment.cancel.is_set():
+                    recs = t.records[lo:] if lo else t.records
+                    self._mark_done(recs, t.batches[lo:] if lo else t.batches, t.batch)
         else:
             self._complete_mixed(t, st)
         self.scheduler.advance(t)
 
+    def _mark_done(
+        self, recs: list[Record], batches: list[BatchProgress], batch: BatchProgress | None
+    ) -> None:
+        """Finished records move their batches' watermarks (`batch`: the one batch of all)."""
+        offsets = list(map(offset_of, recs))
+        if batch is not None:
+            done = batch.completed_many(offsets, batch.token)
+        else:
+            # Records of a batch sit next to each other (a lane's waiting records come in read
+            # order): one call per run of the same batch.
+            done = i = 0
+            for b, run in groupby(batches):
+                n = len(list(run))
+                done += b.completed_many(offsets[i : i + n], b.token)
+                i += n
+        self.processed += done
+        self.committer.finished(done)
+
     def _complete_mixed(self, t: Task, st: PartitionState | None) -> None:
         """A task with failures or fenced records. Failed records stay unfinished and in the
-        budget (waiting for retry counts); the scheduler holds their lanes."""
+        budget (waiting for retry counts); the scheduler holds their lanes. Records already
+        reported as progress were accounted for then."""
         assert t.outcomes is not None
         count = nbytes = done = 0
         ok = st is not None and not t.assignment.cancel.is_set()
-        for i, code in enumerate(t.outcomes):
+        for i in range(t.reported, len(t.outcomes)):
+            code = t.outcomes[i]
             rec = t.records[i]
             if code in (DONE, FENCED):
                 count += 1

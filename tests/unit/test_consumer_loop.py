@@ -257,6 +257,53 @@ def test_out_of_order_completion_commits_exactly_the_contiguous_prefix(launch: L
     assert {1, 3, 5} <= set(sent)
 
 
+def test_a_long_lane_task_moves_the_watermark_record_by_record(launch: Launch) -> None:
+    """Partition mode hands a slow partition's records to one worker several at a time (the
+    handler time is first guessed at 1 ms): each finished record still leaves the budget and
+    moves the watermark at once, not when its task ends."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3))
+    fake.script_assign([P0])
+    probe = Probe()
+    gate = threading.Event()
+    probe.actions[(P0, 1)] = gated(gate)
+    gc = launch(probe, fake, ordering="partition", workers=2)
+    wait_until(probe.entered((P0, 1)).is_set, "offset 1 running")
+    wait_until(lambda: 1 in offsets_committed(fake, P0), "commit of 1 while 1 runs")
+    stats = gc.stats()
+    assert stats.processed == 1 and stats.in_flight == 2
+    gate.set()
+    wait_until(lambda: 3 in offsets_committed(fake, P0), "committed to the end")
+    wait_until(lambda: gc.stats().processed == 3, "3 processed")
+    assert gc.stats().in_flight == 0
+    sent = offsets_committed(fake, P0)
+    assert sent == sorted(set(sent)), sent
+
+
+def test_a_failure_after_progress_keeps_what_was_reported(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(4))
+    fake.script_assign([P0])
+    probe = Probe()
+    gate = threading.Event()
+
+    def fail(record: Record, ctx: Context) -> None:
+        gated(gate)(record, ctx)
+        raise RuntimeError("boom")
+
+    probe.actions[(P0, 2)] = fail
+    gc = launch(probe, fake, ordering="partition", workers=2)
+    wait_until(probe.entered((P0, 2)).is_set, "offset 2 running")
+    wait_until(lambda: 2 in offsets_committed(fake, P0), "commit of 2 while 2 runs")
+    gate.set()
+    with pytest.raises(HandlerError):
+        gc.join(WAIT)
+    # 0 and 1 were reported before the failure and counted once; 3 never ran.
+    assert gc.stats().processed == 2
+    assert max(offsets_committed(fake, P0)) == 2
+    assert [off for _, off in probe.started] == [0, 1, 2]
+
+
 @pytest.mark.parametrize("fetch_chunk", [None, 2])
 def test_gaps_in_offsets_never_block(launch: Launch, fetch_chunk: int | None) -> None:
     fake = FakeConsumer(fetch_chunk=fetch_chunk)

@@ -25,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from weir import scheduling
 from weir.records import Context, Handler, Partition, Record, as_handler
 from weir.scheduling import (
     _FIRST_GUESS,
@@ -109,13 +110,24 @@ def settle(s: Scheduler, task: Task) -> None:
     s.advance(task)
 
 
-def next_task(s: Scheduler) -> Task:
-    return s.completions.get(timeout=WAIT)
+def next_task(s: Scheduler, progress: list[tuple[Task, int]] | None = None) -> Task:
+    """The next task that came back; progress reports before it go to `progress`."""
+    while True:
+        item = s.completions.get(timeout=WAIT)
+        if isinstance(item, Task):
+            return item
+        if progress is not None:
+            progress.append(item)
 
 
 def no_task(s: Scheduler, wait: float = 0.05) -> None:
-    with pytest.raises(queue.Empty):
-        s.completions.get(timeout=wait)
+    deadline = time.monotonic() + wait
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            item = s.completions.get(timeout=left)
+        except queue.Empty:
+            return
+        assert not isinstance(item, Task), f"a task came back: {item}"
 
 
 def pump(s: Scheduler, records: int) -> list[Task]:
@@ -212,8 +224,13 @@ def recorder() -> Recorder:
 
 
 @pytest.fixture
-def make(recorder: Recorder) -> Iterator[Factory]:
-    """Schedulers that are stopped (after opening every gate) when the test ends."""
+def make(recorder: Recorder, monkeypatch: pytest.MonkeyPatch) -> Iterator[Factory]:
+    """Schedulers that are stopped (after opening every gate) when the test ends.
+
+    Single-lane tasks are normally ten times longer than tasks of several lanes; here both are
+    one size, so a test pins one size with `_per_record`. Tests of the longer single-lane tasks
+    use `lane_tasks` to get them back."""
+    monkeypatch.setattr(scheduling, "_LANE_SECONDS", _TASK_SECONDS)
     made: list[Scheduler] = []
 
     def factory(
@@ -229,6 +246,16 @@ def make(recorder: Recorder) -> Iterator[Factory]:
     recorder.open_all()
     for s in made:
         assert s.stop(WAIT)
+
+
+@pytest.fixture
+def lane_tasks(make: Factory, monkeypatch: pytest.MonkeyPatch) -> Factory:
+    """`make`, with single-lane tasks as long as in production."""
+    monkeypatch.setattr(scheduling, "_LANE_SECONDS", LANE_SECONDS)
+    return make
+
+
+LANE_SECONDS = scheduling._LANE_SECONDS
 
 
 def assignment(partition: int = 0, token: int = 1) -> Assignment:
@@ -802,6 +829,35 @@ def test_a_freed_lane_longer_than_a_task_goes_alone(make: Factory) -> None:
     assert s.lanes == 0
 
 
+def test_a_single_lane_task_is_longer_and_reports_progress(lane_tasks: Factory) -> None:
+    s = lane_tasks(Handler(), "partition", start=False)
+    s._per_record = 0.001  # 1 ms handlers: tasks of 1 record, single-lane tasks of 6
+    assert (s.task_size(), s.lane_task_size()) == (1, int(LANE_SECONDS / 0.001) + 1) == (1, 6)
+    a = assignment()
+    submit(s, a, list(range(8)))
+    assert s.dispatch() == 1
+    (t,) = queued(s)
+    assert offsets(t) == [0, 1, 2, 3, 4, 5]
+    assert t.report == 1  # longer than a task of several lanes: finished records go back early
+    settle(s, t)
+    assert s.dispatch() == 1
+    (t,) = queued(s)
+    assert (offsets(t), t.report) == ([6, 7], 1)
+    settle(s, t)
+    assert s.lanes == 0
+
+
+def test_tasks_of_several_lanes_stay_short_and_report_nothing(lane_tasks: Factory) -> None:
+    s = lane_tasks(Handler(), "key", start=False)
+    s._per_record = 0.0002  # tasks of 3, single-lane tasks of 26
+    a = assignment()
+    submit(s, a, list(range(6)), key=lambda o: bytes([o]))
+    assert s.dispatch() == 2
+    tasks = queued(s)
+    assert [offsets(t) for t in tasks] == [[0, 1, 2], [3, 4, 5]]
+    assert [t.report for t in tasks] == [0, 0]
+
+
 _KEYS: dict[int, bytes | None] = {0: None, 1: b"1", 2: b"2", 3: b"3", 4: b"4", 5: b"5"}
 
 
@@ -832,8 +888,10 @@ def test_key_lanes_dispatch_each_record_once_in_key_order(data: st.DataObject) -
 
     def dispatch() -> None:
         size = pin()
+        lane_size = s.lane_task_size()
         s.dispatch()
-        # A task holds at most a task of records, or one group formed at a larger size.
+        # A task holds at most a task of records, or one group formed at a larger size; a task
+        # of a single lane at most a single-lane task.
         bound = max([size, *submit_sizes])
         submit_sizes.clear()
         busy = {(t.assignment.tp.partition, k) for t in out for k in t.lanes or ()}
@@ -842,7 +900,8 @@ def test_key_lanes_dispatch_each_record_once_in_key_order(data: st.DataObject) -
             assert t.lanes is not None
             assert len(t.lanes) == len(set(t.lanes))
             assert set(t.lanes) == {r.key for r in t.records}
-            assert 1 <= len(t.records) <= bound
+            limit = bound if len(t.lanes) > 1 else max(bound, lane_size)
+            assert 1 <= len(t.records) <= limit
             lanes = {(p, k) for k in t.lanes}
             assert not lanes & busy, f"a key in two outstanding tasks: {lanes & busy}"
             busy |= lanes
@@ -889,6 +948,29 @@ def test_key_lanes_dispatch_each_record_once_in_key_order(data: st.DataObject) -
 
 
 # -- workers ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["handler", "function"])
+def test_the_worker_reports_each_finished_record_of_a_long_lane_task(
+    recorder: Recorder, lane_tasks: Factory, kind: HandlerKind
+) -> None:
+    gate = recorder.gate(0, 1)
+    s = lane_tasks(wrap(recorder, kind), "partition", workers=1)
+    s._per_record = 0.001
+    a = assignment()
+    submit(s, a, [0, 1, 2])
+    assert s.dispatch() == 1
+    first = s.completions.get(timeout=WAIT)
+    assert isinstance(first, tuple)
+    t, upto = first
+    assert upto == 1 and offsets(t) == [0, 1, 2]  # record 1 is still running
+    assert recorder.entered[0, 1].wait(WAIT)
+    no_task(s)
+    gate.set()
+    progress: list[tuple[Task, int]] = []
+    assert next_task(s, progress) is t
+    assert progress == [(t, 2)]  # none after the last record: the task itself says it
+    assert t.outcomes is None
 
 
 def test_function_handler_receives_just_the_record(make: Factory) -> None:
