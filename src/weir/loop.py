@@ -23,7 +23,7 @@ from confluent_kafka import (
 from weir.committing import Committer
 from weir.errors import BrokerUnreachableError, HandlerError, KafkaFatalError
 from weir.flow import FlowControl
-from weir.intake import runs_of
+from weir.intake import Run, runs_of
 from weir.metrics import ConsumerStats, PartitionStats
 from weir.rebalance import Ownership, PartitionState
 from weir.records import Partition, Record, offset_of, size_of
@@ -219,15 +219,13 @@ class Loop:
         offsets increasing: a rewind mid-call starts a new run)."""
         partitions = self.own.partitions
         for run in runs_of(msgs, self._on_message_error):
-            st = partitions.get(Partition(run.topic, run.partition))
-            self._register_run(st, run.records, run.offsets, run.nbytes)
+            self._register_run(partitions.get(Partition(run.topic, run.partition)), run)
         self.scheduler.dispatch()
 
-    def _register_run(
-        self, st: PartitionState | None, recs: list[Record], offsets: list[int], total: int
-    ) -> None:
+    def _register_run(self, st: PartitionState | None, run: Run) -> None:
         if st is None or not st.assignment.dispatching:
             return  # fetched before a revoke or lost: the next owner reads them again
+        recs, offsets, total = run.records, run.offsets, run.nbytes
         try:
             batch = st.progress.add_batch(offsets, offsets[-1] + 1)
         except ValueError:

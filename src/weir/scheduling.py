@@ -145,6 +145,19 @@ class _Lane:
         self.records, self.batches = [], []
         return taken
 
+    def push_front(self, records: list[Record], batches: list[BatchProgress]) -> None:
+        """Put records back ahead of the waiting ones (they come earlier in the lane)."""
+        self.records[:0] = records
+        self.batches[:0] = batches
+
+
+def _waiting(lanes: dict[Hashable, _Lane | list[Hashable]], key: Hashable) -> _Lane:
+    """The waiting list of a busy lane: a key only marked busy by its group gets one."""
+    lane = lanes.get(key)
+    if type(lane) is not _Lane:
+        lane = lanes[key] = _Lane()
+    return lane
+
 
 # A runnable group: its assignment, the lanes it holds busy (None: unordered, split anywhere),
 # its records in order and the batch of each record.
@@ -348,11 +361,8 @@ class Scheduler:
         lanes = self._lanes.get(assignment)
         if lanes is None:
             return
-        lane = lanes.get(key)
-        if type(lane) is not _Lane:
-            lane = lanes[key] = _Lane()
-        lane.records[:0] = records
-        lane.batches[:0] = batches
+        lane = _waiting(lanes, key)
+        lane.push_front(records, batches)
         lane.held = True
 
     def release(self, assignment: Assignment, key: Hashable) -> None:
@@ -388,11 +398,7 @@ class Scheduler:
                     # One lane's records: the rest wait in the lane, so the lane's later records
                     # are never tied to one worker for long. Groups of several lanes are never
                     # longer than a task when submitted.
-                    lane = lanes.get(gkeys[0])
-                    if type(lane) is not _Lane:
-                        lane = lanes[gkeys[0]] = _Lane()
-                    lane.records[:0] = grecs[lane_size:]
-                    lane.batches[:0] = gbatches[lane_size:]
+                    _waiting(lanes, gkeys[0]).push_front(grecs[lane_size:], gbatches[lane_size:])
                     grecs, gbatches = grecs[:lane_size], gbatches[:lane_size]
             if recs and (a is not cur or len(recs) + len(grecs) > size):
                 self._release(Task(cur, recs, batches, keys))  # type: ignore[arg-type]
@@ -521,8 +527,16 @@ class Scheduler:
             i = 0
             try:
                 every = task.report
-                if every:
-                    # A long single-lane task: finished records go back as they finish.
+                if fn is not None and not every:
+                    # The common fast case (a plain function, no progress reports) gets a loop
+                    # of its own: it runs once per record.
+                    for rec in recs:
+                        if not a.dispatching:
+                            break
+                        fn(rec)
+                        i += 1
+                else:
+                    # A long single-lane task sends its finished records back as they finish.
                     n = len(recs)
                     token, attempt, cancel = a.token, task.attempt, a.cancel
                     for rec in recs:
@@ -533,21 +547,8 @@ class Scheduler:
                         else:
                             handle(rec, Context(token, attempt, rec.event_id, cancel))
                         i += 1
-                        if i % every == 0 and i < n:
+                        if every and i % every == 0 and i < n:
                             done((task, i))
-                elif fn is not None:
-                    for rec in recs:
-                        if not a.dispatching:
-                            break
-                        fn(rec)
-                        i += 1
-                else:
-                    token, attempt, cancel = a.token, task.attempt, a.cancel
-                    for rec in recs:
-                        if not a.dispatching:
-                            break
-                        handle(rec, Context(token, attempt, rec.event_id, cancel))
-                        i += 1
             except BaseException as exc:
                 self._after_failure(task, i, exc)
             else:
