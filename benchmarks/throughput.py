@@ -73,7 +73,13 @@ Handler = Callable[[Any], None]
 # fetch.queue.backoff.ms=1000) it was bimodal here: runs at ~150k/s stalled on fetches (0.25 cores
 # busy) next to runs at 600k-930k/s. With these two settings every run is fast, so "x raw"
 # compares the engines, not fetch stalls. `--raw-librdkafka-defaults` runs it without them.
-RAW_FETCH: dict[str, Any] = {"fetch.wait.max.ms": 50, "fetch.queue.backoff.ms": 50}
+# (queued.min.messages is weir's value and the client default alike.)
+RAW_FETCH: dict[str, Any] = {
+    name: ConsumerConfig(bootstrap_servers="x", group_id="x", topics=["x"]).librdkafka_config()[
+        name
+    ]
+    for name in ("fetch.wait.max.ms", "fetch.queue.backoff.ms")
+}
 # weir's commit cadence, which the raw loop copies.
 DEFAULTS: dict[str, Any] = {
     name: ConsumerConfig.model_fields[name].default for name in ("commit_every", "commit_interval")

@@ -300,14 +300,19 @@ class ConsumerConfig(BaseModel):
             # The client buffer is part of the stated memory bound: it may hold at most one
             # fetched batch worth of bytes beyond the pause mark.
             "queued.max.messages.kbytes": max(1024, self.flow.headroom_bytes // 1024),
-            # Every pause throws away librdkafka's prefetch and every resume waits for the fetch
-            # already in flight (a long poll at the log end, or a queue-full backoff). With the
-            # client defaults (100k messages per partition, 500 ms wait, 1 s backoff) a budgeted
-            # drain measured 2.0k records/s; with these, 12.1k/s on the same run.
-            "queued.min.messages": max(1000, 2 * self.flow.capacity_records),
+            # librdkafka counts queued.min.messages over the consumer's one queue, not per
+            # partition: a lower count made every resumed partition wait fetch.queue.backoff.ms
+            # behind one fetch response of others. Its default keeps the count out of the way;
+            # the byte bound above still holds.
+            "queued.min.messages": 100_000,
             # librdkafka may pass its queue bound by one fetch response: cap that too.
             "fetch.max.bytes": max(1_048_576, min(52_428_800, self.flow.headroom_bytes)),
-            "fetch.wait.max.ms": 50,
+            # A resumed partition joins the next fetch request, which may wait behind a long
+            # poll of partitions at the log end (client default 500 ms) or a queue-full backoff
+            # (default 1 s), and partitions paused for their share of the budget resume many
+            # times a second (flow-control.md). The price: about 100 empty fetches a second per
+            # broker while caught up.
+            "fetch.wait.max.ms": 10,
             "fetch.queue.backoff.ms": 50,
         }
         strategy = self.effective_strategy()

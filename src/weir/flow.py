@@ -62,21 +62,26 @@ class FlowControl:
         cfg = self._cfg
         return self.records >= cfg.capacity_records or self.bytes >= cfg.capacity_bytes
 
-    @property
-    def filling(self) -> bool:
+    def filling(self, shared: bool = False) -> bool:
         """At or past a resume mark: the budget is in use, not idle (while throttled, this is
         what keeps the throttle on)."""
         cfg = self._cfg
-        return self.records >= cfg.resume_records or self.bytes >= cfg.resume_bytes
+        mark = cfg.pause_records if shared else cfg.resume_records
+        return self.records >= mark or self.bytes >= cfg.resume_bytes
 
-    def update(self) -> Literal["pause", "resume"] | None:
+    def update(self, shared: bool = False) -> Literal["pause", "resume"] | None:
+        """`shared`: partitions hold shares of the record budget with their own pause and
+        resume marks (partition mode). The count marks then move up to the capacity (throttle)
+        and the pause mark (resume): a throttle at the usual marks would stop every partition
+        until the total fell to the resume mark, while the shares already bound it."""
         cfg = self._cfg
         if not self.paused:
-            if self.records >= cfg.pause_records or self.bytes >= cfg.pause_bytes:
+            mark = cfg.capacity_records if shared else cfg.pause_records
+            if self.records >= mark or self.bytes >= cfg.pause_bytes:
                 self.paused = True
                 self.pauses += 1
                 return "pause"
-        elif not self.filling:
+        elif not self.filling(shared):
             self.paused = False
             return "resume"
         return None

@@ -382,6 +382,11 @@ class Scheduler:
         self._pending = []
         size = self.task_size()
         lane_size = self.lane_task_size()
+        if self._key_of is None:
+            # Unordered: a batch that gives every worker two tasks or more goes out in tasks of
+            # up to a lane task's length; longer tasks idle no worker then, and each hand-off
+            # saved is owner time under the interpreter lock that workers wait for.
+            size = max(size, min(lane_size, sum(len(g[2]) for g in groups) // (2 * self._workers)))
         tasks = 0
         cur: Assignment | None = None
         recs: list[Record] = []
@@ -468,6 +473,19 @@ class Scheduler:
         if assignments is None:
             return self._out_records
         return sum(len(t.records) for a in assignments for t in self._outstanding.get(a, ()))
+
+    def waiting(self) -> int:
+        """Records waiting in busy lanes: registered, but not runnable until a task returns."""
+        return sum(
+            len(lane.records)
+            for lanes in self._lanes.values()
+            for lane in lanes.values()
+            if type(lane) is _Lane
+        )
+
+    def tasks_out(self) -> int:
+        """Tasks handed to workers and not back yet: fewer than the workers means idle ones."""
+        return sum(map(len, self._outstanding.values()))
 
     def running(self, assignments: Iterable[Assignment]) -> int:
         """Records of these assignments in tasks a worker has taken: what a revoke or shutdown

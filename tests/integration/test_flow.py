@@ -108,3 +108,46 @@ def test_batches_slower_than_max_poll_interval_keep_the_member(
         stats = gc.stats()
     assert seen == list(range(300)), "records were replayed or skipped"
     assert stats.rebalances == 1, "the member was kicked out while a batch ran"
+
+
+@pytest.mark.parametrize("ordering", ["partition", "key"])
+def test_partitions_share_the_budget_and_resume_on_a_real_broker(
+    kafka_bootstrap: str, make_topic: Any, ordering: str
+) -> None:
+    """8 partitions of one key each and a 1 ms handler: librdkafka hands out one partition's
+    records at a time, so the default budget must be shared between partitions (partition mode
+    always, key mode once it sees workers idle behind a few keys). Partitions paused for their
+    share are resumed with a seek to their own position: every record is handled exactly once,
+    in order per partition, several partitions at a time, and commits reach the end."""
+    parts, per = 8, 1500  # more than the budget (1200) per partition
+    topic = make_topic(parts)
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 20})
+    for i in range(parts * per):
+        p.produce(topic, key=b"k%d" % (i % parts), value=b"v", partition=i % parts)
+    assert p.flush(30) == 0
+    group = f"share-{uuid.uuid4().hex[:8]}"
+    lock = threading.Lock()
+    seen: dict[int, list[int]] = {q: [] for q in range(parts)}
+    running: set[int] = set()
+    widest = [0]
+    finished = threading.Event()
+
+    def handle(r: Record) -> None:
+        with lock:
+            running.add(r.partition)
+            widest[0] = max(widest[0], len(running))
+        time.sleep(0.001)
+        with lock:
+            running.discard(r.partition)
+            seen[r.partition].append(r.offset)
+            if sum(map(len, seen.values())) == parts * per:
+                finished.set()
+
+    gc = member(handle, kafka_bootstrap, group, [topic], ordering=ordering, workers=8)
+    with gc:
+        assert finished.wait(120), f"{sum(map(len, seen.values()))} of {parts * per} handled"
+        time.sleep(1.0)  # a commit interval or more
+    for q in range(parts):
+        assert seen[q] == list(range(per)), f"partition {q} replayed, skipped or reordered"
+    assert widest[0] >= 4, f"at most {widest[0]} partitions ran at once"
+    assert committed(kafka_bootstrap, group, topic, parts) == [per] * parts

@@ -215,6 +215,8 @@ class FakeConsumer:
         self._logs: dict[TP, list[FakeMessage]] = {}
         self._log_offsets: dict[TP, list[int]] = {}
         self._positions: dict[TP, int] = {}
+        # Sought partitions: their application position is unknown until the next message.
+        self._app_unknown: set[TP] = set()
         self._assignment: list[TP] = []
         self.paused: set[TP] = set()
         self.committed: dict[TP, int] = {}
@@ -231,6 +233,7 @@ class FakeConsumer:
         self.calls: list[tuple[str, Any]] = []
         self.commits: list[CommitCall] = []
         self.pause_calls: list[tuple[str, tuple[TP, ...]]] = []
+        self.seeks: list[tuple[TP, int]] = []
         self._pending_results: list[tuple[CommitCall, KafkaError | None]] = []
         self._scheduled_results: deque[tuple[int, KafkaError | None]] = deque()
         self.hold_commit_results = False
@@ -571,6 +574,7 @@ class FakeConsumer:
                     last = log[j - 1].offset()
                     assert last is not None
                     self._positions[tp] = last + 1
+                    self._app_unknown.discard(tp)
                 if chunk:
                     out.extend(chunk)
                     self.delivered.extend((tp, m.offset()) for m in chunk)  # type: ignore[misc]
@@ -635,12 +639,14 @@ class FakeConsumer:
             if tp not in self._assignment:
                 self._assignment.append(tp)
                 self._positions[tp] = self._position_for(tp, (requested or {}).get(tp, -1001))
+                self._app_unknown.add(tp)  # nothing handed out yet
 
     def _remove(self, parts: Iterable[TP]) -> None:
         for tp in parts:
             if tp in self._assignment:
                 self._assignment.remove(tp)
                 self._positions.pop(tp, None)
+                self._app_unknown.discard(tp)
 
     def _replace(self, parts: Iterable[TP], requested: dict[TP, int] | None = None) -> None:
         self._remove(list(self._assignment))
@@ -712,12 +718,32 @@ class FakeConsumer:
             self._cond.notify_all()
 
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """The application position: past the last message handed out (or transaction marker
+        passed); -1001 after an assignment or, as in librdkafka, a seek until the next one."""
         self._check_open()
         with self._lock:
             return [
-                TopicPartition(p.topic, p.partition, self._positions.get(_tp(p), -1001))
+                TopicPartition(
+                    p.topic,
+                    p.partition,
+                    -1001 if _tp(p) in self._app_unknown else self._positions.get(_tp(p), -1001),
+                )
                 for p in partitions
             ]
+
+    def seek(self, partition: TopicPartition) -> None:
+        """Fetching goes on from `partition.offset` (honoured as given, so a wrong seek shows
+        as replay or skip); an unassigned partition fails with _STATE, as in librdkafka."""
+        self._check_open()
+        tp = _tp(partition)
+        with self._cond:
+            self._record("seek", (tp, partition.offset))
+            if tp not in self._assignment:
+                raise KafkaException(KafkaError(KafkaError._STATE, f"{tp} is not assigned"))
+            self.seeks.append((tp, partition.offset))
+            self._positions[tp] = partition.offset
+            self._app_unknown.add(tp)
+            self._cond.notify_all()
 
     def committed(
         self, partitions: list[TopicPartition], timeout: float = -1

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+import structlog.testing
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from weir import (
@@ -33,6 +34,8 @@ try:
     from fake_consumer import FakeConsumer
 except ImportError:  # pragma: no cover - if tests/unit becomes a package
     from tests.unit.fake_consumer import FakeConsumer  # type: ignore[no-redef]
+
+from weir.loop import Loop
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -1102,8 +1105,8 @@ def _tp_obj(tp: tuple[str, int], offset: int | None = None) -> TopicPartition:
 
 
 def test_no_blocking_client_call_inside_rebalance_callbacks(launch: Launch) -> None:
-    """A resumed fetcher is woken with a metadata request; from inside a rebalance callback the
-    real client would abort the process, so assignment must never take that path."""
+    """A resumed fetcher may be woken with a metadata request; from inside a rebalance callback
+    the real client would abort the process, so assignment must never take that path."""
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(5))
     probe = Probe()
@@ -1118,9 +1121,14 @@ def test_no_blocking_client_call_inside_rebalance_callbacks(launch: Launch) -> N
 
 
 def test_partition_mode_shares_the_budget_across_partitions(launch: Launch) -> None:
-    """In partition mode a partition holding more than its share (capacity / partitions) is paused
-    alone and resumed below half its share, so records of other partitions get into the budget;
-    nothing stalls and everything is committed to the end."""
+    """In partition mode a partition holding its share (capacity / (2 x partitions)) or more is
+    paused alone and resumed at three quarters of it, so records of other partitions get into
+    the budget; nothing stalls and everything is committed to the end.
+
+    librdkafka's resume does not wake a broker thread that went idle with every partition
+    paused; a seek does. Every resume is followed by a seek of the same partitions, to where the
+    resume would have fetched from: the fake honours the offset given, so a wrong one would
+    replay or skip records, and neither happens."""
     fake = FakeConsumer()
     parts = [(TOPIC, p) for p in range(4)]
     for _, p in parts:
@@ -1137,6 +1145,12 @@ def test_partition_mode_shares_the_budget_across_partitions(launch: Launch) -> N
     single = [tps for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1]
     assert single, "no partition was ever paused for holding more than its share"
     assert gc.stats().peak_in_flight <= SMALL_FLOW["capacity_records"]
+    resumed = _resumes_and_seeks(fake)
+    assert resumed, "no partition was ever resumed"
+    assert all(sought for _, sought in resumed), resumed
+    for tp in parts:
+        assert sorted(fake.delivered_offsets(tp)) == list(range(60)), f"{tp} replayed or skipped"
+    assert sorted(probe.finished) == sorted((tp, o) for tp in parts for o in range(60))
 
 
 def test_partition_mode_shares_the_budget_only_while_tasks_are_shorter_than_a_share(
@@ -1147,7 +1161,8 @@ def test_partition_mode_shares_the_budget_only_while_tasks_are_shorter_than_a_sh
     1 ms), partition mode stops pausing single partitions and consumes whole batches again."""
     fake = FakeConsumer()
     parts = [(TOPIC, p) for p in range(8)]
-    fake.produce_many(TOPIC, 0, range(400))  # share 40 / 8 = 5; at least 40 tasks to measure
+    # share 40 // (2 * 8) = 2; at least 40 tasks to measure the handler
+    fake.produce_many(TOPIC, 0, range(400))
     fake.script_assign(parts)
     sizes: list[int] = []
     consume = fake.consume
@@ -1167,12 +1182,104 @@ def test_partition_mode_shares_the_budget_only_while_tasks_are_shorter_than_a_sh
 
     # While the handler still counted as slow, the partition was held to its share.
     assert single_pauses() > 0
-    assert 5 in sizes
+    assert 2 in sizes
     before, calls = single_pauses(), len(sizes)
-    fake.produce_many(TOPIC, 0, range(400, 425))  # five shares, below the pause mark
+    fake.produce_many(TOPIC, 0, range(400, 425))  # 12 shares, below the pause mark
     wait_until(lambda: probe.finished_count() == 425, "all records processed")
     wait_until(lambda: 425 in offsets_committed(fake, (TOPIC, 0)), "committed to the end")
     gc.stop()
     gc.join(WAIT)
     assert single_pauses() == before, "a fast partition was paused for its share"
     assert max(sizes[calls:]) == 10, "consume calls stayed capped at the share"
+
+
+def _resumes_and_seeks(fake: FakeConsumer) -> list[tuple[tuple[str, int], bool]]:
+    """Every partition the engine resumed, in order, and whether a seek of it followed before
+    the next consume call."""
+    out: list[tuple[tuple[str, int], bool]] = []
+    calls = list(fake.calls)
+    for i, (name, detail) in enumerate(calls):
+        if name != "resume":
+            continue
+        after: set[tuple[str, int]] = set()
+        for later, d in calls[i + 1 :]:
+            if later == "consume":
+                break
+            if later == "seek":
+                after.add(d[0])
+        out.extend((tp, tp in after) for tp in detail)
+    return out
+
+
+def test_resume_wakes_with_a_metadata_request_when_no_position_is_known() -> None:
+    """A partition resumed before anything of it was handed out has no position to seek to: the
+    fetcher is woken with a metadata request instead (outside any callback)."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3))
+    gc = GroupConsumer(lambda r: None, consumer_factory=fake.factory, **SETTINGS)
+    loop = Loop(gc)
+    loop.client = fake.factory(gc.config.librdkafka_config())
+    fake.assign([TopicPartition(TOPIC, 0)])
+    loop._resume([Partition(TOPIC, 0)])
+    names = [name for name, _ in fake.calls]
+    assert "seek" not in names
+    assert names[-1] == "list_topics"
+
+
+def _key_mode_over_four_partitions(
+    launch: Launch, key: Callable[[int, int], bytes]
+) -> tuple[GroupConsumer, FakeConsumer, Probe]:
+    """60 records on each of 4 partitions (`key(partition, offset)`), a 1 ms handler, a budget
+    of 20, all handled and the member stopped."""
+    fake = FakeConsumer()
+    parts = [(TOPIC, p) for p in range(4)]
+    for _, p in parts:
+        fake.produce_many(TOPIC, p, range(60), key=lambda o, p=p: key(p, o))
+    fake.script_assign(parts)
+    probe = Probe()
+    probe.delay = 0.001
+    gc = launch(probe, fake, ordering="key", workers=4, max_batch=10, flow=SMALL_FLOW)
+    wait_until(lambda: probe.finished_count() == 240, "all records processed")
+    gc.stop()
+    gc.join(WAIT)
+    return gc, fake, probe
+
+
+def test_key_mode_shares_the_budget_when_a_few_keys_hold_it(launch: Launch) -> None:
+    """One key per partition: the budget fills with one partition's records (the client hands
+    out one partition's data at a time) and all but one worker idle. Key mode then shares the
+    budget between partitions as partition mode does, so every partition gets in."""
+    _, fake, probe = _key_mode_over_four_partitions(launch, lambda p, o: b"k%d" % p)
+    single = [tps for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1]
+    assert single, "key mode never shared the budget"
+    assert max(probe.max_running_by_tp.values()) == 1
+    assert probe.max_running > 1, "the partitions never ran in parallel"
+
+
+def test_key_mode_with_many_keys_never_shares_the_budget(launch: Launch) -> None:
+    """Many keys per partition: a full budget still runs on every worker, so the budget is not
+    shared and no partition is paused on its own."""
+    gc, fake, _ = _key_mode_over_four_partitions(launch, lambda p, o: b"k%d" % o)
+    assert gc.stats().pauses > 0, "the budget never filled up: the test shows nothing"
+    single = [tps for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1]
+    assert not single
+
+
+def test_key_mode_does_not_share_when_the_budget_is_runnable(launch: Launch) -> None:
+    """Short handlers: tasks of several records leave workers without a task while the budget is
+    full, but its records are runnable, not waiting behind busy keys. That is no reason to
+    share (and pause partitions alone), so the budget stays whole."""
+    fake = FakeConsumer()
+    parts = [(TOPIC, p) for p in range(4)]
+    for _, p in parts:
+        fake.produce_many(TOPIC, p, range(300), key=lambda o: b"k%d" % o)
+    fake.script_assign(parts)
+    probe = Probe()
+    probe.delay = 0.0002
+    with structlog.testing.capture_logs() as logs:
+        gc = launch(probe, fake, ordering="key", workers=8, max_batch=10, flow=SMALL_FLOW)
+        wait_until(lambda: probe.finished_count() == 1200, "all records processed")
+        gc.stop()
+        gc.join(WAIT)
+    assert gc.stats().pauses > 0, "the budget never filled up: the test shows nothing"
+    assert not [e for e in logs if e["event"] == "budget_shared"]

@@ -176,3 +176,28 @@ def test_peaks_are_kept_after_removal() -> None:
     f.remove(7, 400)
     assert (f.records, f.bytes) == (0, 0)
     assert (f.peak_records, f.peak_bytes) == (7, 400)
+
+
+def test_shared_budget_counts_throttle_at_the_capacity_and_lift_below_the_pause_mark() -> None:
+    """While partitions hold shares of the record budget, each with its own marks, the count
+    marks move up: throttle at the capacity, lift below the pause mark (with the usual marks
+    every partition would stop until the total fell to the resume mark)."""
+    f = FlowControl(records_cfg(), max_batch=10)
+    trace: list[tuple[int, str | None]] = []
+    for n in (10, 5, 5):
+        f.add(n, n)
+        trace.append((f.records, f.update(shared=True)))
+    for n in (5, 5, 1):
+        f.remove(n, n)
+        trace.append((f.records, f.update(shared=True)))
+    assert trace == [(10, None), (15, None), (20, "pause"), (15, None), (10, None), (9, "resume")]
+
+
+def test_shared_budget_keeps_the_byte_marks() -> None:
+    f = FlowControl(bytes_cfg(), max_batch=10)
+    f.add(1, 2 * MiB)
+    assert f.update(shared=True) == "pause"
+    f.remove(0, MiB)
+    assert f.update(shared=True) is None
+    f.remove(0, 1)
+    assert f.update(shared=True) == "resume"

@@ -858,6 +858,31 @@ def test_tasks_of_several_lanes_stay_short_and_report_nothing(lane_tasks: Factor
     assert [t.report for t in tasks] == [0, 0]
 
 
+def test_unordered_packs_a_deep_batch_into_longer_tasks(lane_tasks: Factory) -> None:
+    """Unordered records of a batch that gives every worker two tasks or more go out in tasks of
+    up to a single-lane task's length: fewer hand-offs, and no worker left without work."""
+    s = lane_tasks(Handler(), "unordered", workers=4, start=False)
+    s._per_record = 0.001  # tasks of 1 record, single-lane tasks of 6
+    a = assignment()
+    submit(s, a, list(range(48)))  # 48 // (2 * 4) = 6 per task
+    assert s.dispatch() == 8
+    tasks = queued(s)
+    assert [len(t.records) for t in tasks] == [6] * 8
+    assert [t.report for t in tasks] == [1] * 8  # finished records still go back one by one
+    submit(s, a, list(range(48, 64)))  # 16 // 8 = 2 per task
+    assert s.dispatch() == 8
+    assert [offsets(t) for t in queued(s)] == [[48 + 2 * i, 49 + 2 * i] for i in range(8)]
+
+
+def test_unordered_keeps_short_tasks_for_a_shallow_batch(lane_tasks: Factory) -> None:
+    s = lane_tasks(Handler(), "unordered", workers=4, start=False)
+    s._per_record = 0.001
+    a = assignment()
+    submit(s, a, list(range(7)))  # fewer than two records per worker: one record per task
+    assert s.dispatch() == 7
+    assert [offsets(t) for t in queued(s)] == [[o] for o in range(7)]
+
+
 _KEYS: dict[int, bytes | None] = {0: None, 1: b"1", 2: b"2", 3: b"3", 4: b"4", 5: b"5"}
 
 
