@@ -71,9 +71,10 @@ class FlowControl:
 
     def update(self, shared: bool = False) -> Literal["pause", "resume"] | None:
         """`shared`: partitions hold shares of the record budget with their own pause and
-        resume marks (partition mode). The count marks then move up to the capacity (throttle)
-        and the pause mark (resume): a throttle at the usual marks would stop every partition
-        until the total fell to the resume mark, while the shares already bound it."""
+        resume marks (flow-control.md: partition mode, or key mode with few keys). The count
+        marks then move up to the capacity (throttle) and the pause mark (resume): a throttle
+        at the usual marks would stop every partition until the total fell to the resume mark,
+        while the shares already bound it."""
         cfg = self._cfg
         if not self.paused:
             mark = cfg.capacity_records if shared else cfg.pause_records
