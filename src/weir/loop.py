@@ -311,35 +311,36 @@ class Loop:
         return st
 
     def _progress(self, t: Task, upto: int) -> None:
-        """A long single-lane task finished its records up to `upto` and goes on: they leave
-        the budget and move the watermark now, not when the task ends."""
+        """A long task (one lane's records, or a deep unordered batch) finished its records up
+        to `upto` and goes on: they leave the budget and move the watermark now, not when the
+        task ends."""
         lo = t.reported
         if upto <= lo:
             return
-        recs = t.records[lo:upto]
-        nbytes = sum(map(size_of, recs))
+        nbytes = sum(map(size_of, t.records[lo:upto]))
         t.reported, t.reported_bytes = upto, t.reported_bytes + nbytes
-        st = self._owner_of(t.assignment)
-        if st is not None:
-            self._finish(st, len(recs), nbytes)
-            if not t.assignment.cancel.is_set():
-                self._mark_done(recs, t.batches[lo:upto], t.batch)
+        self._settle(t, self._owner_of(t.assignment), lo, upto, nbytes)
 
     def _complete(self, t: Task) -> None:
         self.scheduler.returned(t)
         st = self._owner_of(t.assignment)
         if t.outcomes is None:
-            if st is not None:
-                lo = t.reported
-                self._finish(st, len(t.records) - lo, t.nbytes - t.reported_bytes)
-                # A handler may return early once ctx.cancelled is set: its record is not
-                # known to be finished, so it never moves the watermark.
-                if not t.assignment.cancel.is_set():
-                    recs = t.records[lo:] if lo else t.records
-                    self._mark_done(recs, t.batches[lo:] if lo else t.batches, t.batch)
+            self._settle(t, st, t.reported, len(t.records), t.nbytes - t.reported_bytes)
         else:
             self._complete_mixed(t, st)
         self.scheduler.advance(t)
+
+    def _settle(self, t: Task, st: PartitionState | None, lo: int, hi: int, nbytes: int) -> None:
+        """Records `lo:hi` of `t` finished: they leave the budget of their (still owned)
+        partition and move its watermark. A handler may return early once ctx.cancelled is set:
+        its record is not known to be finished, so it never moves the watermark."""
+        if st is None:
+            return
+        self._finish(st, hi - lo, nbytes)
+        if not t.assignment.cancel.is_set():
+            whole = lo == 0 and hi == len(t.records)
+            recs = t.records if whole else t.records[lo:hi]
+            self._mark_done(recs, t.batches if whole else t.batches[lo:hi], t.batch)
 
     def _mark_done(
         self, recs: list[Record], batches: list[BatchProgress], batch: BatchProgress | None

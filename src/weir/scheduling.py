@@ -118,8 +118,9 @@ class Task:
         self.errors: dict[int, BaseException] | None = None
         self.seconds = 0.0
         self.advanced = False
-        # Progress reports for long single-lane tasks: the worker sends (task, n) after every
-        # `report` finished records (0: never); the owner has accounted for `reported` records.
+        # Progress reports for long tasks (one lane's records, or a deep unordered batch): the
+        # worker sends (task, n) after every `report` finished records (0: never); the owner has
+        # accounted for `reported` records.
         self.report = 0
         self.reported = 0
         self.reported_bytes = 0
@@ -445,7 +446,7 @@ class Scheduler:
     def _release(self, task: Task) -> None:
         size = self.task_size()
         if len(task.records) > size:
-            task.report = size  # a long single-lane task: report every task's worth
+            task.report = size  # a long task: report every short task's worth
         a = task.assignment
         out = self._outstanding.get(a)
         if out is None:
@@ -554,7 +555,7 @@ class Scheduler:
                         fn(rec)
                         i += 1
                 else:
-                    # A long single-lane task sends its finished records back as they finish.
+                    # A long task sends its finished records back as they finish.
                     n = len(recs)
                     token, attempt, cancel = a.token, task.attempt, a.cancel
                     for rec in recs:
