@@ -81,6 +81,10 @@ class FlowConfig(BaseModel):
     capacity_bytes: int = Field(96 * 1024 * 1024, ge=2 * 1024 * 1024)
     pause_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024)
     resume_bytes: int = Field(32 * 1024 * 1024, ge=0)
+    # While partitions share the record budget, records consumed past a partition's share wait
+    # read ahead, up to this many in all (an even part per partition). Their bytes count in
+    # the byte budget above, their number is not in the in-flight counts.
+    read_ahead_records: int = Field(10_000, ge=0)
 
     @field_validator("pause_records")
     @classmethod

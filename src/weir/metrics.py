@@ -23,6 +23,9 @@ class PartitionStats:
     committed: int | None
     """Last offset the broker confirmed for this assignment (None before the first commit)."""
     paused: bool
+    read_ahead: int = 0
+    """Records read ahead of the partition's share of the budget (flow-control.md): registered,
+    so the watermark waits for them, but not yet in the lanes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,10 @@ class ConsumerStats:
     pauses: int
     rebalances: int
     partitions: tuple[PartitionStats, ...] = field(default=())
+    read_ahead: int = 0
+    """Records read ahead of their partitions' shares, not counted in `in_flight`."""
+    read_ahead_bytes: int = 0
+    """Their bytes: `in_flight_bytes` leaves them out, the byte budget counts them."""
 
     @property
     def paused_partitions(self) -> tuple[Partition, ...]:

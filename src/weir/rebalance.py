@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 import structlog
 
 from weir.committing import Committer
 from weir.flow import FlowControl
-from weir.records import Handler, Partition
+from weir.records import Handler, Partition, Record
 from weir.scheduling import Assignment, Scheduler
-from weir.tracking import PartitionProgress
+from weir.tracking import BatchProgress, PartitionProgress
 
 __all__ = ["Ownership", "PartitionState"]
 
@@ -30,14 +31,35 @@ _tokens = itertools.count(1)
 class PartitionState:
     """Everything the owner keeps for one owned partition."""
 
-    __slots__ = ("assignment", "bytes", "over_share", "progress", "records")
+    __slots__ = (
+        "ahead",
+        "ahead_bytes",
+        "ahead_records",
+        "assignment",
+        "bytes",
+        "over_share",
+        "progress",
+        "records",
+    )
 
     def __init__(self, tp: Partition) -> None:
         self.assignment = Assignment(tp, next(_tokens))
         self.progress = PartitionProgress(self.assignment.token)
-        self.records = 0  # registered and not finished: this partition's share of the budget
+        self.records = 0  # in the lanes and not finished: this partition's share of the budget
         self.bytes = 0
-        self.over_share = False  # paused alone because it holds more than its share
+        # Read ahead while partitions share the budget: registered with their batches (so the
+        # watermark waits for them), not yet in the lanes. Their bytes count in the budget.
+        self.ahead: deque[tuple[BatchProgress, list[Record]]] = deque()
+        self.ahead_records = 0
+        self.ahead_bytes = 0
+        self.over_share = False  # paused alone: it holds a share in reserve
+
+    def drop_ahead(self) -> int:
+        """Forget the records read ahead (revoked, lost or rewound); returns their bytes."""
+        nbytes = self.ahead_bytes
+        self.ahead.clear()
+        self.ahead_records = self.ahead_bytes = 0
+        return nbytes
 
     def rewind(self) -> None:
         """The client delivered offsets below the read position (a seek, an offset reset, or
@@ -180,7 +202,7 @@ class Ownership:
                 self._flow.remove(1, rec.size)
 
     def _release(self, st: PartitionState) -> None:
-        self._flow.remove(st.records, st.bytes)
+        self._flow.remove(st.records, st.bytes + st.drop_ahead())
         st.records = 0
         st.bytes = 0
 

@@ -42,10 +42,10 @@ _TASK_SECONDS = 0.0005
 # parallelism. About this much handler time per single-lane task hides the owner round trip
 # between a lane's records (wake the owner, hand the next record out, wake a worker: 0.3-0.7 ms
 # on a busy 2-core machine), which otherwise idles the worker of every lane when there are about
-# as many lanes as workers (partition mode: 0.65x of the ideal with 1 ms handlers, 0.84x with
-# these tasks). Such a task reports its finished records as it goes (see `Task.report`), so the
-# watermark still moves record by record.
-_LANE_SECONDS = 0.005
+# as many lanes as workers (partition mode, 1 ms handlers: 0.65x of the ideal with one record
+# per task, 0.84x with 5 ms tasks, 3-5% more with 20 ms). Such a task counts its finished records
+# as it goes (see `Task.report`), so the watermark still moves while it runs.
+_LANE_SECONDS = 0.02
 # A task never holds more records than this: a long task delays its lanes' later records.
 _MAX_TASK = 500
 # Handler time assumed before the first task comes back: slow, so the first tasks spread.
@@ -81,6 +81,7 @@ class Task:
         "batch",
         "batches",
         "errors",
+        "finished",
         "lanes",
         "nbytes",
         "outcomes",
@@ -118,10 +119,12 @@ class Task:
         self.errors: dict[int, BaseException] | None = None
         self.seconds = 0.0
         self.advanced = False
-        # Progress reports for long tasks (one lane's records, or a deep unordered batch): the
-        # worker sends (task, n) after every `report` finished records (0: never); the owner has
-        # accounted for `reported` records.
-        self.report = 0
+        # Progress of long tasks (one lane's records, or a deep unordered batch): with `report`
+        # set, the worker counts its finished records in `finished` as it goes, and the owner
+        # reads the count whenever it wakes (`Scheduler.reporting`); it has accounted for
+        # `reported` records.
+        self.report = False
+        self.finished = 0
         self.reported = 0
         self.reported_bytes = 0
 
@@ -140,10 +143,17 @@ class _Lane:
         self.batches: list[BatchProgress] = []
         self.held = False  # a failed record waits at the front: nothing is released
 
-    def take(self) -> tuple[list[Record], list[BatchProgress]]:
-        """Empty the lane's waiting records, returning them (the lane itself stays busy)."""
-        taken = self.records, self.batches
-        self.records, self.batches = [], []
+    def take(self, limit: int | None = None) -> tuple[list[Record], list[BatchProgress]]:
+        """Take the lane's first `limit` waiting records (all by default), returning them; the
+        lane itself stays busy. A long lane gives one task's worth at a time: taking all and
+        putting the rest back cost a copy of the whole lane per task (quadratic in its
+        length: 10% of the owner's time with 2,500 records per lane)."""
+        if limit is None or limit >= len(self.records):
+            taken = self.records, self.batches
+            self.records, self.batches = [], []
+            return taken
+        taken = self.records[:limit], self.batches[:limit]
+        del self.records[:limit], self.batches[:limit]
         return taken
 
     def push_front(self, records: list[Record], batches: list[BatchProgress]) -> None:
@@ -190,8 +200,8 @@ class Scheduler:
     """Owner-side lanes plus a pool of worker threads feeding one completion queue.
 
     Owner thread: `submit` and `advance` collect runnable records, `dispatch` packs them into
-    tasks; `completions` yields each task back once, with its outcomes, after any progress
-    reports `(task, finished)` of that task.
+    tasks; `completions` yields each task back once, with its outcomes. The long tasks in
+    `reporting` count their finished records (`Task.finished`) while they run.
     """
 
     def __init__(self, handler: Handler, ordering: Ordering, workers: int) -> None:
@@ -205,7 +215,9 @@ class Scheduler:
         self._lanes: dict[Assignment, dict[Hashable, _Lane | list[Hashable]]] = {}
         self._pending: list[_Group] = []
         self._ready: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
-        self.completions: queue.SimpleQueue[Task | tuple[Task, int]] = queue.SimpleQueue()
+        self.completions: queue.SimpleQueue[Task] = queue.SimpleQueue()
+        # Outstanding tasks whose workers count their finished records (`Task.report`).
+        self.reporting: set[Task] = set()
         # Tasks handed to workers and not yet back, per assignment (not per partition: work
         # left over from an earlier assignment of the same partition must not hold up this one).
         self._outstanding: dict[Assignment, set[Task]] = {}
@@ -320,6 +332,7 @@ class Scheduler:
         # not a group per lane. A lane longer than a task goes alone (dispatch cuts it).
         pending = self._pending
         size = self.task_size()
+        lane_size = self.lane_task_size()
         keys: list[Hashable] = []
         recs: list[Record] = []
         batches: list[BatchProgress] = []
@@ -336,7 +349,7 @@ class Scheduler:
                 continue
             elif lane.records:
                 if len(lane.records) > size:
-                    pending.append((a, [key], *lane.take()))
+                    pending.append((a, [key], *lane.take(lane_size)))
                     continue
                 if len(recs) + len(lane.records) > size:
                     pending.append(_joined(a, keys, recs, batches))
@@ -444,9 +457,9 @@ class Scheduler:
         return min(_MAX_TASK, int(_TASK_SECONDS / self._per_record) + 1)
 
     def _release(self, task: Task) -> None:
-        size = self.task_size()
-        if len(task.records) > size:
-            task.report = size  # a long task: report every short task's worth
+        if len(task.records) > self.task_size():
+            task.report = True  # a long task: its finished records count before it ends
+            self.reporting.add(task)
         a = task.assignment
         out = self._outstanding.get(a)
         if out is None:
@@ -459,6 +472,7 @@ class Scheduler:
     def returned(self, task: Task) -> None:
         """A task came back: it no longer counts as outstanding; its time tunes task sizes."""
         a = task.assignment
+        self.reporting.discard(task)
         out = self._outstanding.get(a)
         if out is not None and task in out:
             out.discard(task)
@@ -545,9 +559,8 @@ class Scheduler:
             t0 = clock()
             i = 0
             try:
-                every = task.report
-                if fn is not None and not every:
-                    # The common fast case (a plain function, no progress reports) gets a loop
+                if fn is not None and not task.report:
+                    # The common fast case (a plain function, no progress to count) gets a loop
                     # of its own: it runs once per record.
                     for rec in recs:
                         if not a.dispatching:
@@ -555,8 +568,9 @@ class Scheduler:
                         fn(rec)
                         i += 1
                 else:
-                    # A long task sends its finished records back as they finish.
-                    n = len(recs)
+                    # A long task counts its finished records as they finish: a plain store,
+                    # read by the owner when it wakes, costs no hand-off and no wake-up.
+                    every = task.report
                     token, attempt, cancel = a.token, task.attempt, a.cancel
                     for rec in recs:
                         if not a.dispatching:
@@ -566,8 +580,8 @@ class Scheduler:
                         else:
                             handle(rec, Context(token, attempt, rec.event_id, cancel))
                         i += 1
-                        if every and i % every == 0 and i < n:
-                            done((task, i))
+                        if every:
+                            task.finished = i
             except BaseException as exc:
                 self._after_failure(task, i, exc)
             else:

@@ -35,6 +35,7 @@ try:
 except ImportError:  # pragma: no cover - if tests/unit becomes a package
     from tests.unit.fake_consumer import FakeConsumer  # type: ignore[no-redef]
 
+from weir.intake import Run
 from weir.loop import Loop
 
 pytestmark = pytest.mark.timeout(60)
@@ -291,7 +292,8 @@ def test_a_failure_after_progress_keeps_what_was_reported(launch: Launch) -> Non
     gate = threading.Event()
 
     def fail(record: Record, ctx: Context) -> None:
-        gated(gate)(record, ctx)
+        # Longer than the wait below: the commit of 2 must come while 2 still runs.
+        gate.wait(3 * WAIT)
         raise RuntimeError("boom")
 
     probe.actions[(P0, 2)] = fail
@@ -1121,9 +1123,10 @@ def test_no_blocking_client_call_inside_rebalance_callbacks(launch: Launch) -> N
 
 
 def test_partition_mode_shares_the_budget_across_partitions(launch: Launch) -> None:
-    """In partition mode a partition holding its share (capacity / (2 x partitions)) or more is
-    paused alone and resumed at three quarters of it, so records of other partitions get into
-    the budget; nothing stalls and everything is committed to the end.
+    """In partition mode a partition's lanes hold at most its share (capacity / (2 x
+    partitions)), and a partition holding a full reserve read ahead (here: a share) is paused
+    alone and resumed once the reserve runs low, so records of other partitions get into the
+    budget; nothing stalls and everything is committed to the end.
 
     librdkafka's resume does not wake a broker thread that went idle with every partition
     paused; a seek does. Every resume is followed by a seek of the same partitions, to where the
@@ -1136,7 +1139,8 @@ def test_partition_mode_shares_the_budget_across_partitions(launch: Launch) -> N
     fake.script_assign(parts)
     probe = Probe()
     probe.delay = 0.001
-    gc = launch(probe, fake, ordering="partition", workers=4, max_batch=10, flow=SMALL_FLOW)
+    flow = {**SMALL_FLOW, "read_ahead_records": 0}
+    gc = launch(probe, fake, ordering="partition", workers=4, max_batch=10, flow=flow)
     wait_until(lambda: probe.finished_count() == 240, "all records processed")
     for tp in parts:
         wait_until(lambda tp=tp: 60 in offsets_committed(fake, tp), f"{tp} committed to its end")
@@ -1158,7 +1162,7 @@ def test_partition_mode_shares_the_budget_only_while_tasks_are_shorter_than_a_sh
 ) -> None:
     """With a fast handler a partition's share fits in one task, so pausing it would only make
     librdkafka drop its prefetch: once the handler's time is measured (the first guess is slow,
-    1 ms), partition mode stops pausing single partitions and consumes whole batches again."""
+    1 ms), partition mode stops pausing single partitions and reads nothing ahead."""
     fake = FakeConsumer()
     parts = [(TOPIC, p) for p in range(8)]
     # share 40 // (2 * 8) = 2; at least 40 tasks to measure the handler
@@ -1174,6 +1178,7 @@ def test_partition_mode_shares_the_budget_only_while_tasks_are_shorter_than_a_sh
     fake.consume = recording_consume  # type: ignore[method-assign]
     probe = Probe()
     flow = {"capacity_records": 40, "pause_records": 30, "resume_records": 10}
+    flow["read_ahead_records"] = 0  # a share in reserve pauses a partition
     gc = launch(probe, fake, ordering="partition", workers=4, max_batch=10, flow=flow)
     wait_until(lambda: probe.finished_count() == 400, "warm-up records processed")
 
@@ -1182,15 +1187,124 @@ def test_partition_mode_shares_the_budget_only_while_tasks_are_shorter_than_a_sh
 
     # While the handler still counted as slow, the partition was held to its share.
     assert single_pauses() > 0
-    assert 2 in sizes
-    before, calls = single_pauses(), len(sizes)
+    before = single_pauses()
     fake.produce_many(TOPIC, 0, range(400, 425))  # 12 shares, below the pause mark
     wait_until(lambda: probe.finished_count() == 425, "all records processed")
     wait_until(lambda: 425 in offsets_committed(fake, (TOPIC, 0)), "committed to the end")
     gc.stop()
     gc.join(WAIT)
     assert single_pauses() == before, "a fast partition was paused for its share"
-    assert max(sizes[calls:]) == 10, "consume calls stayed capped at the share"
+    assert max(sizes) == 10
+    assert gc.stats().read_ahead == 0
+
+
+READ_AHEAD_FLOW = {
+    "capacity_records": 40,
+    "pause_records": 30,
+    "resume_records": 10,
+    "read_ahead_records": 40,
+}
+
+
+def read_ahead_launch(
+    launch: Launch, probe: Probe, gates: Sequence[Key]
+) -> tuple[GroupConsumer, FakeConsumer, threading.Event]:
+    """Partition mode over P0 and P1, 40 records each, the records at `gates` held until the
+    returned event is set. With a budget of 40 a share is 40 // (2 x 2) = 10 records, a
+    partition reads up to 40 // 2 = 20 ahead, and consume calls take up to 10 (max_batch)."""
+    fake = FakeConsumer()
+    for _, p in (P0, P1):
+        fake.produce_many(TOPIC, p, range(40))
+    fake.script_assign([P0, P1])
+    gate = threading.Event()
+    for k in gates:
+        probe.actions[k] = gated(gate)
+    gc = launch(probe, fake, ordering="partition", workers=2, max_batch=10, flow=READ_AHEAD_FLOW)
+    return gc, fake, gate
+
+
+def test_partitions_read_ahead_of_their_share_and_the_watermark_waits_for_it(
+    launch: Launch,
+) -> None:
+    """While partitions share the budget, records consumed beyond a partition's share are read
+    ahead: registered (the watermark waits for them) but kept out of the lanes, and the
+    partition is paused once it holds its part of `read_ahead_records`. Consume calls are not
+    cut to the share, so librdkafka does not drop and refetch a producer batch once per
+    share."""
+    probe = Probe()
+    parts = [P0, P1]
+    gc, fake, gate = read_ahead_launch(launch, probe, [(P0, 0), (P1, 0)])
+
+    def held() -> bool:
+        stats = gc.stats()
+        return len(stats.partitions) == 2 and all(p.read_ahead >= 20 for p in stats.partitions)
+
+    wait_until(held, "a full reserve read ahead in each partition")
+    stats = gc.stats()
+    assert [p.in_flight for p in stats.partitions] == [10, 10]  # the lanes hold one share each
+    assert stats.read_ahead == sum(p.read_ahead for p in stats.partitions)
+    assert stats.read_ahead_bytes > 0
+    assert fake.paused_set() == set(parts)  # each holds a full reserve: nothing more is fetched
+    assert [p.read_ahead for p in stats.partitions] == [20, 20]
+    for tp in parts:
+        assert len(fake.delivered_offsets(tp)) == 10 + gc.stats().partitions[tp[1]].read_ahead
+        assert max(offsets_committed(fake, tp), default=0) == 0
+    gate.set()
+    wait_until(lambda: probe.finished_count() == 80, "all records processed")
+    for tp in parts:
+        wait_until(lambda tp=tp: 40 in offsets_committed(fake, tp), f"{tp} committed to its end")
+        assert fake.delivered_offsets(tp) == list(range(40)), f"{tp} replayed or skipped"
+        assert probe.started_offsets(tp) == list(range(40)), f"{tp} out of order"
+    gc.stop()
+    gc.join(WAIT)
+    assert gc.failure is None
+    assert (gc.stats().read_ahead, gc.stats().in_flight, gc.stats().in_flight_bytes) == (0, 0, 0)
+
+
+def test_revoke_drops_records_read_ahead_and_commits_below_them(launch: Launch) -> None:
+    """Records read ahead never ran: a revoke commits below them and gives their bytes back to
+    the budget; the next owner reads them again."""
+    probe = Probe()
+    gc, fake, gate = read_ahead_launch(launch, probe, [(P0, 3)])
+    wait_until(probe.entered((P0, 3)).is_set, "P0@3 running")
+    wait_until(lambda: any(p.read_ahead for p in gc.stats().partitions if p.tp == P0), "P0 ahead")
+    revoke = fake.script_revoke([P0])
+    wait_until(revoke.started.is_set, "revoke started")
+    gate.set()
+    assert revoke.done.wait(WAIT)
+    assert [c.offsets for c in fake.commit_log() if c.in_callback == "revoke"] == [{P0: 4}]
+    assert probe.started_offsets(P0) == [0, 1, 2, 3]  # nothing read ahead ran after the revoke
+    wait_until(lambda: probe.finished_count() == 44, "P1 processed")
+    wait_until(lambda: 40 in offsets_committed(fake, P1), "P1 committed to its end")
+    wait_until(lambda: gc.stats().partitions and gc.stats().in_flight == 0, "stats published")
+    stats = gc.stats()
+    assert (stats.read_ahead, stats.read_ahead_bytes, stats.in_flight_bytes) == (0, 0, 0)
+    gc.stop()
+    gc.join(WAIT)
+    assert gc.failure is None
+
+
+def test_a_rewind_drops_records_read_ahead(launch: Launch) -> None:
+    """A rewind (seek or offset reset) re-delivers from an earlier offset: what was read ahead
+    belongs to the old epoch, is dropped with its bytes, and nothing is skipped."""
+    probe = Probe()
+    gc, fake, gate = read_ahead_launch(launch, probe, [(P0, 0), (P1, 0)])
+    wait_until(lambda: any(p.read_ahead for p in gc.stats().partitions if p.tp == P0), "P0 ahead")
+    fake.resume([_tp_obj(P0)])
+    fake.rewind(P0, 5)  # re-delivers 5.. while 0..4 are in the lanes and more was read ahead
+    wait_until(lambda: fake.delivered_offsets(P0).count(5) == 2, "P0@5 delivered again")
+    gate.set()
+    wait_until(lambda: 40 in offsets_committed(fake, P0), "P0 committed to its end")
+    wait_until(lambda: 40 in offsets_committed(fake, P1), "P1 committed to its end")
+    started = probe.started_offsets(P0)
+    # The old epoch's lanes (0..9) still run; what it read ahead (10..) never does.
+    assert sorted(started) == sorted([*range(10), *range(5, 40)]), started
+    assert started[-35:] == list(range(5, 40)), "the new epoch ran out of order"
+    gc.stop()
+    gc.join(WAIT)
+    stats = gc.stats()
+    assert (stats.read_ahead, stats.read_ahead_bytes, stats.in_flight_bytes) == (0, 0, 0)
+    assert gc.failure is None
 
 
 def _resumes_and_seeks(fake: FakeConsumer) -> list[tuple[tuple[str, int], bool]]:
@@ -1230,7 +1344,8 @@ def _key_mode_over_four_partitions(
     launch: Launch, key: Callable[[int, int], bytes]
 ) -> tuple[GroupConsumer, FakeConsumer, Probe]:
     """60 records on each of 4 partitions (`key(partition, offset)`), a 1 ms handler, a budget
-    of 20, all handled and the member stopped."""
+    of 20 with a share's reserve (a partition that shares is paused alone once it holds a share
+    read ahead), all handled and the member stopped."""
     fake = FakeConsumer()
     parts = [(TOPIC, p) for p in range(4)]
     for _, p in parts:
@@ -1238,7 +1353,8 @@ def _key_mode_over_four_partitions(
     fake.script_assign(parts)
     probe = Probe()
     probe.delay = 0.001
-    gc = launch(probe, fake, ordering="key", workers=4, max_batch=10, flow=SMALL_FLOW)
+    flow = {**SMALL_FLOW, "read_ahead_records": 0}
+    gc = launch(probe, fake, ordering="key", workers=4, max_batch=10, flow=flow)
     wait_until(lambda: probe.finished_count() == 240, "all records processed")
     gc.stop()
     gc.join(WAIT)
@@ -1249,11 +1365,50 @@ def test_key_mode_shares_the_budget_when_a_few_keys_hold_it(launch: Launch) -> N
     """One key per partition: the budget fills with one partition's records (the client hands
     out one partition's data at a time) and all but one worker idle. Key mode then shares the
     budget between partitions as partition mode does, so every partition gets in."""
-    _, fake, probe = _key_mode_over_four_partitions(launch, lambda p, o: b"k%d" % p)
+    gc, fake, probe = _key_mode_over_four_partitions(launch, lambda p, o: b"k%d" % p)
     single = [tps for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1]
     assert single, "key mode never shared the budget"
     assert max(probe.max_running_by_tp.values()) == 1
     assert probe.max_running > 1, "the partitions never ran in parallel"
+    # Partitions that held more than a share when sharing began take nothing read ahead into
+    # the lanes until the capacity has room.
+    assert gc.stats().peak_in_flight <= SMALL_FLOW["capacity_records"]
+    for p in range(4):
+        assert probe.started_offsets((TOPIC, p)) == list(range(60))
+
+
+def _run(tp: Partition, offsets: Sequence[int]) -> Run:
+    recs = [Record(tp.topic, tp.partition, o, b"k", b"v", (), None, None, 2) for o in offsets]
+    return Run(tp.topic, tp.partition, recs, list(offsets), 2 * len(recs))
+
+
+def test_records_read_ahead_wait_for_room_in_the_capacity() -> None:
+    """Key mode starts to share only once the budget filled up behind a few keys: such a
+    partition holds more than its share (here 30 of 40 records), and the other partitions'
+    shares (5 each) would pass the capacity. What they read ahead waits for room, and goes in
+    as soon as there is some, with no fetch in between."""
+    fake = FakeConsumer()
+    flow = {"capacity_records": 40, "pause_records": 30, "resume_records": 10}
+    settings = {**SETTINGS, "ordering": "key", "max_batch": 10}
+    gc = GroupConsumer(lambda r: None, consumer_factory=fake.factory, **settings, flow=flow)
+    loop = Loop(gc)
+    loop.client = fake.factory(gc.config.librdkafka_config())
+    parts = [Partition(TOPIC, p) for p in range(4)]
+    loop.own.assign(parts, loop._set_paused)
+    states = [loop.own.partitions[tp] for tp in parts]
+    loop._register_run(states[0], _run(parts[0], range(30)))  # before sharing: all in the lanes
+    loop._shared = True
+    loop.sharing = loop._sharing()
+    assert (loop.sharing, loop._share()) == (True, 5)
+    for st in states[1:]:
+        loop._register_run(st, _run(st.assignment.tp, range(10)))
+    assert loop.flow.records == 40
+    assert [st.records for st in states] == [30, 5, 5, 0]
+    assert [st.ahead_records for st in states] == [0, 5, 5, 10]
+    loop._finish(states[0], 10, 20)  # P0 finished 10 records: room for P3's share
+    loop._admit_starved()
+    assert [st.records for st in states] == [20, 5, 5, 5]
+    assert loop.flow.records == 35
 
 
 def test_key_mode_with_many_keys_never_shares_the_budget(launch: Launch) -> None:

@@ -110,24 +110,15 @@ def settle(s: Scheduler, task: Task) -> None:
     s.advance(task)
 
 
-def next_task(s: Scheduler, progress: list[tuple[Task, int]] | None = None) -> Task:
-    """The next task that came back; progress reports before it go to `progress`."""
-    while True:
-        item = s.completions.get(timeout=WAIT)
-        if isinstance(item, Task):
-            return item
-        if progress is not None:
-            progress.append(item)
+def next_task(s: Scheduler) -> Task:
+    """The next task that came back."""
+    return s.completions.get(timeout=WAIT)
 
 
 def no_task(s: Scheduler, wait: float = 0.05) -> None:
-    deadline = time.monotonic() + wait
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            item = s.completions.get(timeout=left)
-        except queue.Empty:
-            return
-        assert not isinstance(item, Task), f"a task came back: {item}"
+    with pytest.raises(queue.Empty):
+        item = s.completions.get(timeout=wait)
+        raise AssertionError(f"a task came back: {item}")
 
 
 def pump(s: Scheduler, records: int) -> list[Task]:
@@ -337,8 +328,9 @@ def test_lane_later_records_wait_until_advance_and_dispatch(make: Factory) -> No
     assert s.dispatch() == 1
     (t1,) = queued(s)
     assert offsets(t1) == [1]
+    # The handler turned out fast: the rest of the lane goes as one task.
+    s._per_record = t1.seconds = FAST
     settle(s, t1)
-    s._per_record = FAST  # the handler turned out fast: the rest of the lane goes as one task
     assert s.dispatch() == 1
     (t2,) = queued(s)
     assert offsets(t2) == [2, 3]
@@ -394,8 +386,8 @@ def test_partition_mode_has_one_lane_per_partition(make: Factory) -> None:
     assert t0.lanes == [None]
     submit(s, a, [3, 4])
     assert s.dispatch() == 0
+    s._per_record = t0.seconds = FAST
     settle(s, t0)
-    s._per_record = FAST
     assert s.dispatch() == 1
     (t1,) = queued(s)
     assert offsets(t1) == [1, 2, 3, 4]
@@ -831,20 +823,23 @@ def test_a_freed_lane_longer_than_a_task_goes_alone(make: Factory) -> None:
 
 def test_a_single_lane_task_is_longer_and_reports_progress(lane_tasks: Factory) -> None:
     s = lane_tasks(Handler(), "partition", start=False)
-    s._per_record = 0.001  # 1 ms handlers: tasks of 1 record, single-lane tasks of 6
-    assert (s.task_size(), s.lane_task_size()) == (1, int(LANE_SECONDS / 0.001) + 1) == (1, 6)
+    s._per_record = 0.001  # 1 ms handlers: tasks of 1 record, single-lane tasks of 21
+    assert (s.task_size(), s.lane_task_size()) == (1, int(LANE_SECONDS / 0.001) + 1) == (1, 21)
     a = assignment()
-    submit(s, a, list(range(8)))
+    submit(s, a, list(range(24)))
     assert s.dispatch() == 1
     (t,) = queued(s)
-    assert offsets(t) == [0, 1, 2, 3, 4, 5]
-    assert t.report == 1  # longer than a task of several lanes: finished records go back early
+    assert offsets(t) == list(range(21))
+    # Longer than a task of several lanes: its worker counts finished records for the owner.
+    assert t.report and s.reporting == {t}
     settle(s, t)
+    assert s.reporting == set()
     assert s.dispatch() == 1
     (t,) = queued(s)
-    assert (offsets(t), t.report) == ([6, 7], 1)
+    assert (offsets(t), t.report, s.reporting) == ([21, 22, 23], True, {t})
     settle(s, t)
     assert s.lanes == 0
+    assert s.reporting == set()
 
 
 def test_tasks_of_several_lanes_stay_short_and_report_nothing(lane_tasks: Factory) -> None:
@@ -976,7 +971,7 @@ def test_key_lanes_dispatch_each_record_once_in_key_order(data: st.DataObject) -
 
 
 @pytest.mark.parametrize("kind", ["handler", "function"])
-def test_the_worker_reports_each_finished_record_of_a_long_lane_task(
+def test_the_worker_counts_each_finished_record_of_a_long_lane_task(
     recorder: Recorder, lane_tasks: Factory, kind: HandlerKind
 ) -> None:
     gate = recorder.gate(0, 1)
@@ -985,16 +980,13 @@ def test_the_worker_reports_each_finished_record_of_a_long_lane_task(
     a = assignment()
     submit(s, a, [0, 1, 2])
     assert s.dispatch() == 1
-    first = s.completions.get(timeout=WAIT)
-    assert isinstance(first, tuple)
-    t, upto = first
-    assert upto == 1 and offsets(t) == [0, 1, 2]  # record 1 is still running
+    (t,) = s.reporting
     assert recorder.entered[0, 1].wait(WAIT)
-    no_task(s)
+    assert t.finished == 1  # record 0 is done, record 1 still running
+    no_task(s)  # counting sends nothing: the owner reads the count when it wakes
     gate.set()
-    progress: list[tuple[Task, int]] = []
-    assert next_task(s, progress) is t
-    assert progress == [(t, 2)]  # none after the last record: the task itself says it
+    assert next_task(s) is t
+    assert t.finished == 3
     assert t.outcomes is None
 
 
