@@ -28,6 +28,7 @@ from weir.metrics import ConsumerStats, PartitionStats
 from weir.rebalance import Ownership, PartitionState
 from weir.records import Partition, Record, offset_of, size_of
 from weir.scheduling import DONE, FAILED, FENCED, Assignment, Scheduler, Task
+from weir.sharing import Shares
 from weir.tracking import BatchProgress
 
 if TYPE_CHECKING:
@@ -59,20 +60,9 @@ class Loop:
         self.own = Ownership(
             gc._handler, self.scheduler, self.committer, self.flow, cfg.revoke_timeout
         )
+        self.shares = Shares(cfg, self.flow, self.scheduler, self.own.partitions)
         self.paused: set[Partition] = set()
         self._last_poll = 0.0
-        # librdkafka hands out one partition's data at a time: with one lane per partition the
-        # budget filled from one to three partitions and as many workers ran. Partition mode
-        # always shares the budget between partitions (while handlers are slow, `_sharing`);
-        # key mode once it sees few keys hold it (`_check_starved`: 16 partitions of one key
-        # each ran at 1.2k records/s with 1 ms handlers, where 16k are possible). Resumes wait
-        # for the loop, never a callback, where the fetcher must not be woken.
-        self._shared = cfg.ordering == "partition"
-        self._share_resume: set[Partition] = set()
-        self._starved: set[PartitionState] = set()
-        self._share_for = -1
-        self._share_size = 1
-        self.sharing = False  # `_sharing()`, taken once per turn of the loop
         self._next_report = 0.0
         self.processed = 0
         self.failed = 0
@@ -171,7 +161,8 @@ class Loop:
 
     def _step(self) -> None:
         flow = self.flow
-        self.sharing = self._sharing()
+        shares = self.shares
+        sharing = shares.update()
         busy = self.scheduler.outstanding() > 0
         if flow.paused:
             # Throttled: poll once per poll_timeout (callbacks, max.poll.interval.ms) taking at
@@ -191,30 +182,30 @@ class Loop:
             self._drain(_IDLE_WAIT)
         else:
             self._drain(0)
-        if self._starved and flow.records < self.cfg.flow.capacity_records:
-            self._admit_starved()
+        if shares.starved and flow.records < self.cfg.flow.capacity_records:
+            shares.admit_starved()
         now = time.monotonic()
         if self.committer.due(now):
             self._commit_async(now)
-        action = flow.update(self.sharing)
+        action = flow.update(sharing)
         if action is not None:
             log.debug("flow_" + action, in_flight=flow.records, bytes=flow.bytes)
-            if action == "pause" and self.cfg.ordering == "key" and not self._shared:
-                self._check_starved()
+            if action == "pause" and self.cfg.ordering == "key" and not shares.shared:
+                shares.check_starved()
         parts = self.own.partitions
         if flow.full and not flow.client_paused:
             flow.client_paused = True
             self._set_paused(list(parts), True)
         elif action == "resume" and flow.client_paused:
             flow.client_paused = False
-            self._share_resume.clear()
+            shares.resume.clear()
             for st in parts.values():
-                if st.over_share and self._reserve_low(st):
+                if st.over_share and shares.reserve_low(st):
                     st.over_share = False  # drained during the global pause
             self._resume([tp for tp, st in parts.items() if not st.over_share])
-        elif self._share_resume and not flow.client_paused:
-            ready = [tp for tp in self._share_resume if tp in parts and parts[tp].over_share]
-            self._share_resume.clear()
+        elif shares.resume and not flow.client_paused:
+            ready = [tp for tp in shares.resume if tp in parts and parts[tp].over_share]
+            shares.resume.clear()
             for tp in ready:
                 parts[tp].over_share = False
             self._resume(ready)
@@ -245,116 +236,13 @@ class Loop:
             self.flow.remove(0, st.drop_ahead())
             st.rewind()
             batch = st.progress.add_batch(offsets, offsets[-1] + 1)
-        if st.ahead or self.sharing:
-            # Behind what is already read ahead, in read order; the lanes get a share of it.
-            st.ahead.append((batch, recs))
-            st.ahead_records += len(recs)
-            st.ahead_bytes += total
-            self.flow.add(0, total)
-            self._admit(st)
-            if self.sharing and not st.over_share and self._reserve_full(st):
-                # Stop fetching the partition until its reserve runs low. librdkafka drops its
-                # prefetch of it then, and a resumed partition fetches its producer batch
-                # again from the position on: the larger the reserve, the less is fetched
-                # twice (8 partitions of one 1,500-record batch each: librdkafka received each
-                # record 10.9 times with no reserve, 4.3 with a share, 1.0 with 1,500).
-                st.over_share = True
-                return True
-            return False
+        if st.ahead or self.shares.active:
+            return self.shares.hold(st, batch, recs, total)
         self.scheduler.submit(st.assignment, batch, recs)
         st.records += len(recs)
         st.bytes += total
         self.flow.add(len(recs), total)
         return False
-
-    def _admit(self, st: PartitionState) -> None:
-        """Move records read ahead into the lanes: up to the partition's share while sharing,
-        all of them once sharing stopped, and never past the record capacity. (A partition
-        can hold more than its share from before key mode started to share; what the capacity
-        holds back waits in `_starved` for room.)"""
-        if not st.assignment.dispatching:
-            return
-        want = self._share() - st.records if self.sharing else st.ahead_records
-        free = self.cfg.flow.capacity_records - self.flow.records
-        if want > free:
-            self._starved.add(st)
-        room = min(want, free)
-        ahead = st.ahead
-        while room > 0 and ahead:
-            batch, recs = ahead[0]
-            if len(recs) > room:
-                ahead[0] = (batch, recs[room:])
-                recs = recs[:room]
-            else:
-                ahead.popleft()
-            n = len(recs)
-            nbytes = sum(map(size_of, recs))
-            self.scheduler.submit(st.assignment, batch, recs)
-            st.records += n
-            st.bytes += nbytes
-            st.ahead_records -= n
-            st.ahead_bytes -= nbytes
-            self.flow.add(n, 0)
-            room -= n
-
-    def _admit_starved(self) -> None:
-        starved, self._starved = self._starved, set()
-        parts = self.own.partitions
-        for st in starved:
-            if st.ahead and parts.get(st.assignment.tp) is st:
-                self._admit(st)
-        self.scheduler.dispatch()
-
-    def _reserve_full(self, st: PartitionState) -> bool:
-        """The partition holds its part of the read-ahead (`flow.read_ahead_records`, at least
-        a share), or its part of the client's byte headroom."""
-        n = max(1, len(self.own.partitions))
-        flow = self.cfg.flow
-        return (
-            st.ahead_records >= max(self._share(), flow.read_ahead_records // n)
-            or st.ahead_bytes >= flow.headroom_bytes // n
-        )
-
-    def _reserve_low(self, st: PartitionState) -> bool:
-        """A partition paused with a share in reserve fetches again below half a share: the
-        refetch (5-15 ms, a seek wakes the fetcher) then lands while the partition's lane still
-        holds its share and the rest of the reserve."""
-        return not self.sharing or st.ahead_records < self._share() // 2
-
-    def _check_starved(self) -> None:
-        """The budget just filled up. If workers idle while most of it waits in busy lanes,
-        the keys in flight are too few to run in parallel: share the budget between partitions
-        from now on, for the rest of the run (the keys of a topic do not change with an
-        assignment). A budget that fills with many keys keeps every worker busy or its records
-        runnable, and never turns this on."""
-        sched = self.scheduler
-        if sched.tasks_out() >= self.cfg.workers or 2 * sched.waiting() < self.flow.records:
-            return
-        self._shared = True
-        log.info(
-            "budget_shared",
-            reason="workers idle while the budget waits behind a few busy keys",
-            partitions=len(self.own.partitions),
-            in_flight=self.flow.records,
-        )
-
-    def _sharing(self) -> bool:
-        """Shared budgets apply while a share is more than one task: a partition's backlog then
-        outlasts its worker's turn and would keep other partitions (and idle workers) out. With
-        faster handlers a pause would only make librdkafka drop the partition's prefetched
-        records and fetch them again."""
-        return self._shared and self.scheduler.task_size() < self._share()
-
-    def _share(self) -> int:
-        """Half an even split of the record capacity: at most one consume call's worth while
-        sharing, and the mark at which a partition is paused. A partition below the mark ends
-        at most one share above it, so all together stay within the capacity: the budget never
-        fills up with the partitions that are holding it while the others wait."""
-        n = len(self.own.partitions)
-        if n != self._share_for:
-            self._share_for = n
-            self._share_size = max(1, self.cfg.flow.capacity_records // max(1, 2 * n))
-        return self._share_size
 
     def _drain(self, wait: float) -> int:
         """Settle the tasks that came back (waiting up to `wait` for the first) and the
@@ -479,10 +367,8 @@ class Loop:
         st.records -= count
         st.bytes -= nbytes
         self.flow.remove(count, nbytes)
-        if st.ahead and st.records <= _refill(self._share()):
-            self._admit(st)
-        if st.over_share and self._reserve_low(st):
-            self._share_resume.add(st.assignment.tp)
+        if st.ahead or st.over_share:
+            self.shares.finished(st)
 
     # -- commits ---------------------------------------------------------------------------
 
@@ -695,13 +581,6 @@ class Loop:
             read_ahead=sum(p.read_ahead for p in parts),
             read_ahead_bytes=ahead_bytes,
         )
-
-
-def _refill(share: int) -> int:
-    """A sharing partition takes records read ahead into its lanes again once it is down to
-    three quarters of its share: its lane then never runs dry between two owner turns, and
-    records go in a quarter share at a time rather than one by one."""
-    return share * 3 // 4
 
 
 def _tps(offsets: Mapping[Partition, int]) -> list[TopicPartition]:

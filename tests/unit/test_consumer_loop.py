@@ -1397,16 +1397,15 @@ def test_records_read_ahead_wait_for_room_in_the_capacity() -> None:
     loop.own.assign(parts, loop._set_paused)
     states = [loop.own.partitions[tp] for tp in parts]
     loop._register_run(states[0], _run(parts[0], range(30)))  # before sharing: all in the lanes
-    loop._shared = True
-    loop.sharing = loop._sharing()
-    assert (loop.sharing, loop._share()) == (True, 5)
+    loop.shares.shared = True
+    assert (loop.shares.update(), loop.shares.size()) == (True, 5)
     for st in states[1:]:
         loop._register_run(st, _run(st.assignment.tp, range(10)))
     assert loop.flow.records == 40
     assert [st.records for st in states] == [30, 5, 5, 0]
     assert [st.ahead_records for st in states] == [0, 5, 5, 10]
     loop._finish(states[0], 10, 20)  # P0 finished 10 records: room for P3's share
-    loop._admit_starved()
+    loop.shares.admit_starved()
     assert [st.records for st in states] == [20, 5, 5, 5]
     assert loop.flow.records == 35
 
