@@ -146,8 +146,8 @@ class _Lane:
     def take(self, limit: int | None = None) -> tuple[list[Record], list[BatchProgress]]:
         """Take the lane's first `limit` waiting records (all by default), returning them; the
         lane itself stays busy. A long lane gives one task's worth at a time: taking all and
-        putting the rest back cost a copy of the whole lane per task (quadratic in its
-        length: 10% of the owner's time with 2,500 records per lane)."""
+        putting the rest back cost a copy of the whole lane per task (quadratic in its length:
+        a fifth of the owner's samples with 2,500 records waiting per lane)."""
         if limit is None or limit >= len(self.records):
             taken = self.records, self.batches
             self.records, self.batches = [], []
