@@ -205,7 +205,13 @@ def wrap(recorder: Recorder, kind: HandlerKind) -> Handler:
 
 class Factory(Protocol):
     def __call__(
-        self, handler: Handler, ordering: Ordering, workers: int = 4, *, start: bool = True
+        self,
+        handler: Handler,
+        ordering: Ordering,
+        workers: int = 4,
+        *,
+        start: bool = True,
+        whole: bool = False,
     ) -> Scheduler: ...
 
 
@@ -218,16 +224,23 @@ def recorder() -> Recorder:
 def make(recorder: Recorder, monkeypatch: pytest.MonkeyPatch) -> Iterator[Factory]:
     """Schedulers that are stopped (after opening every gate) when the test ends.
 
-    Single-lane tasks are normally ten times longer than tasks of several lanes; here both are
-    one size, so a test pins one size with `_per_record`. Tests of the longer single-lane tasks
-    use `lane_tasks` to get them back."""
+    Single-lane tasks are normally forty times longer than tasks of several lanes; here both
+    are one size, so a test pins one size with `_per_record`. Tests of the longer single-lane
+    tasks use `lane_tasks` to get them back. Whole-partition lanes (fast handlers in key and
+    unordered mode) are off unless a test asks for them with `whole=True`: most tests pin fast
+    handlers to get large tasks of key lanes."""
     monkeypatch.setattr(scheduling, "_LANE_SECONDS", _TASK_SECONDS)
     made: list[Scheduler] = []
 
     def factory(
-        handler: Handler, ordering: Ordering, workers: int = 4, *, start: bool = True
+        handler: Handler,
+        ordering: Ordering,
+        workers: int = 4,
+        *,
+        start: bool = True,
+        whole: bool = False,
     ) -> Scheduler:
-        s = Scheduler(handler, ordering, workers)
+        s = Scheduler(handler, ordering, workers, whole=whole)
         if start:
             s.start()
         made.append(s)
@@ -885,7 +898,7 @@ _KEYS: dict[int, bytes | None] = {0: None, 1: b"1", 2: b"2", 3: b"3", 4: b"4", 5
 @given(data=st.data())
 def test_key_lanes_dispatch_each_record_once_in_key_order(data: st.DataObject) -> None:
     assert {n: size_for(p) for n, p in PER_RECORD_FOR_SIZE.items()} == {n: n for n in range(1, 6)}
-    s = Scheduler(as_handler(lambda r: None), "key", 1)  # never started
+    s = Scheduler(as_handler(lambda r: None), "key", 1, whole=False)  # never started
     assigns = [assignment(0, 1), assignment(1, 2)]
     next_offset = [0, 0]
     submitted: set[tuple[int, int]] = set()
@@ -1198,6 +1211,195 @@ def test_failure_fails_the_record_holds_its_lane_and_runs_the_others(
     settle(s, t)
     assert s.lanes == 0
     assert recorder.offsets(key=b"A") == [0, 0, 2, 5]
+
+
+# -- whole-partition lanes (fast handlers in key and unordered mode) ------------------------------
+
+
+WHOLE = scheduling._WHOLE
+
+
+def test_fast_key_records_go_out_per_partition_behind_one_lane(make: Factory) -> None:
+    s = make(Handler(), "key", start=False, whole=True)
+    s._per_record = FAST
+    a, b = assignment(0, 1), assignment(1, 2)
+    keys = {0: b"A", 1: b"B", 2: b"A", 3: b"C"}
+    submit(s, a, [0, 1, 2], key=keys.__getitem__)
+    submit(s, b, [0, 1], key=keys.__getitem__)
+    assert s.dispatch() == 2  # partitions still run in parallel
+    t0, u0 = queued(s)
+    assert (offsets(t0), t0.lanes, offsets(u0), u0.lanes) == ([0, 1, 2], [WHOLE], [0, 1], [WHOLE])
+    submit(s, a, [3], key=keys.__getitem__)  # a free key, but its partition's lane is busy
+    assert s.dispatch() == 0
+    settle(s, t0)
+    assert s.dispatch() == 1
+    (t1,) = queued(s)
+    assert (offsets(t1), t1.lanes) == ([3], [WHOLE])
+    for t in (u0, t1):
+        settle(s, t)
+    assert s.lanes == 0
+
+
+def test_key_lanes_replace_the_whole_lane_only_once_it_is_free(make: Factory) -> None:
+    """The handler turns slow while a whole-partition task runs: later records still wait
+    behind the whole lane (a key lane beside it could run a key's record next to an earlier
+    one), and only records that arrive once it is free go out per key."""
+    s = make(Handler(), "key", start=False, whole=True)
+    s._per_record = FAST
+    a = assignment()
+    submit(s, a, [0, 1], key=lambda o: b"A")
+    assert s.dispatch() == 1
+    (t0,) = queued(s)
+    s._per_record = t0.seconds = 0.001
+    submit(s, a, [2, 3], key=lambda o: b"A" if o == 2 else b"B")
+    assert s.dispatch() == 0
+    settle(s, t0)
+    assert s.dispatch() == 1  # the whole lane's waiting records, one task at a time
+    (t1,) = queued(s)
+    assert (offsets(t1), t1.lanes) == ([2], [WHOLE])
+    settle(s, t1)
+    assert s.dispatch() == 1
+    (t2,) = queued(s)
+    assert (offsets(t2), t2.lanes) == ([3], [WHOLE])
+    settle(s, t2)
+    assert s.lanes == 0
+    submit(s, a, [4, 5], key=lambda o: b"A" if o == 4 else b"B")
+    assert s.dispatch() == 2
+    assert [(offsets(t), t.lanes) for t in queued(s)] == [([4], [b"A"]), ([5], [b"B"])]
+
+
+@pytest.mark.parametrize("kind", ["handler", "function"])
+def test_a_failure_in_a_whole_partition_task_holds_the_partition(
+    recorder: Recorder, make: Factory, kind: HandlerKind
+) -> None:
+    recorder.fail.add((0, 1))
+    s = make(wrap(recorder, kind), "key", workers=1, whole=True)
+    s._per_record = FAST
+    a = assignment()
+    keys = {0: b"A", 1: b"B", 2: b"C", 3: b"B", 4: b"D"}
+    submit(s, a, [0, 1, 2, 3], key=keys.__getitem__)
+    assert s.dispatch() == 1
+    t = next_task(s)
+    assert t.lanes == [WHOLE]
+    assert t.outcomes == bytearray([DONE, FAILED, DONE, HELD])
+    s._per_record = t.seconds = FAST
+    settle(s, t)
+    submit(s, a, [4], key=keys.__getitem__)  # another key: waits behind the held partition
+    assert s.dispatch() == 0
+    no_task(s)
+    recorder.fail.clear()
+    s.release(a, WHOLE)
+    assert s.dispatch() == 1
+    t = next_task(s)
+    assert offsets(t) == [1, 3, 4]
+    assert t.outcomes is None
+    settle(s, t)
+    assert s.lanes == 0
+    assert recorder.offsets() == [0, 1, 2, 1, 3, 4]  # 1 failed once, then ran again
+
+
+def test_fast_unordered_records_go_out_per_partition_and_a_failure_holds_nothing(
+    recorder: Recorder, make: Factory
+) -> None:
+    recorder.fail.add((0, 1))
+    s = make(recorder, "unordered", workers=1, whole=True)
+    s._per_record = FAST
+    a = assignment()
+    submit(s, a, [0, 1, 2])
+    assert s.dispatch() == 1
+    t = next_task(s)
+    assert (t.lanes, t.outcomes) == ([WHOLE], bytearray([DONE, FAILED, DONE]))
+    s._per_record = t.seconds = FAST
+    settle(s, t)
+    assert s.lanes == 0  # as in unordered mode without the whole lane: nothing held
+    submit(s, a, [3])
+    assert s.dispatch() == 1
+    assert offsets(next_task(s)) == [3]
+
+
+@pytest.mark.parametrize("ordering", ["key", "unordered"])
+@pytest.mark.parametrize("per_record", [0.001, SIZE_3])
+def test_a_small_batch_of_a_slow_handler_never_takes_the_whole_lane(
+    make: Factory, ordering: Ordering, per_record: float
+) -> None:
+    """One record (taken while throttled) fits in a task of a 1 ms handler too: a whole lane
+    then would serialise the partition for as long as records keep coming (unordered mode fell
+    to 0.2x of its rate). Whole lanes need tasks of `_WHOLE_TASK` records or more."""
+    s = make(Handler(), ordering, start=False, whole=True)
+    s._per_record = per_record
+    a = assignment()
+    submit(s, a, [0], key=lambda o: b"A")
+    submit(s, a, [1, 2], key=lambda o: b"B")
+    assert s.dispatch() >= 1
+    assert all(t.lanes != [WHOLE] for t in queued(s))
+
+
+def test_unordered_groups_and_a_whole_lane_never_share_a_task(make: Factory) -> None:
+    """Unordered records submitted while the handler was slow hold no lane, so the whole lane
+    can be taken while they still wait for dispatch: they go out in tasks of their own."""
+    s = make(Handler(), "unordered", start=False, whole=True)
+    a = assignment()
+    s._per_record = 0.001
+    submit(s, a, [0, 1])
+    s._per_record = FAST
+    submit(s, a, [2, 3])
+    assert s.dispatch() == 2
+    assert [(offsets(t), t.lanes) for t in queued(s)] == [([0, 1], None), ([2, 3], [WHOLE])]
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(data=st.data())
+def test_whole_and_key_lanes_dispatch_each_record_once_in_key_order(data: st.DataObject) -> None:
+    """Submits, dispatches and returns in any order while the handler time moves between fast
+    (whole-partition lanes) and slow (key lanes): every record goes out once, a key's records
+    in offset order, and never two outstanding tasks with records of one key."""
+    s = Scheduler(as_handler(lambda r: None), "key", 2, whole=True)  # never started
+    assigns = [assignment(0, 1), assignment(1, 2)]
+    next_offset = [0, 0]
+    dispatched: list[Record] = []
+    out: list[Task] = []
+
+    def take() -> None:
+        s.dispatch()
+        busy = {(t.assignment.tp.partition, r.key) for t in out for r in t.records}
+        for t in queued(s):
+            mine = {(t.assignment.tp.partition, r.key) for r in t.records}
+            assert not mine & busy, f"a key in two outstanding tasks: {mine & busy}"
+            busy |= mine
+            out.append(t)
+            dispatched.extend(t.records)
+
+    for _ in range(data.draw(st.integers(1, 30), label="steps")):
+        op = data.draw(st.sampled_from(["submit", "dispatch", "settle", "speed"]), label="op")
+        if op == "submit":
+            p = data.draw(st.integers(0, 1), label="partition")
+            n = data.draw(st.integers(1, 4), label="records")
+            keys = data.draw(st.lists(st.sampled_from([b"A", b"B", None]), min_size=n, max_size=n))
+            first = next_offset[p]
+            next_offset[p] += n
+            submit(s, assigns[p], list(range(first, first + n)), key=lambda o: keys[o - first])
+        elif op == "speed":
+            s._per_record = data.draw(st.sampled_from([FAST, 0.001]), label="per record")
+        else:
+            if op == "settle" and out:
+                t = out.pop(data.draw(st.integers(0, len(out) - 1), label="which"))
+                t.seconds = s.per_record_seconds * len(t.records)
+                settle(s, t)
+            take()
+    take()
+    while out:
+        t = out.pop(0)
+        t.seconds = s.per_record_seconds * len(t.records)
+        settle(s, t)
+        take()
+    seen = [(r.partition, r.offset) for r in dispatched]
+    assert len(seen) == len(set(seen)), "a record went out twice"
+    assert sorted(seen) == sorted((p, o) for p in (0, 1) for o in range(next_offset[p]))
+    for p in (0, 1):
+        for k in (b"A", b"B", None):
+            order = [r.offset for r in dispatched if r.partition == p and r.key == k]
+            assert order == sorted(order), f"key {k!r} of partition {p} out of order"
+    assert s.lanes == 0
 
 
 def test_failures_in_two_lanes_of_one_task_hold_both(recorder: Recorder, make: Factory) -> None:
