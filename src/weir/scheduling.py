@@ -51,7 +51,7 @@ _MAX_TASK = 500
 # Handler time assumed before the first task comes back: slow, so the first tasks spread.
 _FIRST_GUESS = 0.001
 # The lane of a whole partition in key and unordered mode, while the handler is so fast that a
-# polled batch fits in one task (see `Scheduler._submit_whole`), and a task holds at least
+# polled batch fits in one task (see `Scheduler._whole_lane`), and a task holds at least
 # `_WHOLE_TASK` records: a small batch alone (one record, taken while throttled) says nothing of
 # the handler, and serialising a partition of 1 ms records cost unordered mode 80% of its rate.
 _WHOLE = ("weir", "whole partition")
@@ -262,52 +262,48 @@ class Scheduler:
         join their busy lane."""
         if not records:
             return  # an empty group would mark its lane busy with nothing to release it
-        pending = self._pending
-        n = len(records)
         lanes = self._lanes.get(assignment)
         if lanes is None:
             lanes = self._lanes[assignment] = {}
-        if self._whole and self._submit_whole(assignment, lanes, batch, records):
-            return
-        if self._key_of is None:
-            pending.append((assignment, None, records, [batch] * n))
-            return
-        if self._ordering == "partition":
-            lane = lanes.get(None)
-            if isinstance(lane, _Lane):
-                lane.records.extend(records)
-                lane.batches.extend([batch] * n)
-            else:
-                lanes[None] = _Lane()
-                pending.append((assignment, [None], records, [batch] * n))
-            return
-        self._submit_keys(assignment, lanes, batch, records)
+        if self._whole and self._whole_lane(lanes, len(records)):
+            self._submit_lane(assignment, lanes, _WHOLE, batch, records)
+        elif self._key_of is None:
+            self._pending.append((assignment, None, records, [batch] * len(records)))
+        elif self._ordering == "partition":
+            self._submit_lane(assignment, lanes, None, batch, records)
+        else:
+            self._submit_keys(assignment, lanes, batch, records)
 
-    def _submit_whole(
+    def _submit_lane(
         self,
         assignment: Assignment,
         lanes: dict[Hashable, _Lane | list[Hashable]],
+        key: Hashable,
         batch: BatchProgress,
         records: list[Record],
-    ) -> bool:
+    ) -> None:
+        """Records of one lane that takes a whole partition (partition mode, or `_WHOLE`): they
+        wait behind it while it is busy, else they go out as a group that marks it busy."""
+        n = len(records)
+        if key in lanes:
+            behind = _waiting(lanes, key)
+            behind.records.extend(records)
+            behind.batches.extend([batch] * n)
+        else:
+            lanes[key] = [key]
+            self._pending.append((assignment, [key], records, [batch] * n))
+
+    def _whole_lane(self, lanes: dict[Hashable, _Lane | list[Hashable]], n: int) -> bool:
         """Key and unordered mode, while a polled batch fits in one task: the records go out per
         partition, behind one lane for the whole partition, so in partition order and in key
         order too. Such a task runs its batch on one worker anyway, and fewer, longer tasks
         leave the owner more of the interpreter lock (no-op handlers: partition mode ran
         255k-326k records/s, key mode 219k-253k, unordered 202k-268k). An assignment takes or
-        leaves the whole lane only while none of its lanes is busy. False: not taken."""
-        n = len(records)
+        leaves the whole lane only while none of its lanes is busy."""
         if _WHOLE in lanes:
-            behind = _waiting(lanes, _WHOLE)
-            behind.records.extend(records)
-            behind.batches.extend([batch] * n)
             return True
         size = self.task_size()
-        if lanes or n > size or size < _WHOLE_TASK:
-            return False
-        lanes[_WHOLE] = [_WHOLE]
-        self._pending.append((assignment, [_WHOLE], records, [batch] * n))
-        return True
+        return not lanes and n <= size and size >= _WHOLE_TASK
 
     def _submit_keys(
         self,
