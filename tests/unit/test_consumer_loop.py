@@ -1132,20 +1132,8 @@ def test_partition_mode_shares_the_budget_across_partitions(launch: Launch) -> N
     paused; a seek does. Every resume is followed by a seek of the same partitions, to where the
     resume would have fetched from: the fake honours the offset given, so a wrong one would
     replay or skip records, and neither happens."""
-    fake = FakeConsumer()
+    gc, fake, probe = _over_four_partitions(launch, "partition")
     parts = [(TOPIC, p) for p in range(4)]
-    for _, p in parts:
-        fake.produce_many(TOPIC, p, range(60))
-    fake.script_assign(parts)
-    probe = Probe()
-    probe.delay = 0.001
-    flow = {**SMALL_FLOW, "read_ahead_records": 0}
-    gc = launch(probe, fake, ordering="partition", workers=4, max_batch=10, flow=flow)
-    wait_until(lambda: probe.finished_count() == 240, "all records processed")
-    for tp in parts:
-        wait_until(lambda tp=tp: 60 in offsets_committed(fake, tp), f"{tp} committed to its end")
-    gc.stop()
-    gc.join(WAIT)
     single = [tps for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1]
     assert single, "no partition was ever paused for holding more than its share"
     assert gc.stats().peak_in_flight <= SMALL_FLOW["capacity_records"]
@@ -1340,22 +1328,25 @@ def test_resume_wakes_with_a_metadata_request_when_no_position_is_known() -> Non
     assert names[-1] == "list_topics"
 
 
-def _key_mode_over_four_partitions(
-    launch: Launch, key: Callable[[int, int], bytes]
+def _over_four_partitions(
+    launch: Launch, ordering: str, key: Callable[[int, int], bytes] | None = None
 ) -> tuple[GroupConsumer, FakeConsumer, Probe]:
-    """60 records on each of 4 partitions (`key(partition, offset)`), a 1 ms handler, a budget
-    of 20 with a share's reserve (a partition that shares is paused alone once it holds a share
-    read ahead), all handled and the member stopped."""
+    """60 records on each of 4 partitions (`key(partition, offset)`, or none), a 1 ms handler,
+    a budget of 20 with a share's reserve (a partition that shares is paused alone once it
+    holds a share read ahead), all handled and committed to the end, and the member stopped."""
     fake = FakeConsumer()
     parts = [(TOPIC, p) for p in range(4)]
     for _, p in parts:
-        fake.produce_many(TOPIC, p, range(60), key=lambda o, p=p: key(p, o))
+        keys = None if key is None else (lambda o, p=p: key(p, o))
+        fake.produce_many(TOPIC, p, range(60), key=keys)
     fake.script_assign(parts)
     probe = Probe()
     probe.delay = 0.001
     flow = {**SMALL_FLOW, "read_ahead_records": 0}
-    gc = launch(probe, fake, ordering="key", workers=4, max_batch=10, flow=flow)
+    gc = launch(probe, fake, ordering=ordering, workers=4, max_batch=10, flow=flow)
     wait_until(lambda: probe.finished_count() == 240, "all records processed")
+    for tp in parts:
+        wait_until(lambda tp=tp: 60 in offsets_committed(fake, tp), f"{tp} committed to its end")
     gc.stop()
     gc.join(WAIT)
     return gc, fake, probe
@@ -1365,7 +1356,7 @@ def test_key_mode_shares_the_budget_when_a_few_keys_hold_it(launch: Launch) -> N
     """One key per partition: the budget fills with one partition's records (the client hands
     out one partition's data at a time) and all but one worker idle. Key mode then shares the
     budget between partitions as partition mode does, so every partition gets in."""
-    gc, fake, probe = _key_mode_over_four_partitions(launch, lambda p, o: b"k%d" % p)
+    gc, fake, probe = _over_four_partitions(launch, "key", lambda p, o: b"k%d" % p)
     single = [tps for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1]
     assert single, "key mode never shared the budget"
     assert max(probe.max_running_by_tp.values()) == 1
@@ -1413,7 +1404,7 @@ def test_records_read_ahead_wait_for_room_in_the_capacity() -> None:
 def test_key_mode_with_many_keys_never_shares_the_budget(launch: Launch) -> None:
     """Many keys per partition: a full budget still runs on every worker, so the budget is not
     shared and no partition is paused on its own."""
-    gc, fake, _ = _key_mode_over_four_partitions(launch, lambda p, o: b"k%d" % o)
+    gc, fake, _ = _over_four_partitions(launch, "key", lambda p, o: b"k%d" % o)
     assert gc.stats().pauses > 0, "the budget never filled up: the test shows nothing"
     single = [tps for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1]
     assert not single

@@ -18,7 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Literal, Protocol
 
 import pytest
@@ -113,6 +113,17 @@ def settle(s: Scheduler, task: Task) -> None:
 def next_task(s: Scheduler) -> Task:
     """The next task that came back."""
     return s.completions.get(timeout=WAIT)
+
+
+def retried(s: Scheduler, recorder: Recorder, a: Assignment, key: Hashable) -> Task:
+    """A retry: failures stop, the held lane is released, and its records go out as one task,
+    which comes back with every record done."""
+    recorder.fail.clear()
+    s.release(a, key)
+    assert s.dispatch() == 1
+    t = next_task(s)
+    assert t.outcomes is None
+    return t
 
 
 def no_task(s: Scheduler, wait: float = 0.05) -> None:
@@ -1202,12 +1213,8 @@ def test_failure_fails_the_record_holds_its_lane_and_runs_the_others(
     assert s.dispatch() == 0
     no_task(s)
     # A retry: the lane runs again from the failed record.
-    recorder.fail.clear()
-    s.release(a, b"A")
-    assert s.dispatch() == 1
-    t = next_task(s)
+    t = retried(s, recorder, a, b"A")
     assert offsets(t) == [0, 2, 5]
-    assert t.outcomes is None
     settle(s, t)
     assert s.lanes == 0
     assert recorder.offsets(key=b"A") == [0, 0, 2, 5]
@@ -1287,12 +1294,8 @@ def test_a_failure_in_a_whole_partition_task_holds_the_partition(
     submit(s, a, [4], key=keys.__getitem__)  # another key: waits behind the held partition
     assert s.dispatch() == 0
     no_task(s)
-    recorder.fail.clear()
-    s.release(a, WHOLE)
-    assert s.dispatch() == 1
-    t = next_task(s)
+    t = retried(s, recorder, a, WHOLE)
     assert offsets(t) == [1, 3, 4]
-    assert t.outcomes is None
     settle(s, t)
     assert s.lanes == 0
     assert recorder.offsets() == [0, 1, 2, 1, 3, 4]  # 1 failed once, then ran again
@@ -1416,12 +1419,8 @@ def test_failures_in_two_lanes_of_one_task_hold_both(recorder: Recorder, make: F
     settle(s, t)
     assert s.lanes == 2
     assert s.dispatch() == 0
-    recorder.fail.clear()
-    s.release(a, b"B")
-    assert s.dispatch() == 1
-    t = next_task(s)
+    t = retried(s, recorder, a, b"B")
     assert offsets(t) == [1, 3]
-    assert t.outcomes is None
 
 
 def test_failure_in_partition_mode_holds_the_rest_of_the_partition(
@@ -1439,12 +1438,8 @@ def test_failure_in_partition_mode_holds_the_rest_of_the_partition(
     settle(s, t)
     submit(s, a, [4])
     assert s.dispatch() == 0
-    recorder.fail.clear()
-    s.release(a, None)
-    assert s.dispatch() == 1
-    t = next_task(s)
+    t = retried(s, recorder, a, None)
     assert offsets(t) == [1, 2, 3, 4]
-    assert t.outcomes is None
 
 
 def test_failure_in_unordered_mode_holds_nothing(recorder: Recorder, make: Factory) -> None:
