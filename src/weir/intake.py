@@ -1,9 +1,10 @@
 """From what one consume call returned to runs of `Record`s, one run per partition stretch.
 
 This runs on the owner thread once per record, the one thread every record passes: the `Record`
-is built inline with `tuple.__new__`. Reading every field column by column (`map` over the
-client's method descriptors, then `zip`) measured no faster once the error, null and run checks
-were added, so there is one path.
+is built inline with `tuple.__new__`, from the fields the engine needs (topic, partition, offset,
+key, size) and the value; the rest stays in the client's message until a handler asks. Reading
+every field column by column (`map` over the client's method descriptors, then `zip`) measured
+no faster once the error, null and run checks were added, so there is one path.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError
+from confluent_kafka import KafkaError
 
-from weir.records import Record
+from weir.records import Record, header_bytes
 
 __all__ = ["Run", "runs_of"]
 
@@ -52,23 +53,14 @@ def runs_of(msgs: list[Any], on_error: Callable[[KafkaError], None]) -> list[Run
             recs, offsets, nbytes = [], [], 0
             topic, part = t, p
         key, value = m.key(), m.value()
-        raw_headers = m.headers()
-        headers = tuple(raw_headers) if raw_headers else ()
         size = (len(key) if key else 0) + (len(value) if value else 0)
+        headers = m.headers()
         if headers:
-            size += _header_bytes(headers)
-        stamp_type, stamp = m.timestamp()
-        ts = None if stamp_type == TIMESTAMP_NOT_AVAILABLE else stamp
-        recs.append(
-            _new_record(Record, (t, p, off, key, value, headers, ts, m.leader_epoch(), size))
-        )
+            size += header_bytes(headers)
+        recs.append(_new_record(Record, (t, p, off, key, value, size, m)))
         offsets.append(off)
         nbytes += size
         last = off
     if recs:
         runs.append(Run(topic, part, recs, offsets, nbytes))
     return runs
-
-
-def _header_bytes(headers: tuple[tuple[str, bytes | None], ...]) -> int:
-    return sum(len(k) + (len(v) if v else 0) for k, v in headers)

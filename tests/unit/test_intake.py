@@ -5,9 +5,12 @@ Real `confluent_kafka.Message` objects (the client lets tests build them), no br
 
 from __future__ import annotations
 
+import copy
+import pickle
 from itertools import pairwise
 from typing import Any
 
+import pytest
 from confluent_kafka import (
     TIMESTAMP_CREATE_TIME,
     TIMESTAMP_LOG_APPEND_TIME,
@@ -161,3 +164,51 @@ def test_runs_are_maximal_single_partition_stretches_in_delivery_order(
     for before, after in pairwise(runs):
         same = (before.topic, before.partition) == (after.topic, after.partition)
         assert not same or after.offsets[0] <= before.offsets[-1]
+
+
+class _Counting:
+    """A message that counts which of its fields were read."""
+
+    def __init__(self, m: Message) -> None:
+        self._m = m
+        self.reads: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        self.reads.append(name)
+        return getattr(self._m, name)
+
+
+def test_headers_timestamp_and_leader_epoch_are_read_only_when_asked_for() -> None:
+    m = _Counting(msg(4, headers=[("h", b"xy")], leader_epoch=2))
+    (run,) = runs_of([m], lambda e: None)
+    assert "timestamp" not in m.reads and "leader_epoch" not in m.reads
+    (rec,) = run.records
+    assert (rec.timestamp, rec.leader_epoch, rec.headers) == (1_700_000_000_000, 2, (("h", b"xy"),))
+    assert m.reads.count("timestamp") == 1 and m.reads.count("leader_epoch") == 1
+
+
+def test_a_record_is_immutable() -> None:
+    (rec,) = runs_of([msg(4, headers=[("h", b"xy")])], lambda e: None)[0].records
+    for name in ("topic", "partition", "offset", "key", "value", "headers", "timestamp", "size"):
+        with pytest.raises(AttributeError):
+            setattr(rec, name, None)
+    with pytest.raises(AttributeError):
+        rec.extra = 1  # type: ignore[attr-defined]
+    assert type(rec.headers) is tuple  # the handler gets a copy, never the message's own list
+    assert rec.offset == 4 and rec.headers == (("h", b"xy"),)
+
+
+def test_a_delivered_record_pickles_copies_and_compares_by_its_fields() -> None:
+    (rec,) = runs_of([msg(4, headers=[("h", b"xy")], leader_epoch=2)], lambda e: None)[0].records
+    for twin in (pickle.loads(pickle.dumps(rec)), copy.copy(rec), copy.deepcopy(rec)):
+        assert twin == rec and (twin != rec) is False and hash(twin) == hash(rec)
+        assert twin.fields() == rec.fields()
+    by_hand = Record("t", 0, 4, b"k", b"value", (("h", b"xy"),), 1_700_000_000_000, 2)
+    assert by_hand == rec and by_hand.size == rec.size == 1 + 5 + 3
+    assert by_hand != Record("t", 0, 4, b"k", b"other", (("h", b"xy"),), 1_700_000_000_000, 2)
+    assert rec != ("t", 0, 4) and rec != rec.fields()
+    assert repr(by_hand) == (
+        "Record(topic='t', partition=0, offset=4, key=b'k', value=b'value', "
+        "headers=(('h', b'xy'),), timestamp=1700000000000, leader_epoch=2, size=9)"
+    )
+    assert (rec.event_id, rec.tp) == ("t/0/4", ("t", 0))
