@@ -15,6 +15,11 @@ from collections.abc import Hashable, Sequence
 __all__ = ["BatchProgress", "PartitionProgress"]
 
 
+def _increasing(offsets: Sequence[int]) -> bool:
+    """Strictly increasing, checked at C level."""
+    return all(map(operator.lt, offsets, itertools.islice(offsets, 1, None)))
+
+
 class BatchProgress:
     """Completion state of one polled batch of one partition."""
 
@@ -31,7 +36,7 @@ class BatchProgress:
 
     def __init__(self, offsets: Sequence[int], next_position: int, token: Hashable) -> None:
         offs = tuple(offsets)
-        if not all(map(operator.lt, offs, itertools.islice(offs, 1, None))):
+        if not _increasing(offs):
             for prev, cur in itertools.pairwise(offs):
                 if cur <= prev:
                     raise ValueError(f"offsets must be strictly increasing: {prev} then {cur}")
@@ -105,11 +110,7 @@ class BatchProgress:
             i = found
         if not done[i]:
             done[i] = 1
-            cursor = self._cursor
-            n = len(done)
-            while cursor < n and done[cursor]:
-                cursor += 1
-            self._cursor = cursor
+            self._advance()
         return True
 
     def completed_many(self, offsets: Sequence[int], token: Hashable) -> int:
@@ -121,12 +122,18 @@ class BatchProgress:
         index = self._index
         if index is None:
             base = self._base
-            low, high = min(offsets) - base, max(offsets) - base
-            if low < 0 or high >= len(done):
-                bad = next(o for o in offsets if not 0 <= o - base < len(done))
-                raise ValueError(f"offset {bad} was not delivered in this batch")
-            for off in offsets:
-                done[off - base] = 1
+            n = len(offsets)
+            low, high = offsets[0] - base, offsets[-1] - base
+            if high - low == n - 1 and low >= 0 and high < len(done) and _increasing(offsets):
+                # A slice of the batch in offset order (what a task holds): one C-level fill.
+                done[low : high + 1] = b"\x01" * n
+            else:
+                low, high = min(offsets) - base, max(offsets) - base
+                if low < 0 or high >= len(done):
+                    bad = next(o for o in offsets if not 0 <= o - base < len(done))
+                    raise ValueError(f"offset {bad} was not delivered in this batch")
+                for off in offsets:
+                    done[off - base] = 1
         else:
             positions = [index.get(off) for off in offsets]
             if None in positions:
@@ -134,12 +141,13 @@ class BatchProgress:
                 raise ValueError(f"offset {bad} was not delivered in this batch")
             for i in positions:
                 done[i] = 1  # type: ignore[index]
-        cursor = self._cursor
-        n = len(done)
-        while cursor < n and done[cursor]:
-            cursor += 1
-        self._cursor = cursor
+        self._advance()
         return len(offsets)
+
+    def _advance(self) -> None:
+        # The first unfinished offset, found by a C-level byte search from the old cursor.
+        i = self._done.find(0, self._cursor)
+        self._cursor = len(self._done) if i < 0 else i
 
     def committable(self) -> int | None:
         if self._revoked:

@@ -439,3 +439,26 @@ def test_completed_many_equals_one_by_one(
     assert bulk.committable() == next_position
     bulk.revoke()
     assert bulk.completed_many(offsets, "t") == 0
+
+
+@SETTINGS
+@given(st.integers(0, 1_000), st.integers(1, 30), st.data())
+def test_completed_many_of_any_chunk_equals_one_by_one(
+    start: int, count: int, data: st.DataObject
+) -> None:
+    """Gapless batches take a fast path for a chunk that is a slice in offset order; any other
+    chunk (out of order, repeated offsets, or a first and last that only look like a slice's)
+    must end exactly where completing its offsets one at a time ends."""
+    offsets = list(range(start, start + count))
+    bulk = BatchProgress(offsets, start + count, "t")
+    single = BatchProgress(offsets, start + count, "t")
+    for _ in range(data.draw(st.integers(1, 8))):
+        if data.draw(st.booleans()):
+            lo = data.draw(st.integers(0, count - 1))
+            chunk = offsets[lo : data.draw(st.integers(lo + 1, count))]
+        else:
+            chunk = data.draw(st.lists(st.sampled_from(offsets), min_size=1, max_size=8))
+        assert bulk.completed_many(chunk, "t") == len(chunk)
+        for off in chunk:
+            single.completed(off, "t")
+        assert (bulk.committable(), bulk.pending) == (single.committable(), single.pending)

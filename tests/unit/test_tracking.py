@@ -319,3 +319,11 @@ def test_pending_sums_over_batches() -> None:
     assert p.pending == 5
     b1.completed(1, b1.token)
     assert p.pending == 4
+
+
+def test_a_chunk_whose_ends_look_like_a_slice_marks_only_its_own_offsets() -> None:
+    b = BatchProgress(range(5, 10), 10, "t")
+    assert b.completed_many([5, 9, 6, 8], "t") == 4  # 7 is not among them
+    assert (b.committable(), b.pending) == (7, 1)
+    assert b.completed_many([5, 6, 7], "t") == 3
+    assert b.committable() == 10
