@@ -297,7 +297,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_broker_args(p)
     p.add_argument("--quick", action="store_true", help="4x fewer records, shorter cut-off")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    p.add_argument("--noop-records", type=int, default=200_000)
+    p.add_argument(
+        "--noop-records",
+        type=int,
+        default=500_000,
+        help="records per no-op run: at ~1M records/s the raw loop's run must outlast a few ms "
+        "of noise from the broker sharing the cores (200k gave 0.2 s runs)",
+    )
     p.add_argument("--io-records", type=int, default=40_000)
     p.add_argument(
         "--raw-io-records", type=int, default=2_000, help="sample for the serial 1 ms raw loop"
@@ -348,7 +354,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-seconds", type=float, default=30.0, help="cut a run after this long")
     args = p.parse_args(argv)
     if args.quick:
-        args.noop_records = min(args.noop_records, 50_000)
+        args.noop_records = min(args.noop_records, 125_000)
         args.io_records = min(args.io_records, 10_000)
         args.raw_io_records = min(args.raw_io_records, 1_000)
         args.max_seconds = min(args.max_seconds, 15.0)

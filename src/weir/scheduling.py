@@ -118,9 +118,10 @@ class Task:
             self.batch = batches[0]
         self.nbytes = sum(map(size_of, records))
         self.attempt = attempt
-        # Set by the worker that takes it, before the fence check: a revoke waits only for
-        # tasks some worker has taken, not for ones still in the ready queue.
-        self.started = False
+        # When a worker took it (`time.perf_counter()`; 0.0 before), set before the fence check:
+        # a revoke waits only for tasks some worker has taken, not for ones still in the ready
+        # queue, and the owner reads the progress of long tasks only once they ran a while.
+        self.started = 0.0
         self.outcomes: bytearray | None = None
         self.errors: dict[int, BaseException] | None = None
         self.seconds = 0.0
@@ -589,10 +590,9 @@ class Scheduler:
             task = ready.get()
             if task is None:
                 return
-            task.started = True
+            task.started = t0 = clock()
             a = task.assignment
             recs = task.records
-            t0 = clock()
             i = 0
             try:
                 if fn is not None and not task.report:

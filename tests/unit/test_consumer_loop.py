@@ -35,6 +35,7 @@ try:
 except ImportError:  # pragma: no cover - if tests/unit becomes a package
     from tests.unit.fake_consumer import FakeConsumer  # type: ignore[no-redef]
 
+from weir import loop as loop_module
 from weir.intake import Run
 from weir.loop import Loop
 
@@ -261,10 +262,9 @@ def test_out_of_order_completion_commits_exactly_the_contiguous_prefix(launch: L
     assert {1, 3, 5} <= set(sent)
 
 
-def test_a_long_lane_task_moves_the_watermark_record_by_record(launch: Launch) -> None:
-    """Partition mode hands a slow partition's records to one worker several at a time (the
-    handler time is first guessed at 1 ms): each finished record still leaves the budget and
-    moves the watermark at once, not when its task ends."""
+def _lane_task_held_at_1(launch: Launch) -> tuple[FakeConsumer, threading.Event, GroupConsumer]:
+    """Partition mode, offsets 0-2 in one lane task (the handler time is first guessed at
+    1 ms), offset 1 running until the returned gate is set."""
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(3))
     fake.script_assign([P0])
@@ -273,6 +273,14 @@ def test_a_long_lane_task_moves_the_watermark_record_by_record(launch: Launch) -
     probe.actions[(P0, 1)] = gated(gate)
     gc = launch(probe, fake, ordering="partition", workers=2)
     wait_until(probe.entered((P0, 1)).is_set, "offset 1 running")
+    return fake, gate, gc
+
+
+def test_a_long_lane_task_moves_the_watermark_record_by_record(launch: Launch) -> None:
+    """Partition mode hands a slow partition's records to one worker several at a time (the
+    handler time is first guessed at 1 ms): each finished record still leaves the budget and
+    moves the watermark at once, not when its task ends."""
+    fake, gate, gc = _lane_task_held_at_1(launch)
     wait_until(lambda: 1 in offsets_committed(fake, P0), "commit of 1 while 1 runs")
     stats = gc.stats()
     assert stats.processed == 1 and stats.in_flight == 2
@@ -282,6 +290,23 @@ def test_a_long_lane_task_moves_the_watermark_record_by_record(launch: Launch) -
     assert gc.stats().in_flight == 0
     sent = offsets_committed(fake, P0)
     assert sent == sorted(set(sent)), sent
+
+
+def test_progress_is_read_only_once_a_task_has_run_a_while(
+    launch: Launch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lane task of a slow handler comes back soon enough on its own: the owner reads its
+    finished count only once it has run `_REPORT_AFTER` (reading 16 such counts every 5 ms was a
+    tenth of the owner's time with 1 ms handlers)."""
+    monkeypatch.setattr(loop_module, "_REPORT_AFTER", 3600.0)
+    fake, gate, gc = _lane_task_held_at_1(launch)
+    time.sleep(20 * loop_module._REPORT_WAIT)  # many report turns: none may read the count
+    assert (gc.stats().processed, gc.stats().in_flight) == (0, 3)
+    monkeypatch.setattr(loop_module, "_REPORT_AFTER", 0.0)  # now it has run long enough
+    wait_until(lambda: gc.stats().processed == 1, "offset 0 read while 1 runs")
+    assert gc.stats().in_flight == 2
+    gate.set()
+    wait_until(lambda: 3 in offsets_committed(fake, P0), "committed to the end")
 
 
 def test_a_failure_after_progress_keeps_what_was_reported(launch: Launch) -> None:

@@ -298,7 +298,7 @@ def test_task_fields(make: Factory) -> None:
     assert t.lanes == [b"A", b"BB"]
     assert t.nbytes == sum(r.size for r in recs) == 2 + 2 + 3
     assert t.attempt == 1
-    assert t.started is False
+    assert t.started == 0.0
     assert t.outcomes is None
     assert t.errors is None
     assert repr(t) == "Task(t[2], first=10, records=3)"
