@@ -44,11 +44,12 @@ _IDLE_WAIT = 0.01
 # The longest the owner sleeps while long tasks run: their finished records are read, not sent
 # (`Task.report`), and leave the budget and move the watermark when the owner looks.
 _REPORT_WAIT = 0.005
-# ... once a task has run this long. A lane task holds about 20 ms of records and comes back
-# soon enough on its own: reading the progress of 16 such tasks every 5 ms was a tenth of the
-# owner's time with 1 ms handlers (2,200 reads a second), each read holding the interpreter lock
-# while workers woke from their sleeps (partition mode 0.885-0.895x -> 0.90-0.91x of the ideal).
-# A task that runs long, a slow record or a misjudged handler time, still reports every 5 ms.
+# ... once a task has run this long: longer than a lane task's 40 ms of records
+# (`scheduling._LANE_SECONDS`), which comes back soon enough on its own. Reading the progress of
+# 16 lane tasks every 5 ms was a tenth of the owner's time with 1 ms handlers (2,200 reads a
+# second), each read holding the interpreter lock while workers woke from their sleeps
+# (partition mode 0.885-0.895x -> 0.90-0.91x of the ideal). A task that runs long, a slow record
+# or a misjudged handler time, still reports every 5 ms.
 _REPORT_AFTER = 0.05
 
 

@@ -43,9 +43,10 @@ _TASK_SECONDS = 0.0005
 # between a lane's records (wake the owner, hand the next record out, wake a worker: 0.3-0.7 ms
 # on a busy 2-core machine), which otherwise idles the worker of every lane when there are about
 # as many lanes as workers (partition mode, 1 ms handlers: 0.65x of the ideal with one record
-# per task, 0.84x with 5 ms tasks, 3-5% more with 20 ms). Such a task counts its finished records
-# as it goes (see `Task.report`), so the watermark still moves while it runs.
-_LANE_SECONDS = 0.02
+# per task, 0.84x with 5 ms tasks, 3-5% more with 20 ms, 1% more with 40 ms: half the owner's
+# turns per record, 0.36-0.40 -> 0.29-0.31 s of its CPU in a 40k-record run). Such a task counts
+# its finished records as it goes (see `Task.report`), so the watermark still moves while it runs.
+_LANE_SECONDS = 0.04
 # A task never holds more records than this: a long task delays its lanes' later records.
 _MAX_TASK = 500
 # Handler time assumed before the first task comes back: slow, so the first tasks spread.

@@ -847,20 +847,21 @@ def test_a_freed_lane_longer_than_a_task_goes_alone(make: Factory) -> None:
 
 def test_a_single_lane_task_is_longer_and_reports_progress(lane_tasks: Factory) -> None:
     s = lane_tasks(Handler(), "partition", start=False)
-    s._per_record = 0.001  # 1 ms handlers: tasks of 1 record, single-lane tasks of 21
-    assert (s.task_size(), s.lane_task_size()) == (1, int(LANE_SECONDS / 0.001) + 1) == (1, 21)
+    s._per_record = 0.001  # 1 ms handlers: tasks of 1 record, single-lane tasks of 41
+    n = int(LANE_SECONDS / 0.001) + 1
+    assert (s.task_size(), s.lane_task_size()) == (1, n) == (1, 41)
     a = assignment()
-    submit(s, a, list(range(24)))
+    submit(s, a, list(range(n + 3)))
     assert s.dispatch() == 1
     (t,) = queued(s)
-    assert offsets(t) == list(range(21))
+    assert offsets(t) == list(range(n))
     # Longer than a task of several lanes: its worker counts finished records for the owner.
     assert t.report and s.reporting == {t}
     settle(s, t)
     assert s.reporting == set()
     assert s.dispatch() == 1
     (t,) = queued(s)
-    assert (offsets(t), t.report, s.reporting) == ([21, 22, 23], True, {t})
+    assert (offsets(t), t.report, s.reporting) == ([n, n + 1, n + 2], True, {t})
     settle(s, t)
     assert s.lanes == 0
     assert s.reporting == set()
