@@ -14,7 +14,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from tests.audit import check, read
-from tests.integration.kafka_helpers import end_offsets
+from tests.integration.kafka_helpers import committed, end_offsets
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 class Members:
     def __init__(self, workdir: Path, bootstrap: str, group: str, topic: str, protocol: str):
         self.workdir = workdir
+        self.group = group
         self.common = [
             "--bootstrap",
             bootstrap,
@@ -89,14 +90,24 @@ class Members:
     def finish(
         self, producer: SteadyProducer, bootstrap: str, topic: str, partitions: int, timeout: float
     ) -> list[int]:
-        """Stop producing, wait until every produced record was handled, then stop every member
-        gracefully. Returns the end offsets."""
+        """Stop producing, wait until every produced record was handled and the group's commits
+        reached the end offsets, then stop every member gracefully. Returns the end offsets.
+
+        Handled is not committed: a member whose commits failed because its generation ended
+        (ILLEGAL_GENERATION in a rebalance) leaves its last records to their next owner, which
+        handles them again. Stopping every member as soon as all records were handled once could
+        stop that owner first, leaving a committed offset below the end with nothing lost."""
         producer.finish()
         ends = end_offsets(bootstrap, topic, partitions)
         self.wait_for(
             lambda e: check(e, ends).distinct >= sum(ends),
             timeout,
             "every produced record to be handled",
+        )
+        self.wait_for(
+            lambda e: committed(bootstrap, self.group, topic, partitions) == ends,
+            timeout,
+            "the group's commits to reach the end offsets",
         )
         for name in list(self.procs):
             assert self.stop(name) == 0
