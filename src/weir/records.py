@@ -20,19 +20,10 @@ class Partition(NamedTuple):
         return f"{self.topic}[{self.partition}]"
 
 
-class _Source(Protocol):
-    """Where a record's rarely read fields come from: the client's message (it has these
-    methods), or `_Given` for a record built by hand."""
-
-    def headers(self) -> Sequence[tuple[str, bytes | None]] | None: ...
-
-    def timestamp(self) -> tuple[int, int]: ...
-
-    def leader_epoch(self) -> int | None: ...
-
-
 class _Given:
-    """The lazily read fields of a record built by hand, in the message's shape."""
+    """The lazily read fields of a record built by hand, with the client's message's methods
+    for them (`headers`, `timestamp`, `leader_epoch`): a delivered record reads them from its
+    message, a record built by hand from this."""
 
     __slots__ = ("_headers", "_leader_epoch", "_timestamp")
 
@@ -179,7 +170,8 @@ class Record(tuple):  # type: ignore[type-arg]
         return (Record, self.fields())
 
     def __repr__(self) -> str:
-        return "Record(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in _FIELDS) + ")"
+        pairs = zip(_FIELDS, self.fields(), strict=True)
+        return "Record(" + ", ".join(f"{n}={v!r}" for n, v in pairs) + ")"
 
 
 def header_bytes(headers: Sequence[tuple[str, bytes | None]]) -> int:
