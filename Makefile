@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.weir-installed
+BENCH_STAMP := $(VENV)/.weir-bench-installed
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint typecheck unit integration chaos bench broker clean
@@ -10,7 +11,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,cli,prometheus,dev]'
+	$(BIN)/python -m pip install -q -e '.[test,cli,prometheus,dev,postgres]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -35,7 +36,11 @@ integration: $(STAMP)
 chaos: $(STAMP)
 	$(BIN)/python -m pytest tests/chaos -m "chaos" $(PYTEST_ARGS)
 
-bench: $(STAMP)
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/backpressure.py
 

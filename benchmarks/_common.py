@@ -7,6 +7,7 @@ its bare name. Nothing here is part of weir's API.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import ctypes
 import itertools
@@ -18,7 +19,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+import zlib
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka import __version__ as ck_version
 from confluent_kafka import libversion as rdkafka_libversion
 from confluent_kafka.admin import AdminClient, NewTopic
+from structlog.typing import EventDict, WrappedLogger
 
 # --- logging -------------------------------------------------------------------------------------
 
@@ -34,7 +37,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 LOG_EVENTS: dict[str, int] = {}
 
 
-def _collect(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _collect(logger: WrappedLogger, method: str, event_dict: EventDict) -> EventDict:
     name = str(event_dict.get("event"))
     LOG_EVENTS[name] = LOG_EVENTS.get(name, 0) + 1
     return event_dict
@@ -277,6 +280,56 @@ def sleep_handler(
         precise_timers(precise)
         begin()
         sleep(seconds)
+        end()
+
+    return handle
+
+
+def is_tail(partition: int, offset: int, percent: int = 1) -> bool:
+    """The records of the tail mix that are slow: `percent` % of them, spread over keys and
+    partitions by a hash of (partition, offset), the same for every engine."""
+    return zlib.crc32(b"%d/%d" % (partition, offset)) % 100 < percent
+
+
+def tail_handler(
+    meter: Meter, fast: float, slow: float, *, precise: bool = True
+) -> Callable[[Any], None]:
+    """A thread handler sleeping `slow` seconds on the tail records, `fast` on the others."""
+    begin, end, sleep = meter.begin, meter.end, time.sleep
+
+    def handle(record: Any) -> None:
+        precise_timers(precise)
+        begin()
+        sleep(slow if is_tail(record.partition, record.offset) else fast)
+        end()
+
+    return handle
+
+
+def async_sleep_handler(
+    meter: Meter, fast: float, slow: float | None = None, *, precise: bool = True
+) -> Callable[[Any], Awaitable[None]]:
+    """An async handler awaiting `asyncio.sleep(fast)` (or `slow` on the tail records): a
+    non-blocking I/O wait. Takes a weir `Record` or an aiokafka message alike."""
+    begin, end, sleep = meter.begin, meter.end, asyncio.sleep
+
+    async def handle(record: Any) -> None:
+        precise_timers(precise)
+        begin()
+        if slow is not None and is_tail(record.partition, record.offset):
+            await sleep(slow)
+        else:
+            await sleep(fast)
+        end()
+
+    return handle
+
+
+def async_noop_handler(meter: Meter) -> Callable[[Any], Awaitable[None]]:
+    begin, end = meter.begin, meter.end
+
+    async def handle(record: Any) -> None:
+        begin()
         end()
 
     return handle

@@ -131,6 +131,7 @@ def child(args: argparse.Namespace) -> None:
             "processed": st.processed,
             "peak_in_flight": st.peak_in_flight,
             "peak_in_flight_bytes": st.peak_in_flight_bytes,
+            "throttles": st.throttles,
             "pauses": st.pauses,
             "rebalances": st.rebalances,
             "failed": st.failed,
@@ -269,7 +270,9 @@ def spawn(
     return result, max(peak, int(result["hwm_rss"])), timeline
 
 
-def evaluate(name: str, mode: str, flow: str, res: dict[str, Any], peak: int, tl: Any) -> Run:
+def evaluate(
+    name: str, mode: str, flow: str, res: dict[str, Any], peak: int, tl: list[tuple[float, int]]
+) -> Run:
     bound = res["queued_max_messages_kbytes"] * 1024 + res["fetch_max_bytes"]
     capacity = res["flow"]["capacity_bytes"] if mode == "weir" else None
     goal = (capacity or 0) + bound + SLACK
@@ -313,7 +316,7 @@ def report(runs: list[Run]) -> str:
                 "yes" if r.met else "NO",
                 "-" if not st else f"{st['peak_in_flight']:,}",
                 "-" if not st else mib(st["peak_in_flight_bytes"]),
-                "-" if not st else st["pauses"],
+                "-" if not st else st["throttles"],
                 "-" if not st else st["rebalances"],
                 r.max_poll_exceeded,
             ]
@@ -332,7 +335,7 @@ def report(runs: list[Run]) -> str:
         "goal met",
         "peak in-flight",
         "peak in-flight MiB",
-        "pauses",
+        "throttles",
         "rebalances",
         "max.poll exceeded",
     ]

@@ -14,6 +14,26 @@ Cases, each on a fresh consumer group over records produced before the clock sta
 * io-hot: 1 ms I/O, key mode, one key per partition (``--partitions`` of them): parallelism has
          to come from partitions, so the budget must be shared between them (no issue target;
          a guard for the few-keys case).
+* failures: 1 ms I/O, key mode, ``--fail-percent`` (1 %) of the records failing once and
+         retried after a short backoff (``--fail-backoff-ms``), against the same run with no
+         failures, alternating (``--failure-repeats`` pairs, default flow only); the target is
+         0.9x of the no-failure rate. ``--failure-records`` (120k) per run: a run ends with the
+         last retries' backoff and their keys' waiting records, a fixed 0.1-0.2 s that would
+         weigh 4-7 % in a 3 s run of the io case's 40k.
+* aio, aio-tail: asyncio handlers (``await asyncio.sleep``) on the same topic as ``io``'s shape:
+         uniform 1 ms, and a tail mix (1 % of the records 100 ms, the rest 1 ms). Engines: a plain
+         aiokafka loop as an asyncio user writes it today (``getmany``, ``asyncio.gather`` over
+         the batch, ``commit``), GroupConsumer with the async handler (``async-<mode>``,
+         ``--max-in-flight``) and GroupConsumer with the same waits on ``--workers`` threads.
+         Repeated ``--aio-repeats`` times, interleaved. The no-op case also runs an async no-op
+         handler (``async-key``).
+* eos:   input -> transform -> output in key mode, no-op and 1 ms handlers, side by side in one
+         run: at-least-once without output (``alo``), at-least-once producing each output from
+         the handler with a shared idempotent producer (``alo+out``: not awaited before the
+         commit, the usual at-least-once pipeline), and the transactional mode
+         (``eos``: ``ctx.produce``, ``transactional_id``) with the default 0.1 s transaction
+         interval and with 1 s (``eos-1s``). Besides the handler-side rate, the rate up to the
+         group's last commit (``rec/s to commit``: for ``eos`` the outputs are visible then).
 
 Every GroupConsumer case runs with two flow budgets: weir's defaults, and "wide" (a record budget
 large enough to cover the ~1 s librdkafka needs to restart fetching after a resume; see
@@ -26,11 +46,14 @@ consumer share this machine's cores, so absolute figures are lower than on separ
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
+import inspect
 import statistics
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +63,8 @@ from _common import (
     CpuWatch,
     Meter,
     add_broker_args,
+    async_noop_handler,
+    async_sleep_handler,
     broker,
     create_topic,
     delete_topics,
@@ -51,16 +76,32 @@ from _common import (
     quiet_logging,
     sleep_handler,
     table,
+    tail_handler,
     unique,
     write_json,
 )
 from confluent_kafka import Consumer
+from typing_extensions import TypedDict
 
-from weir import ConsumerConfig, FlowConfig, GroupConsumer
+from weir import (
+    CommitEvent,
+    ConsumerConfig,
+    Context,
+    FailurePolicy,
+    FlowConfig,
+    GroupConsumer,
+    Handler,
+    Record,
+    RetryPolicy,
+)
+from weir.scheduling import Ordering
 
 # Targets from the issue.
 NOOP_TARGET = 0.30  # of the raw loop
 IO_TARGET = 0.90  # of the ideal workers / handler time
+FAILURES_TARGET = 0.90  # of the same run without failures
+AIO_TARGET = 1.0  # async key mode, of the aiokafka + gather loop, uniform 1 ms
+AIO_TAIL_TARGET = 5.0  # the same on the tail mix
 
 FLOWS: dict[str, FlowConfig] = {
     "default": FlowConfig(),
@@ -68,9 +109,25 @@ FLOWS: dict[str, FlowConfig] = {
     # work queued while librdkafka restarts fetching. Small records: the byte marks (64/32 MiB)
     # stay as they are and still bound memory.
     "wide": FlowConfig(capacity_records=50_000, pause_records=40_000, resume_records=20_000),
+    "x4": FlowConfig(capacity_records=4_800, pause_records=4_000, resume_records=1_600),
 }
 
-Handler = Callable[[Any], None]
+# A handler function: gets a weir Record, or a confluent_kafka Message in the raw loop.
+HandlerFn = Callable[[Any], None]
+
+ORDERINGS: dict[str, Ordering] = {"key": "key", "partition": "partition", "unordered": "unordered"}
+
+
+class Tuning(TypedDict, total=False):
+    """GroupConsumer settings given on the command line."""
+
+    max_batch: int
+    commit_every: int
+    failure: FailurePolicy
+    max_in_flight: int
+    workers: int
+    flow: FlowConfig
+
 
 # The raw loop fetches like weir does. With librdkafka's defaults (fetch.wait.max.ms=500,
 # fetch.queue.backoff.ms=1000) it was bimodal here: runs at ~150k/s stalled on fetches (0.25 cores
@@ -85,7 +142,8 @@ RAW_FETCH: dict[str, Any] = {
 }
 # weir's commit cadence, which the raw loop copies.
 DEFAULTS: dict[str, Any] = {
-    name: ConsumerConfig.model_fields[name].default for name in ("commit_every", "commit_interval")
+    name: ConsumerConfig.model_fields[name].default
+    for name in ("commit_every", "commit_interval_s")
 }
 
 
@@ -119,9 +177,13 @@ class Result:
     vs_ideal: float | None = None
     target: str = ""
     met: bool | None = None
-    pauses: int | None = None
+    throttles: int | None = None
     peak_in_flight: int | None = None
     rebalances: int | None = None
+    retries: int | None = None
+    vs_no_failures: float | None = None
+    seconds_to_commit: float | None = None  # first record in a handler -> the last commit
+    rate_to_commit: float | None = None
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -167,7 +229,7 @@ def run_raw(
     bk: Broker,
     topic: Topic,
     records: int,
-    handle: Callable[[Meter], Handler],
+    handle: Callable[[Meter], HandlerFn],
     *,
     case: str,
     handler_name: str,
@@ -175,11 +237,11 @@ def run_raw(
     max_seconds: float,
     fetch: dict[str, Any],
     commit_every: int = DEFAULTS["commit_every"],
-    commit_interval: float = DEFAULTS["commit_interval"],
+    commit_interval_s: float = DEFAULTS["commit_interval_s"],
 ) -> Result:
-    """The baseline: one thread, `consume()` a batch, handle each record inline, commit async every
-    `commit_every` records or `commit_interval` seconds (weir's cadence: its defaults unless given).
-    librdkafka defaults apart from `fetch`."""
+    """The baseline: one thread, `consume()` a batch, handle each record inline, commit async
+    every `commit_every` records or `commit_interval_s` seconds (weir's cadence: its defaults
+    unless given). librdkafka defaults apart from `fetch`."""
     meter = Meter(records)
     h = handle(meter)
     watch = CpuWatch(bk)
@@ -210,7 +272,7 @@ def run_raw(
             since_commit += len(msgs)
             now = time.monotonic()
             if since_commit and (
-                since_commit >= commit_every or now - last_commit >= commit_interval
+                since_commit >= commit_every or now - last_commit >= commit_interval_s
             ):
                 c.commit(asynchronous=True)
                 since_commit = 0
@@ -232,36 +294,104 @@ def run_raw(
         {
             "consume_batch": batch,
             "commit_every": commit_every,
-            "commit_interval": commit_interval,
+            "commit_interval_s": commit_interval_s,
             **fetch,
         },
     )
+
+
+def run_aiokafka(
+    bk: Broker,
+    topic: Topic,
+    records: int,
+    handle: Callable[[Meter], Callable[[Any], Any]],
+    *,
+    case: str,
+    handler_name: str,
+    max_seconds: float,
+    max_records: int | None = None,
+) -> Result:
+    """The asyncio peer, as an asyncio user writes it today with aiokafka: `getmany()` what is
+    fetched (at most `max_records`), `asyncio.gather` the handler over the whole batch,
+    `commit()` the positions, again. A batch is finished before the next is fetched, so it waits
+    for its slowest record."""
+    try:
+        from aiokafka import AIOKafkaConsumer
+    except ImportError:
+        raise SystemExit(
+            "the aiokafka peer needs the bench extra: pip install -e '.[bench]' (make bench "
+            "installs it), or leave it out with --aio-engines async-key,key"
+        ) from None
+
+    meter = Meter(records)
+    h = handle(meter)
+    watch = CpuWatch(bk)
+    started = time.perf_counter()
+
+    sizes: list[int] = []
+
+    async def main() -> tuple[float | None, dict[str, float | None]]:
+        c = AIOKafkaConsumer(
+            topic.name,
+            bootstrap_servers=bk.bootstrap,
+            group_id=unique("bench-aiokafka"),
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        await c.start()
+        try:
+            deadline = started + max_seconds
+            while not meter.done.is_set() and time.perf_counter() < deadline:
+                batch = await c.getmany(timeout_ms=100, max_records=max_records)
+                msgs = [m for part in batch.values() for m in part]
+                if msgs:
+                    sizes.append(len(msgs))
+                    await asyncio.gather(*(h(m) for m in msgs))
+                    await c.commit()
+            cut = None if meter.done.is_set() else time.perf_counter()
+            return cut, watch.stop()
+        finally:
+            await c.stop()
+
+    cut_at, cpu = asyncio.run(main())
+    # How many records each getmany() returned: a batch waits for its slowest record, so the
+    # tail mix costs the peer one slow wait per batch.
+    batches = {"batches": len(sizes), "batch_mean": round(statistics.mean(sizes)) if sizes else 0}
+    batches["batch_max"] = max(sizes, default=0)
+    engine = "aiokafka" if max_records is None else f"aiokafka:{max_records}"
+    return _result(case, engine, "-", handler_name, topic, meter, started, cut_at, cpu, batches)
 
 
 def run_weir(
     bk: Broker,
     topic: Topic,
     records: int,
-    handle: Callable[[Meter], Handler],
+    handle: Callable[[Meter], Any],
     *,
     case: str,
     handler_name: str,
-    ordering: str,
+    ordering: Ordering,
     flow: str,
     workers: int,
     max_seconds: float,
-    settings: dict[str, Any],
+    settings: Tuning,
 ) -> Result:
     meter = Meter(records)
+    h = handle(meter)
+    tuning: Tuning = {**settings}
+    if not inspect.iscoroutinefunction(h):
+        # Threads only: async handlers have max_in_flight (in `settings`) instead.
+        tuning["workers"] = workers
+    if flow != "default":
+        # "default": weir's own default, which for async handlers scales with max_in_flight.
+        tuning["flow"] = FLOWS[flow]
     gc = GroupConsumer(
-        handle(meter),
+        h,
         bootstrap_servers=bk.bootstrap,
         group_id=unique("bench-weir"),
         topics=[topic.name],
         ordering=ordering,
-        workers=workers,
-        flow=FLOWS[flow],
-        **settings,
+        **tuning,
     )
     watch = CpuWatch(bk)
     started = time.perf_counter()
@@ -283,13 +413,227 @@ def run_weir(
         started,
         cut_at,
         cpu,
-        {"workers": workers, "flow": FLOWS[flow].model_dump(), **settings},
+        {"workers": workers, "flow": gc.config.flow.model_dump(), **settings},
     )
     st = gc.stats()
-    result.pauses = st.pauses
+    result.throttles = st.throttles
+    result.peak_in_flight = st.peak_in_flight
+    result.rebalances = st.rebalances
+    result.retries = st.retries
+    return result
+
+
+class FailingIO(Handler):
+    """The 1 ms I/O handler whose first attempt fails for a fixed `percent` of the records
+    (chosen by a hash of partition and offset, the same in every run). A failed attempt costs
+    its 1 ms too, as a call to a service that answered with an error would."""
+
+    def __init__(
+        self, meter: Meter, seconds: float, percent: float, *, precise: bool = True
+    ) -> None:
+        self._begin, self._end, self._seconds = meter.begin, meter.end, seconds
+        self._threshold = round(percent * 100)  # of 10,000
+        self._precise = precise
+        self.failed = 0  # attempts that failed (approximate under threads; a count for the log)
+
+    def fails(self, record: Record) -> bool:
+        key = b"%d/%d" % (record.partition, record.offset)
+        return zlib.crc32(key) % 10_000 < self._threshold
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        precise_timers(self._precise)
+        self._begin()
+        time.sleep(self._seconds)
+        if ctx.attempt == 1 and self._threshold and self.fails(record):
+            self.failed += 1
+            raise ConnectionError("the service failed this once")
+        self._end()
+
+
+# --- eos: the transactional mode against at-least-once, with outputs --------------------------
+
+# The eos case's engines: (label, transactional, produces outputs, transaction_interval_s).
+EOS_ENGINES: list[tuple[str, bool, bool, float]] = [
+    ("alo", False, False, 0.0),
+    ("alo+out", False, True, 0.0),
+    ("eos", True, True, 0.1),
+    ("eos-1s", True, True, 1.0),
+]
+# The at-least-once pipeline's producer: durable and idempotent like the transactional one
+# (acks=all), batching like it (linger.ms=5).
+ALO_PRODUCER: dict[str, Any] = {"acks": "all", "enable.idempotence": True, "linger.ms": 5}
+
+
+class _Transform(Handler):
+    """The eos case's handler: optional sleep, then one output per record, through the
+    transaction (`ctx.produce`) or a shared producer, or none."""
+
+    def __init__(
+        self,
+        meter: Meter,
+        sleep_s: float,
+        precise: bool,
+        output: str,
+        how: str,  # "ctx", "producer" or "none"
+        producer: Any = None,
+    ) -> None:
+        self.meter = meter
+        self.sleep_s = sleep_s
+        self.precise = precise
+        self.output = output
+        self.how = how
+        self.producer = producer
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        meter = self.meter
+        if self.sleep_s:
+            precise_timers(self.precise)
+        meter.begin()
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        if self.how == "ctx":
+            ctx.produce(self.output, record.value, record.key)
+        elif self.how == "producer":
+            p = self.producer
+            while True:
+                try:
+                    p.produce(self.output, record.value, record.key)
+                    break
+                except BufferError:
+                    p.poll(0.01)
+            p.poll(0)
+        meter.end()
+
+
+class _Committed:
+    """Commit listener: when the group's committed offsets first cover every record."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.offsets: dict[Any, int] = {}
+        self.at: float | None = None
+
+    def __call__(self, e: CommitEvent) -> None:
+        if e.status != "committed" or self.at is not None:
+            return
+        self.offsets[e.tp] = max(self.offsets.get(e.tp, 0), e.offset)
+        if sum(self.offsets.values()) >= self.total:
+            self.at = time.perf_counter()
+
+
+def run_eos(
+    bk: Broker,
+    topic: Topic,
+    output: str,
+    *,
+    engine: str,
+    transactional: bool,
+    produces: bool,
+    interval_s: float,
+    handler_name: str,
+    sleep_s: float,
+    precise: bool,
+    workers: int,
+    max_seconds: float,
+    settings: Tuning,
+) -> Result:
+    meter = Meter(topic.records)
+    committed = _Committed(topic.records)
+    producer = None
+    how = "ctx" if transactional else "producer" if produces else "none"
+    if how == "producer":
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": bk.bootstrap, **ALO_PRODUCER})
+    group = unique("bench-eos")
+    extra: dict[str, Any] = {}
+    if transactional:
+        extra = {"transactional_id": group, "transaction_interval_s": interval_s}
+    tuning: Tuning = {**settings, "workers": workers, "flow": FLOWS["default"]}
+    gc = GroupConsumer(
+        _Transform(meter, sleep_s, precise, output, how, producer),
+        bootstrap_servers=bk.bootstrap,
+        group_id=group,
+        topics=[topic.name],
+        ordering="key",
+        **tuning,
+        **extra,
+    )
+    gc.add_commit_listener(committed)
+    watch = CpuWatch(bk)
+    started = time.perf_counter()
+    gc.start()
+    try:
+        finished = meter.done.wait(max_seconds)
+        cut_at = None if finished else time.perf_counter()
+        # The run ends with the commit that covers every record (outputs visible, for eos).
+        deadline = time.perf_counter() + 30
+        while finished and committed.at is None and time.perf_counter() < deadline:
+            time.sleep(0.005)
+        cpu = watch.stop()
+    finally:
+        gc.stop()
+        gc.join(60)
+        if producer is not None:
+            producer.flush(60)
+    result = _result(
+        "eos",
+        engine,
+        "default",
+        handler_name,
+        topic,
+        meter,
+        started,
+        cut_at,
+        cpu,
+        {"workers": workers, "ordering": "key", **settings, **extra},
+    )
+    if committed.at is not None and meter.first is not None:
+        result.seconds_to_commit = committed.at - meter.first
+        result.rate_to_commit = topic.records / result.seconds_to_commit
+    st = gc.stats()
+    result.throttles = st.throttles
     result.peak_in_flight = st.peak_in_flight
     result.rebalances = st.rebalances
     return result
+
+
+def eos_report(results: list[Result]) -> str:
+    """The eos case side by side: each engine's rates against at-least-once without output."""
+    rows = []
+    base = {r.handler: r for r in results if r.case == "eos" and r.engine == "alo"}
+    for r in results:
+        if r.case != "eos":
+            continue
+        b = base.get(r.handler)
+        rows.append(
+            [
+                r.handler,
+                r.engine,
+                f"{r.records:,}" + (" (cut)" if r.cut else ""),
+                fmt_rate(r.rate),
+                "" if r.rate_to_commit is None else fmt_rate(r.rate_to_commit),
+                "" if b is None else f"{r.rate / b.rate:.2f}x",
+                ""
+                if b is None or b.rate_to_commit is None or r.rate_to_commit is None
+                else f"{r.rate_to_commit / b.rate_to_commit:.2f}x",
+                "/".join(
+                    "" if r.cpu[k] is None else f"{r.cpu[k]:.2f}"
+                    for k in ("own_cores", "broker_cores", "other_cores")
+                ),
+            ]
+        )
+    header = [
+        "handler",
+        "engine",
+        "records",
+        "rec/s",
+        "rec/s to commit",
+        "x alo",
+        "x alo to commit",
+        "cpu own/broker/other",
+    ]
+    return table(rows, header)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -312,6 +656,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keys", type=int, default=1_600, help="distinct keys of the main topics")
     p.add_argument("--value-size", type=int, default=100, help="bytes per record value")
     p.add_argument("--workers", type=int, default=16)
+    p.add_argument(
+        "--max-in-flight", type=int, default=None, help="async cases: max_in_flight (weir's)"
+    )
+    p.add_argument("--aio-repeats", type=int, default=2, help="runs of each async case engine")
+    p.add_argument(
+        "--aio-engines",
+        default="aiokafka,aiokafka:1000,async-key,key",
+        help="engines of the async cases: aiokafka (getmany() whole), aiokafka:N (getmany("
+        "max_records=N)), async-<mode>, <mode> (threads)",
+    )
+    p.add_argument("--tail-ms", type=float, default=100.0, help="slow records of the tail mix")
+    p.add_argument("--aio-flow", default="default", help="flow budget of weir's async runs")
     p.add_argument("--io-ms", type=float, default=1.0, help="handler sleep in the I/O cases")
     p.add_argument(
         "--default-timer-slack",
@@ -349,7 +705,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--modes", default="key,partition,unordered", help="ordering modes to run")
     p.add_argument("--flows", default="default,wide", help=f"flow budgets: {', '.join(FLOWS)}")
     p.add_argument(
-        "--only", default="", help="cases to run: noop, io, io-1p, io-hot (default: all)"
+        "--only",
+        default="",
+        help="cases to run: noop, io, io-1p, io-hot, failures, aio, aio-tail, eos (default: all)",
+    )
+    p.add_argument("--failure-records", type=int, default=120_000, help="failures: per run")
+    p.add_argument(
+        "--fail-percent", type=float, default=1.0, help="failures: records failing once (%%)"
+    )
+    p.add_argument(
+        "--fail-backoff-ms", type=float, default=50.0, help="failures: backoff before the retry"
+    )
+    p.add_argument(
+        "--failure-repeats",
+        type=int,
+        default=2,
+        help="failures: pairs of runs (no failures, then failures), alternating",
+    )
+    p.add_argument(
+        "--eos-records",
+        type=int,
+        default=None,
+        help="records per eos run (default: --io-records for the 1 ms handler, "
+        "--noop-records / 5 for the no-op one)",
     )
     p.add_argument("--max-seconds", type=float, default=30.0, help="cut a run after this long")
     args = p.parse_args(argv)
@@ -357,6 +735,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.noop_records = min(args.noop_records, 125_000)
         args.io_records = min(args.io_records, 10_000)
         args.raw_io_records = min(args.raw_io_records, 1_000)
+        args.failure_records = min(args.failure_records, 30_000)
         args.max_seconds = min(args.max_seconds, 15.0)
     return args
 
@@ -388,7 +767,21 @@ def evaluate(results: list[Result]) -> None:
         key = (r.case, r.engine, r.flow)
         if key not in best or r.rate > best[key].rate:
             best[key] = r
+    # The peer of an async case is its fastest aiokafka run, whatever its getmany() size.
+    peer: dict[str, Result] = {}
     for r in results:
+        if r.engine.startswith("aiokafka") and (r.case not in peer or r.rate > peer[r.case].rate):
+            peer[r.case] = r
+    for r in results:
+        if r.case in ("aio", "aio-tail"):
+            base = peer.get(r.case)
+            if not r.engine.startswith("aiokafka") and base is not None:
+                r.vs_raw = r.rate / base.rate  # "x raw" of an async case: x aiokafka + gather
+            if r.engine == "async-key" and r.vs_raw is not None:
+                goal = AIO_TARGET if r.case == "aio" else AIO_TAIL_TARGET
+                r.target = f">= {goal:.0f}x aiokafka"
+                r.met = r.vs_raw >= goal
+            continue
         base = raw.get(r.case)
         if r.engine != "raw" and base is not None:
             r.vs_raw = r.rate / base.rate
@@ -401,7 +794,9 @@ def evaluate(results: list[Result]) -> None:
                 continue  # the target is judged on the fastest run, as for the raw loop
             r.target = f">= {NOOP_TARGET:.2f}x raw"
             r.met = None if r.vs_raw is None else r.vs_raw >= NOOP_TARGET
-        elif r.vs_ideal is not None and r.case != "io-hot":
+        elif r.case == "failures":
+            continue  # judged against its no-failure runs in failures_summary
+        elif r.vs_ideal is not None and r.case in ("io", "io-1p"):
             r.target = f">= {IO_TARGET:.2f}x ideal"
             r.met = r.vs_ideal >= IO_TARGET
 
@@ -430,6 +825,31 @@ def noop_summary(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def failures_summary(results: list[Result]) -> str:
+    """The runs with failures against the runs without, best against best and median against
+    median; the target is judged on the best runs, as for the no-op case."""
+    clean = [r for r in results if r.case == "failures" and r.handler == "1ms"]
+    failing = [r for r in results if r.case == "failures" and r.handler != "1ms"]
+    if not clean or not failing:
+        return ""
+    best_clean = max(clean, key=lambda r: r.rate)
+    best = max(failing, key=lambda r: r.rate)
+    for r in failing:
+        r.vs_no_failures = r.rate / best_clean.rate
+    best.target = f">= {FAILURES_TARGET:.2f}x no failures"
+    best.met = best.rate / best_clean.rate >= FAILURES_TARGET
+    median_clean = statistics.median(r.rate for r in clean)
+    median = statistics.median(r.rate for r in failing)
+    return (
+        f"failures ({best.handler}, key mode): no failures best {fmt_rate(best_clean.rate)}/s, "
+        f"with failures best {fmt_rate(best.rate)}/s = {best.rate / best_clean.rate:.2f}x; "
+        f"medians {fmt_rate(median_clean)}/s and {fmt_rate(median)}/s = "
+        f"{median / median_clean:.2f}x ({len(clean)} + {len(failing)} runs; retries per "
+        f"failing run: {', '.join(str(r.retries) for r in failing)}). Target "
+        f">= {FAILURES_TARGET:.2f}x: {'met' if best.met else 'NOT met'}."
+    )
+
+
 def report(results: list[Result]) -> str:
     def ratio(x: float | None) -> str:
         return "" if x is None else f"{x:.2f}x"
@@ -452,7 +872,8 @@ def report(results: list[Result]) -> str:
             ratio(r.vs_raw),
             "" if r.ideal is None else fmt_rate(r.ideal),
             ratio(r.vs_ideal),
-            "" if r.pauses is None else r.pauses,
+            ratio(r.vs_no_failures),
+            "" if r.throttles is None else r.throttles,
             "/".join(cores(r.cpu[k]) for k in ("own_cores", "broker_cores", "other_cores")),
             "" if r.met is None else ("yes" if r.met else "NO"),
         ]
@@ -472,17 +893,85 @@ def report(results: list[Result]) -> str:
         "x raw",
         "ideal/s",
         "x ideal",
-        "pauses",
+        "x no-fail",
+        "throttles",
         "cpu own/broker/other",
         "target met",
     ]
     return table(rows, header)
 
 
+def run_async_cases(
+    bk: Broker,
+    t: Topic,
+    args: argparse.Namespace,
+    only: set[str],
+    record: Callable[[Result], None],
+    async_handlers: dict[str, Callable[[Meter], Any]],
+    thread_handlers: dict[str, Callable[[Meter], HandlerFn]],
+    aio_settings: Tuning,
+    settings: Tuning,
+) -> None:
+    """aio and aio-tail: the aiokafka + gather loop, weir's async mode and weir's threads, on
+    the same topic, interleaved run by run."""
+    engines = [e for e in args.aio_engines.split(",") if e]
+    cases = [c for c in ("aio", "aio-tail") if not only or c in only]
+    names = {"aio": f"{args.io_ms:g}ms", "aio-tail": f"{args.io_ms:g}/{args.tail_ms:g}ms 1%"}
+    for _ in range(args.aio_repeats):
+        for case in cases:
+            for engine in engines:
+                if engine.startswith("aiokafka"):
+                    _, _, cap = engine.partition(":")
+                    r = run_aiokafka(
+                        bk,
+                        t,
+                        t.records,
+                        async_handlers[case],
+                        case=case,
+                        handler_name=names[case],
+                        max_seconds=args.max_seconds,
+                        max_records=int(cap) if cap else None,
+                    )
+                elif engine.startswith("async-"):
+                    r = run_weir(
+                        bk,
+                        t,
+                        t.records,
+                        async_handlers[case],
+                        case=case,
+                        handler_name=names[case],
+                        ordering=engine.removeprefix("async-"),
+                        flow=args.aio_flow,
+                        workers=args.workers,
+                        max_seconds=args.max_seconds,
+                        settings=aio_settings,
+                    )
+                    r.engine = engine
+                else:
+                    r = run_weir(
+                        bk,
+                        t,
+                        t.records,
+                        thread_handlers[case],
+                        case=case,
+                        handler_name=names[case],
+                        ordering=engine,
+                        flow="default",
+                        workers=args.workers,
+                        max_seconds=args.max_seconds,
+                        settings=settings,
+                    )
+                record(r)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     quiet_logging()
-    modes = [m for m in args.modes.split(",") if m]
+    names = [m for m in args.modes.split(",") if m]
+    for m in names:
+        if m not in ORDERINGS:
+            raise SystemExit(f"unknown mode {m!r}: choose from {', '.join(ORDERINGS)}")
+    modes = [ORDERINGS[m] for m in names]
     flows = [f for f in args.flows.split(",") if f]
     for f in flows:
         if f not in FLOWS:
@@ -491,7 +980,7 @@ def main(argv: list[str] | None = None) -> int:
     io_s = args.io_ms / 1000
     slept = calibrate_sleep(io_s, precise=not args.default_timer_slack)
     raw_fetch = {} if args.raw_librdkafka_defaults else RAW_FETCH
-    settings: dict[str, Any] = {}
+    settings: Tuning = {}
     if args.max_batch is not None:
         settings["max_batch"] = args.max_batch
     if args.commit_every is not None:
@@ -506,10 +995,29 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
-    def noop(m: Meter) -> Handler:
+    def noop(m: Meter) -> HandlerFn:
         return noop_handler(m)
 
-    def io(m: Meter) -> Handler:
+    def anoop(m: Meter) -> Any:
+        return async_noop_handler(m)
+
+    precise = not args.default_timer_slack
+    tail_s = args.tail_ms / 1000
+
+    def aio(m: Meter) -> Any:
+        return async_sleep_handler(m, io_s, precise=precise)
+
+    def aio_tail(m: Meter) -> Any:
+        return async_sleep_handler(m, io_s, tail_s, precise=precise)
+
+    def io_tail(m: Meter) -> HandlerFn:
+        return tail_handler(m, io_s, tail_s, precise=precise)
+
+    aio_settings: Tuning = {**settings}
+    if args.max_in_flight is not None:
+        aio_settings["max_in_flight"] = args.max_in_flight
+
+    def io(m: Meter) -> HandlerFn:
         return sleep_handler(m, io_s, precise=not args.default_timer_slack)
 
     results: list[Result] = []
@@ -519,7 +1027,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  {r.case:<6} {r.engine:<9} {r.flow:<7} {r.handler:<4} {r.records:>8,} rec "
             f"{fmt_rate(r.rate):>8}/s  join {r.join_seconds:.2f}s  "
-            f"cpu {r.cpu['own_cores']:.2f} cores{'  CUT' if r.cut else ''}",
+            f"cpu {r.cpu['own_cores']:.2f} cores{'  CUT' if r.cut else ''}"
+            + (f"  {r.settings}" if r.engine.startswith("aiokafka") else ""),
             flush=True,
         )
 
@@ -528,11 +1037,18 @@ def main(argv: list[str] | None = None) -> int:
         ("io", args.io_records, args.partitions, args.keys),
         ("io-1p", args.io_records, 1, 100),
         ("io-hot", args.io_records, args.partitions, args.partitions),
+        ("failures", args.failure_records, args.partitions, args.keys),
+        ("aio", args.io_records, args.partitions, args.keys),
+        ("eos-noop", args.eos_records or args.noop_records // 5, args.partitions, args.keys),
+        ("eos-io", args.eos_records or args.io_records, args.partitions, args.keys),
     ]
+    if "aio-tail" in only:
+        only.add("aio")  # the same topic
     with broker(args.bootstrap) as bk:
         topics: dict[str, Topic] = {}
+        outputs: list[str] = []
         for case, n, parts, keys in plan:
-            if only and case not in only:
+            if only and case not in only and not (case.startswith("eos-") and "eos" in only):
                 continue
             t = Topic(unique(f"bench-{case}"), n, parts, keys)
             create_topic(bk.bootstrap, t.name, parts)
@@ -585,6 +1101,22 @@ def main(argv: list[str] | None = None) -> int:
                                     **common,
                                 )
                             )
+                    if not any(e.startswith("async-") for e in args.aio_engines.split(",")):
+                        continue
+                    r = run_weir(
+                        bk,
+                        t,
+                        t.records,
+                        anoop,
+                        case="noop",
+                        handler_name="async noop",
+                        ordering="key",
+                        flow="default",
+                        settings=aio_settings,
+                        **common,
+                    )
+                    r.engine = "async-key"
+                    record(r)
             if "io" in topics:
                 t = topics["io"]
                 r = run_raw(
@@ -618,6 +1150,32 @@ def main(argv: list[str] | None = None) -> int:
                         lanes = {"key": t.keys, "partition": t.partitions}.get(mode, args.workers)
                         r.ideal = min(args.workers, lanes) / io_s
                         record(r)
+            for case, sleep_s in (("eos-noop", 0.0), ("eos-io", io_s)):
+                if case not in topics:
+                    continue
+                t = topics[case]
+                for engine, transactional, produces, interval in EOS_ENGINES:
+                    out = unique("bench-eos-out")
+                    create_topic(bk.bootstrap, out, t.partitions)
+                    outputs.append(out)
+                    r = run_eos(
+                        bk,
+                        t,
+                        out,
+                        engine=engine,
+                        transactional=transactional,
+                        produces=produces,
+                        interval_s=interval,
+                        handler_name="1ms" if sleep_s else "noop",
+                        sleep_s=sleep_s,
+                        precise=not args.default_timer_slack,
+                        workers=args.workers,
+                        max_seconds=args.max_seconds,
+                        settings=settings,
+                    )
+                    if sleep_s:
+                        r.ideal = min(args.workers, t.keys) / io_s
+                    record(r)
             for case in ("io-1p", "io-hot"):
                 if case not in topics:
                     continue
@@ -637,17 +1195,66 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     r.ideal = min(args.workers, t.keys) / io_s
                     record(r)
+            if "failures" in topics:
+                t = topics["failures"]
+                backoff = args.fail_backoff_ms / 1000
+                policy = FailurePolicy(
+                    retry=RetryPolicy(
+                        max_attempts=3, backoff_initial_s=backoff, backoff_max_s=backoff
+                    )
+                )
+                label = f"1ms+{args.fail_percent:g}%"
+                for _ in range(args.failure_repeats):
+                    for percent in (0.0, args.fail_percent):
+
+                        def failing(m: Meter, percent: float = percent) -> Handler:
+                            precise = not args.default_timer_slack
+                            return FailingIO(m, io_s, percent, precise=precise)
+
+                        r = run_weir(
+                            bk,
+                            t,
+                            t.records,
+                            failing,
+                            case="failures",
+                            handler_name=label if percent else "1ms",
+                            ordering="key",
+                            flow="default",
+                            settings={**settings, "failure": policy},
+                            **common,
+                        )
+                        r.ideal = min(args.workers, t.keys) / io_s
+                        record(r)
+            if "aio" in topics:
+                run_async_cases(
+                    bk,
+                    topics["aio"],
+                    args,
+                    only,
+                    record,
+                    {"aio": aio, "aio-tail": aio_tail},
+                    {"aio": io, "aio-tail": io_tail},
+                    aio_settings,
+                    settings,
+                )
         finally:
             if args.bootstrap:
-                delete_topics(bk.bootstrap, [t.name for t in topics.values()])
+                delete_topics(bk.bootstrap, [t.name for t in topics.values()] + outputs)
 
     evaluate(results)
+    failures = failures_summary(results)
     print()
     print(report(results))
+    if any(r.case == "eos" for r in results):
+        print()
+        print(eos_report(results))
     summary = noop_summary(results)
     if summary:
         print()
         print(summary)
+    if failures:
+        print()
+        print(failures)
     print(
         "\nrec/s: first record in a handler -> last out; join s: start() -> first record. "
         "cpu: cores used during the run by this process / the embedded broker / everything else "

@@ -3,24 +3,30 @@
 A member that froze past its session timeout can still finish a handler after the new owner has
 processed the same record. Two ways to make that harmless, shown with SQLite:
 
-1. idempotent writes keyed by `record.event_id` (a replay rewrites the same row);
-2. fencing at write time: each partition's newest owner token is stored, and a write from an older
-   token is refused in the same transaction as the write.
+1. `IdempotentSink`: an upsert keyed by `record.event_id`. A replay rewrites the same row. Enough
+   when each record owns its row; not when records of a partition update shared rows (a zombie's
+   late write of record 41 can land after the new owner's write of 42 and set a row back).
+2. `FencedSink`: `weir.fencing` (docs/fencing.md). The consumer acquires each partition's epoch
+   in the database when it is assigned; every write runs in one transaction that checks the
+   epoch and records the event id: a zombie's write is refused (`FencedError`), a replay is a
+   no-op. Run it with `GroupConsumer(FencedSink(fence, group_id), fence=fence, ...)`.
 
-Run: `python -m examples.idempotent_sink` (uses an in-memory database; no broker needed).
+Run: `python -m examples.idempotent_sink` (a temporary database file; no broker needed: it plays
+the two owners by hand).
 """
 
 from __future__ import annotations
 
 import sqlite3
+import tempfile
 import threading
+from pathlib import Path
 
-from weir import Context, Handler, Record
+from weir import Context, Handler, Partition, Record
+from weir.errors import FencedError
+from weir.fencing import FencedHandler, SqliteFence
 
-SCHEMA = """
-create table if not exists orders (event_id text primary key, value blob);
-create table if not exists owners (partition text primary key, token integer);
-"""
+SCHEMA = "create table if not exists orders (event_id text primary key, value blob)"
 
 
 class IdempotentSink(Handler):
@@ -39,50 +45,44 @@ class IdempotentSink(Handler):
             )
 
 
-class FencedSink(IdempotentSink):
-    """Option 2: refuse writes from an owner older than the newest one seen for the partition.
+class FencedSink(FencedHandler[sqlite3.Connection]):
+    """Option 2: the write runs inside the fence's transaction, on its connection."""
 
-    Tokens are local to one process; across processes use a monotonically increasing value that
-    all owners agree on (e.g. a fencing row updated in `on_assigned` with a database sequence).
-    """
-
-    def handle(self, record: Record, ctx: Context) -> None:
-        part = f"{record.topic}/{record.partition}"
-        with self.lock, self.db:
-            row = self.db.execute("select token from owners where partition = ?", (part,))
-            newest = row.fetchone()
-            if newest is not None and newest[0] > ctx.token:
-                raise StaleOwnerError(f"{record.event_id}: token {ctx.token} < {newest[0]}")
-            self.db.execute(
-                "insert into owners(partition, token) values (?, ?) "
-                "on conflict(partition) do update set token = max(token, excluded.token)",
-                (part, ctx.token),
-            )
-            self.db.execute(
-                "insert into orders(event_id, value) values (?, ?) "
-                "on conflict(event_id) do update set value = excluded.value",
-                (record.event_id, record.value),
-            )
-
-
-class StaleOwnerError(RuntimeError):
-    pass
+    def write(self, conn: sqlite3.Connection, record: Record) -> None:
+        conn.execute(
+            "insert into orders(event_id, value) values (?, ?)", (record.event_id, record.value)
+        )
 
 
 def main() -> None:
-    db = sqlite3.connect(":memory:", check_same_thread=False)
-    db.executescript(SCHEMA)
-    rec = Record("orders", 0, 41, b"k", b"v1", (), None, None, 4)
-    new_owner, zombie = Context(7, 1, rec.event_id, threading.Event()), None
-    sink = FencedSink(db)
-    sink.handle(rec, new_owner)
-    sink.handle(rec, new_owner)  # a replay by the same owner: the same row, no duplicate
-    zombie = Context(3, 1, rec.event_id, threading.Event())
-    try:
-        sink.handle(rec, zombie)
-    except StaleOwnerError as exc:
-        print("refused:", exc)
-    print("rows:", db.execute("select count(*) from orders").fetchone()[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "orders.db"
+        with sqlite3.connect(path) as db:
+            db.execute(SCHEMA)
+        group, tp = "orders-app", Partition("orders", 0)
+        rec = Record("orders", 0, 41, b"k", b"v1")
+        zombie_fence, owner_fence = SqliteFence(path), SqliteFence(path)
+        zombie, owner = FencedSink(zombie_fence, group), FencedSink(owner_fence, group)
+
+        # What GroupConsumer(..., fence=...) does on assignment, and hands over as ctx.epoch.
+        old = zombie_fence.acquire(group, [tp])[tp]
+        new = owner_fence.acquire(group, [tp])[tp]  # the partition moved: a newer epoch
+        print(
+            "new owner applies:",
+            owner.apply(rec, Context(1, 1, rec.event_id, threading.Event(), new)),
+        )
+        print(
+            "replay is a no-op:",
+            owner.apply(rec, Context(1, 1, rec.event_id, threading.Event(), new)),
+        )
+        try:
+            zombie.apply(rec, Context(1, 1, rec.event_id, threading.Event(), old))
+        except FencedError as exc:
+            print("zombie refused:", exc)
+        with sqlite3.connect(path) as db:
+            print("rows:", db.execute("select count(*) from orders").fetchone()[0])
+        zombie_fence.close()
+        owner_fence.close()
 
 
 if __name__ == "__main__":

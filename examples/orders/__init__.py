@@ -7,7 +7,8 @@ record that weir committed is always in some journal: a missing line means a los
 
 Events (``e``): ``assigned``/``revoked``/``lost`` (``p``: partitions, ``ts``: wall time),
 ``rec`` (``p``, ``o``: offset, ``k``: customer, ``s``: the customer's order sequence number,
-``t``: weir's assignment token), ``shutdown`` and ``failed`` (``error``).
+``t``: weir's assignment token), ``metrics`` (``url``: the member's Prometheus endpoint),
+``shutdown`` and ``failed`` (``error``).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Ledger:
     total: int = 0
     order_violations: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    metrics_url: dict[str, str] = field(default_factory=dict)
     _owned_since: dict[int, float] = field(default_factory=dict)
     _last_seq: dict[tuple[str, int, str], int] = field(default_factory=dict)
 
@@ -97,6 +99,8 @@ class Ledger:
             self.release(member)
         elif kind == "failed":
             self.failures.append(f"{member}: {ev['error']}")
+        elif kind == "metrics":
+            self.metrics_url[member] = ev["url"]
 
     def release(self, member: str) -> None:
         for p in [p for p, m in self.owner.items() if m == member]:

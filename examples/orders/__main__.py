@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -28,15 +29,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import structlog
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
 from examples.orders import Ledger, Summary
 from examples.orders.member import Members
+from weir.lag import LagError, admin_client, group_lag
 
 PARTITIONS = 6
 CUSTOMERS = 48
@@ -127,37 +129,37 @@ class OrderProducer(threading.Thread):
 
 
 class Offsets:
-    """The group's committed offsets and the topic's end offsets, as the broker sees them."""
+    """The group's committed offsets, the topic's end offsets and the lag, as `weir lag` reads
+    them: `weir.lag.group_lag`, which joins nothing."""
 
     def __init__(self, bootstrap: str, group: str, topic: str) -> None:
-        # Never subscribes, so it reads the group's offsets without joining the group.
-        self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": group,
-                "enable.auto.commit": False,
-                "logger": KAFKA_LOG,
-            }
-        )
-        self._tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": KAFKA_LOG}
+        # Made by weir.lag, so that it reads committed offsets with a consumer, as `weir lag`
+        # does: librdkafka's admin call for them can crash the process (weir.lag's doc).
+        self._admin = admin_client(conf)
+        self._group = group
+        self._topic = topic
         self.end: list[int] = [0] * PARTITIONS
         self.committed: list[int | None] = [None] * PARTITIONS
+        self.lag: list[int] = [0] * PARTITIONS
 
     def refresh(self) -> None:
-        with contextlib.suppress(KafkaException):
-            for tp in self._tps:
-                marks = self._consumer.get_watermark_offsets(tp, timeout=5)
-                if marks is not None:
-                    self.end[tp.partition] = marks[1]
-            for r in self._consumer.committed(self._tps, timeout=5):
-                self.committed[r.partition] = r.offset if r.offset >= 0 else None
+        try:
+            rows = group_lag(self._admin, self._group, topics=[self._topic], timeout=5).partitions
+        except LagError:
+            return  # the group is not known yet, or the broker was slow: keep the last view
+        for row in rows:
+            if row.log_end is not None:
+                self.end[row.partition] = row.log_end
+            self.committed[row.partition] = row.committed
+            self.lag[row.partition] = row.lag or 0
 
     def matches(self, p: int) -> bool:
         # A partition that never got an order has nothing to commit.
         return self.committed[p] == self.end[p] or (self.end[p] == 0 and self.committed[p] is None)
 
     def close(self) -> None:
-        self._consumer.close()
+        pass  # an admin client has nothing to close
 
 
 class Demo:
@@ -376,10 +378,17 @@ class Demo:
             # No live redraw in a pipe or CI log: a line every few seconds instead.
             self._last_progress = now
             offsets = self.offsets
-            lag = sum(e - (c or 0) for e, c in zip(offsets.end, offsets.committed, strict=True))
+            lag = sum(offsets.lag)
+            views = [
+                scrape(url)
+                for m in self.members.running()
+                if (url := self.ledger.metrics_url.get(m.name))
+            ]
+            ready = sum(1 for v in views if v and v.get("weir_ready"))
             self.say(
                 f"produced {len(self.producer.delivered)}, processed {self.ledger.total}, "
-                f"lag {lag} · {self._ownership() or 'no owners yet'}"
+                f"lag {lag} · {self._ownership() or 'no owners yet'} · "
+                f"members ready {ready}/{len(self.members.running())}"
             )
 
     def _partition_table(self) -> Table:
@@ -393,8 +402,7 @@ class Demo:
         for col in ("partition", "owner", "end offset", "committed", "lag", "processed"):
             table.add_column(col, justify="left" if col == "owner" else "right")
         for p in range(PARTITIONS):
-            end, committed = offsets.end[p], offsets.committed[p]
-            lag = end - (committed or 0)
+            end, committed, lag = offsets.end[p], offsets.committed[p], offsets.lag[p]
             table.add_row(
                 str(p),
                 self._owner(p),
@@ -412,18 +420,54 @@ class Demo:
         return owner or "-"
 
     def _member_table(self) -> Table:
-        table = Table(title="members", title_justify="left")
-        for col in ("member", "state", "partitions", "processed"):
-            table.add_column(col, justify="right" if col == "processed" else "left")
+        table = Table(
+            title="members (ready, lag, in flight, rebalances: each member's own /metrics)",
+            title_justify="left",
+        )
+        cols = ("member", "state", "partitions", "processed", "ready", "lag", "in flight", "reb.")
+        for col in cols:
+            table.add_column(col, justify="left" if col in cols[:3] else "right")
         for m in self.members.all.values():
             owned = sorted(p for p, o in self.ledger.owner.items() if o == m.name)
+            url = self.ledger.metrics_url.get(m.name)
+            view = scrape(url) if url and m.state == "running" else None
             table.add_row(
                 m.name,
                 m.state,
                 ",".join(map(str, owned)) or "-",
                 str(self.ledger.processed_by_member[m.name]),
+                *_member_view(view),
             )
         return table
+
+
+def scrape(url: str) -> dict[str, float] | None:
+    """A member's view of itself, from the Prometheus endpoint weir serves for it."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=0.5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None  # starting, or stopping
+    view: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "weir_partition_lag_records":
+                view["lag"] = view.get("lag", 0.0) + sample.value
+            elif sample.name in ("weir_ready", "weir_in_flight_records", "weir_rebalances_total"):
+                view[sample.name] = sample.value
+    return view
+
+
+def _member_view(view: dict[str, float] | None) -> tuple[str, str, str, str]:
+    if view is None:
+        return ("-", "-", "-", "-")
+    ready = "[green]yes[/]" if view.get("weir_ready") else "[yellow]no[/]"
+    return (
+        ready,
+        str(int(view.get("lag", 0))),
+        str(int(view.get("weir_in_flight_records", 0))),
+        str(int(view.get("weir_rebalances_total", 0))),
+    )
 
 
 def print_summary(console: Console, s: Summary) -> None:
@@ -457,8 +501,11 @@ def print_summary(console: Console, s: Summary) -> None:
 def start_broker(console: Console, stack: contextlib.ExitStack) -> str:
     # Imported here: only this path needs the Java harness.
     from weir.testing import EmbeddedKafka
+    from weir.testing.jars import cached_jars
 
-    console.print("starting embedded Kafka (the first run downloads its jars, ~40 s)...")
+    if cached_jars() is None:
+        console.print("downloading the Kafka jars with Maven (first run only, ~40 s)...")
+    console.print("starting embedded Kafka...")
     started = time.monotonic()
     kafka = EmbeddedKafka()
     kafka.start()
@@ -474,7 +521,7 @@ def start_broker(console: Console, stack: contextlib.ExitStack) -> str:
 
 def configure_logging() -> None:
     # The parent only prints the demo; weir's and the harness' info logs would tear the live view.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -26,6 +26,7 @@ import structlog
 
 from examples.orders import Journal, JournalReader, Ledger
 from weir import Context, GroupConsumer, Handler, Partition, Record
+from weir.prometheus import serve
 
 ROOT = Path(__file__).resolve().parents[2]
 _PR_SET_PDEATHSIG = 1
@@ -85,19 +86,26 @@ def die_with_parent() -> None:
 
 
 def configure_logging(level: str) -> None:
-    # weir logs every partition move at info and every commit at debug; stderr is a file the
-    # parent keeps, so info is plenty and the terminal never sees it.
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="%H:%M:%S.%f"),
-            structlog.processors.format_exc_info,
-            structlog.dev.ConsoleRenderer(colors=False),
-        ],
-        cache_logger_on_first_use=True,
+    # weir logs every partition move at info and every commit at debug, through the stdlib
+    # loggers `weir.*` (librdkafka's own lines through `weir.librdkafka`); stderr is a file the
+    # parent keeps, so info is plenty and the terminal never sees it. ProcessorFormatter renders
+    # weir's structlog events with all their fields, and the other records alike.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.add_logger_name,
+                structlog.processors.TimeStamper(fmt="%H:%M:%S.%f"),
+                structlog.processors.format_exc_info,
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.dev.ConsoleRenderer(colors=False),
+            ]
+        )
     )
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(level.upper())
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -135,18 +143,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         ordering="key",
         workers=args.workers,
         group_protocol=args.protocol,
-        commit_interval=args.commit_interval,
-        shutdown_timeout=15.0,
+        commit_interval_s=args.commit_interval,
+        shutdown_timeout_s=15.0,
         kafka={"client.id": args.id},
-        heartbeat_interval_ms=500 if args.protocol == "classic" else None,
+        heartbeat_interval_s=0.5 if args.protocol == "classic" else None,
     )
+    # What an operator would scrape: the parent reads each member's /metrics and /readyz.
+    server = serve(consumer, port=0, host="127.0.0.1", member=args.id)
+    journal.write("metrics", url=server.url)
     try:
         consumer.run()
     except Exception as exc:
         journal.write("failed", error=repr(exc))
-        structlog.get_logger().exception("member_failed")
+        logging.getLogger("examples.orders.member").exception("member_failed")
         return 1
     finally:
+        server.close()
         journal.close()
     return 0
 

@@ -1,29 +1,56 @@
 """kafka-weir: consume from Kafka with worker threads and never lose or skip a record."""
 
 from weir.committing import CommitEvent
-from weir.config import ConsumerConfig, FlowConfig
+from weir.config import ConsumerConfig, ConsumerSettings, FlowConfig
 from weir.consumer import GroupConsumer
-from weir.errors import BrokerUnreachableError, HandlerError, KafkaFatalError, WeirError
-from weir.metrics import ConsumerStats, PartitionStats
+from weir.deadletter import DeadLetterError
+from weir.errors import (
+    BrokerUnreachableError,
+    CallbackError,
+    DeserializationError,
+    FencedError,
+    HandlerError,
+    KafkaFatalError,
+    OffsetResetError,
+    WeirError,
+)
+from weir.health import Health
+from weir.lifecycle import State
+from weir.policy import FailurePolicy, NonRetryable, RetryPolicy
 from weir.records import Context, Handler, Partition, Record
+from weir.stats import ConsumerStats, LatencyHistogram, PartitionStats
 from weir.tracking import BatchProgress, PartitionProgress
+from weir.transactions import TransactionError
 
 __all__ = [
     "BatchProgress",
     "BrokerUnreachableError",
+    "CallbackError",
     "CommitEvent",
     "ConsumerConfig",
+    "ConsumerSettings",
     "ConsumerStats",
     "Context",
+    "DeadLetterError",
+    "DeserializationError",
+    "FailurePolicy",
+    "FencedError",
     "FlowConfig",
     "GroupConsumer",
     "Handler",
     "HandlerError",
+    "Health",
     "KafkaFatalError",
+    "LatencyHistogram",
+    "NonRetryable",
+    "OffsetResetError",
     "Partition",
     "PartitionProgress",
     "PartitionStats",
     "Record",
+    "RetryPolicy",
+    "State",
+    "TransactionError",
     "WeirError",
 ]
 

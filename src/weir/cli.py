@@ -14,8 +14,9 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO, TypeAlias, cast
@@ -30,6 +31,7 @@ Handler = Callable[[argparse.Namespace], int]
 Registrar = Callable[["SubParsers"], None]
 
 STOP_TIMEOUT_S = 30.0
+DEAD_LOG_LINES = 15
 
 
 # --- weir broker ... ---------------------------------------------------------------------------
@@ -44,13 +46,19 @@ def _register_broker(commands: SubParsers) -> None:
     start.add_argument(
         "--foreground", action="store_true", help="run until Ctrl-C instead of in the background"
     )
-    start.add_argument("--dir", type=Path, help="work directory (default: a new temp dir)")
+    start.add_argument(
+        "--dir",
+        type=Path,
+        help="work directory, kept: starting again on it keeps topics, records, committed offsets "
+        "and the port (default: a new temp dir, removed by `stop`)",
+    )
     start.add_argument("--state", type=Path, help=state_help)
     start.add_argument("--port", type=int, help="client port (default: a free one)")
     start.add_argument(
         "--override",
         action="append",
         default=[],
+        type=_parse_override,
         metavar="KEY=VALUE",
         help="broker setting, repeatable",
     )
@@ -94,7 +102,11 @@ def _broker_start(args: argparse.Namespace) -> int:
             return 0
         if state.get("remove_workdir"):  # left by a broker that died without `weir broker stop`
             shutil.rmtree(state["workdir"], ignore_errors=True)
-    overrides = dict(_parse_override(item) for item in args.override)
+    overrides = dict(args.override)
+    # In the foreground, Ctrl-C and SIGTERM set an event from the start: one arriving right after
+    # the address line (scripts wait for it) must stop the broker, not escape as a traceback.
+    stop = threading.Event()
+    restore = _stop_on_signals(stop) if args.foreground else None
     kafka = EmbeddedKafka(
         overrides=overrides,
         workdir=args.dir,
@@ -104,7 +116,12 @@ def _broker_start(args: argparse.Namespace) -> int:
         start_timeout=args.timeout,
         die_with_parent=args.foreground,
     )
-    kafka.start()
+    try:
+        kafka.start()
+    except BaseException:
+        if restore is not None:
+            restore()
+        raise
     state_path.parent.mkdir(parents=True, exist_ok=True)
     state_path.write_text(
         json.dumps(
@@ -119,29 +136,42 @@ def _broker_start(args: argparse.Namespace) -> int:
             indent=2,
         )
     )
-    print(kafka.bootstrap_servers)
-    print(f"log: {kafka.log_path}", file=sys.stderr)
     if not args.foreground:
+        print(kafka.bootstrap_servers)
+        print(f"log: {kafka.log_path}", file=sys.stderr)
         return 0
     try:
-        return _run_in_foreground(kafka)
+        print(kafka.bootstrap_servers, flush=True)
+        print(f"log: {kafka.log_path}", file=sys.stderr)
+        return _run_in_foreground(kafka, stop)
     finally:
         kafka.stop()
         state_path.unlink(missing_ok=True)
+        assert restore is not None
+        restore()
 
 
-def _run_in_foreground(kafka: EmbeddedKafka) -> int:
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+def _stop_on_signals(stop: threading.Event) -> Callable[[], None]:
+    """SIGINT and SIGTERM set `stop`; returns what restores the previous handlers."""
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+    return restore
+
+
+def _run_in_foreground(kafka: EmbeddedKafka, stop: threading.Event) -> int:
     print("running; Ctrl-C to stop", file=sys.stderr)
-    try:
-        while kafka.running:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        print("stopping", file=sys.stderr)
-        return 0
+    while kafka.running:
+        if stop.wait(0.5):
+            print("stopping", file=sys.stderr)
+            return 0
     print(f"broker exited unexpectedly; see {kafka.log_path}", file=sys.stderr)
     return 1
 
@@ -153,13 +183,44 @@ def _broker_stop(args: argparse.Namespace) -> int:
         print("no broker running")
         return 0
     pid = int(state["pid"])
-    if _is_kafka_process(pid):
-        _terminate(pid, args.timeout)
+    if not _is_kafka_process(pid):
+        # It died on its own (or was killed): say so, and keep its directory for the log.
+        state_path.unlink(missing_ok=True)
+        _report_dead_broker(state)
+        return 1
+    _terminate(pid, args.timeout)
     if state.get("remove_workdir"):
         shutil.rmtree(state["workdir"], ignore_errors=True)
     state_path.unlink(missing_ok=True)
     print(f"stopped {state['bootstrap_servers']}")
     return 0
+
+
+def _report_dead_broker(state: dict[str, Any]) -> None:
+    log_path = state.get("log_path") or str(Path(str(state.get("workdir", "."))) / "kafka.log")
+    print(
+        f"weir: the broker at {state['bootstrap_servers']} (pid {state['pid']}) was not running: "
+        f"it died without `weir broker stop`. Its log: {log_path}",
+        file=sys.stderr,
+    )
+    tail = _log_tail(Path(log_path), DEAD_LOG_LINES)
+    if tail:
+        print(f"--- last lines of {log_path} ---\n{tail}", file=sys.stderr)
+    if state.get("remove_workdir"):
+        print(
+            f"its temp directory {state['workdir']} is kept for the log; remove it when done",
+            file=sys.stderr,
+        )
+
+
+def _log_tail(path: Path, lines: int) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - 64 * 1024))
+            text = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def _broker_status(args: argparse.Namespace) -> int:
@@ -181,9 +242,10 @@ def _broker_status(args: argparse.Namespace) -> int:
 
 
 def _parse_override(item: str) -> tuple[str, str]:
+    # An argparse type: its error is reported with the usage of the subcommand that was given.
     key, sep, value = item.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--override expects KEY=VALUE, got {item!r}")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
     return key.strip(), value.strip()
 
 
@@ -220,17 +282,345 @@ def _terminate(pid: int, timeout: float) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+# --- weir lag / weir groups ----------------------------------------------------------------------
+
+ENV_BOOTSTRAP = "WEIR_BOOTSTRAP_SERVERS"
+ADMIN_TIMEOUT_S = 5.0
+# librdkafka's own log lines (a refused connection is logged on every retry, hundreds per run):
+# routed through Python logging by the admin client's `logger` setting, and kept quiet here.
+KAFKA_LOG = "weir.cli.kafka"
+
+
+def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    bootstrap = os.environ.get(ENV_BOOTSTRAP, "").strip()
+    parser.add_argument(
+        "--bootstrap-servers",
+        "-b",
+        default=bootstrap or None,
+        required=not bootstrap,
+        metavar="HOST:PORT[,...]",
+        help=f"the cluster (default: ${ENV_BOOTSTRAP})",
+    )
+    parser.add_argument(
+        "--config",
+        "-X",
+        action="append",
+        default=[],
+        type=_parse_setting,
+        metavar="KEY=VALUE",
+        help="librdkafka client setting, repeatable (e.g. security.protocol=SASL_SSL)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=ADMIN_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up when the cluster does not answer within this (default {ADMIN_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="machine-readable JSON on stdout, one object a line"
+    )
+
+
+def _register_lag(commands: SubParsers) -> None:
+    lag = commands.add_parser(
+        "lag",
+        help="how far behind a consumer group is, per partition",
+        description="Committed offset, log end offset and lag of every partition a consumer "
+        "group consumes (any group, not only weir's), with the member that owns it.",
+    )
+    lag.add_argument("--group", "-g", required=True, help="the consumer group id")
+    lag.add_argument(
+        "--topic",
+        "-t",
+        action="append",
+        metavar="TOPIC",
+        help="only this topic, repeatable (default: every topic the group committed to or owns)",
+    )
+    lag.add_argument(
+        "--watch",
+        "-w",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="redraw every SECONDS until Ctrl-C",
+    )
+    _add_cluster_arguments(lag)
+    lag.set_defaults(handler=_lag)
+
+
+def _register_groups(commands: SubParsers) -> None:
+    groups = commands.add_parser(
+        "groups",
+        help="list consumer groups with their state, members and total lag",
+        description="Every consumer group of the cluster: state, type, member count, total lag.",
+    )
+    _add_cluster_arguments(groups)
+    groups.set_defaults(handler=_groups)
+
+
+def _parse_setting(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
+    return key.strip(), value.strip()
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text!r}")
+    return value
+
+
+def _admin(args: argparse.Namespace) -> Any:
+    from weir.lag import admin_client
+
+    kafka_log = logging.getLogger(KAFKA_LOG)
+    kafka_log.setLevel(logging.CRITICAL)
+    kafka_log.propagate = False
+    config: dict[str, Any] = {
+        **dict(args.config),
+        "bootstrap.servers": args.bootstrap_servers,
+        "logger": kafka_log,
+    }
+    return admin_client(config)
+
+
+def _lag_error_message(exc: Exception, args: argparse.Namespace) -> str:
+    from weir.lag import BrokerUnreachableError
+
+    if isinstance(exc, BrokerUnreachableError):
+        return (
+            f"no Kafka broker answered at {args.bootstrap_servers} within {exc.timeout:g} s "
+            f"({exc.reason}); check --bootstrap-servers, or raise --timeout"
+        )
+    return f"{exc} (cluster {args.bootstrap_servers})"
+
+
+def _lag(args: argparse.Namespace) -> int:
+    from weir.lag import LagError, group_lag
+
+    admin = _admin(args)
+
+    def snapshot() -> Any:
+        try:
+            return group_lag(admin, args.group, topics=args.topic, timeout=args.timeout)
+        finally:
+            admin.poll(0)  # hand the queued librdkafka log lines to the (quiet) logger
+
+    if args.watch is None:
+        try:
+            lag = snapshot()
+        except LagError as exc:
+            print(f"weir: {_lag_error_message(exc, args)}", file=sys.stderr)
+            return 1
+        _print_lag(lag, args)
+        return 0
+    try:
+        if args.json:
+            _watch_json(snapshot, args)
+        else:
+            _watch_table(snapshot, args)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _print_lag(lag: Any, args: argparse.Namespace) -> None:
+    from weir.lag import lag_as_dict
+
+    if args.json:
+        print(json.dumps(lag_as_dict(lag)), flush=True)
+    else:
+        _console().print(_lag_view(lag, args))
+
+
+def _watch_json(snapshot: Callable[[], Any], args: argparse.Namespace) -> None:
+    from weir.lag import LagError
+
+    while True:
+        try:
+            _print_lag(snapshot(), args)
+        except LagError as exc:
+            print(f"weir: {_lag_error_message(exc, args)}", file=sys.stderr, flush=True)
+        time.sleep(args.watch)
+
+
+def _watch_table(snapshot: Callable[[], Any], args: argparse.Namespace) -> None:
+    from rich.console import Group
+    from rich.live import Live
+    from rich.text import Text
+
+    from weir.lag import LagError
+
+    console = _console()
+
+    def view() -> Any:
+        stamp = Text(
+            f"{time.strftime('%H:%M:%S')}, every {args.watch:g} s; Ctrl-C to stop", style="dim"
+        )
+        try:
+            return Group(_lag_view(snapshot(), args), stamp)
+        except LagError as exc:
+            return Group(Text(f"weir: {_lag_error_message(exc, args)}", style="red"), stamp)
+
+    if not console.is_terminal:
+        # Piped: a table per round, one after another (a live redraw only shows at the end).
+        while True:
+            console.print(view())
+            console.print()
+            time.sleep(args.watch)
+    with Live(console=console, auto_refresh=False) as live:
+        while True:
+            live.update(view(), refresh=True)
+            time.sleep(args.watch)
+
+
+def _console() -> Any:
+    try:
+        from rich.console import Console
+    except ImportError:
+        raise _UsageError(
+            "the table needs rich: pip install 'kafka-weir[cli]' (or use --json)"
+        ) from None
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        # Piped or captured: no colour, and no column squeezed to an 80-column guess.
+        console = Console(highlight=False, width=1000, no_color=True)
+    return console
+
+
+def _number(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _lag_view(lag: Any, args: argparse.Namespace) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    hottest = lag.hottest
+    heading = Text.assemble(
+        ("group ", "dim"),
+        (lag.group_id, "bold"),
+        ("  state ", "dim"),
+        lag.state,
+        ("  type ", "dim"),
+        lag.group_type + (" (simple)" if lag.simple else ""),
+        ("  members ", "dim"),
+        str(lag.members),
+        ("  total lag ", "dim"),
+        (str(lag.total_lag), "bold"),
+    )
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("TOPIC", "PARTITION", "COMMITTED", "LOG END", "LAG"):
+        table.add_column(name, justify="left" if name == "TOPIC" else "right", no_wrap=True)
+    table.add_column("", no_wrap=True)  # the hottest partition's mark
+    for name in ("MEMBER", "CLIENT ID", "HOST"):
+        table.add_column(name, overflow="fold")
+    totals = lag.topic_lag()
+    rows = list(lag.partitions)
+    for index, p in enumerate(rows):
+        hot = p is hottest
+        table.add_row(
+            p.topic,
+            str(p.partition),
+            _number(p.committed),
+            _number(p.log_end),
+            _number(p.lag),
+            "◀ hottest" if hot else "",
+            p.member_id or "-",
+            p.client_id or "-",
+            p.host or "-",
+            style="bold red" if hot else None,
+        )
+        last_of_topic = index + 1 == len(rows) or rows[index + 1].topic != p.topic
+        if last_of_topic:
+            table.add_row(
+                Text(f"{p.topic} total", style="bold"),
+                "",
+                "",
+                "",
+                Text(str(totals[p.topic]), style="bold"),
+                end_section=True,
+            )
+    if not rows:
+        return Group(heading, Text("no partitions: the group has no offsets and no members"))
+    return Group(heading, table)
+
+
+def _groups(args: argparse.Namespace) -> int:
+    from weir.lag import LagError, all_groups_lag
+
+    admin = _admin(args)
+    try:
+        lags = all_groups_lag(admin, timeout=args.timeout)
+    except LagError as exc:
+        print(f"weir: {_lag_error_message(exc, args)}", file=sys.stderr)
+        return 1
+    finally:
+        admin.poll(0)
+    if args.json:
+        rows = [
+            {
+                "group": lag.group_id,
+                "state": lag.state,
+                "type": lag.group_type,
+                "simple": lag.simple,
+                "members": lag.members,
+                "total_lag": lag.total_lag,
+            }
+            for lag in lags
+        ]
+        print(json.dumps(rows))
+        return 0
+    from rich.table import Table
+
+    console = _console()
+    if not lags:
+        console.print(f"no consumer groups on {args.bootstrap_servers}")
+        return 0
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("GROUP", overflow="fold")
+    table.add_column("STATE")
+    table.add_column("TYPE")
+    table.add_column("MEMBERS", justify="right")
+    table.add_column("LAG", justify="right")
+    for lag in lags:
+        table.add_row(
+            lag.group_id,
+            lag.state,
+            lag.group_type + (" (simple)" if lag.simple else ""),
+            str(lag.members),
+            str(lag.total_lag),
+        )
+    console.print(table)
+    return 0
+
+
+class _UsageError(Exception):
+    """A problem with how weir was called or installed, reported as one line."""
+
+
 # --- entry point ---------------------------------------------------------------------------------
 
 SUBCOMMANDS: dict[str, Registrar] = {
     "broker": _register_broker,
+    "lag": _register_lag,
+    "groups": _register_groups,
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from weir import __version__
+
     parser = argparse.ArgumentParser(
         prog="weir", description="kafka-weir: consume Kafka with worker threads, losing nothing."
     )
+    parser.add_argument("--version", action="version", version=f"weir {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in SUBCOMMANDS.values():
         register(commands)
@@ -247,29 +637,50 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
-def _configure_logging() -> None:
-    # stdout carries results (e.g. the bootstrap address for scripts); logs go to stderr.
-    if not structlog.is_configured():
-        structlog.configure(
-            logger_factory=structlog.PrintLoggerFactory(cast(TextIO, _CurrentStderr())),
-            wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+@contextlib.contextmanager
+def _logging_to_stderr() -> Iterator[None]:
+    """The command line is an application: it shows weir's info events on stderr (stdout
+    carries results, e.g. the bootstrap address for scripts) while main() runs, and takes its
+    handler away after, so calling main() in a process leaves that process's logging as it
+    was."""
+    weir_log = logging.getLogger("weir")
+    handler = logging.StreamHandler(cast(TextIO, _CurrentStderr()))
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.add_log_level,
+                structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.dev.ConsoleRenderer(
+                    colors=sys.stderr.isatty() and "NO_COLOR" not in os.environ
+                ),
+            ]
         )
+    )
+    level = weir_log.level
+    if level == logging.NOTSET or level > logging.INFO:
+        weir_log.setLevel(logging.INFO)
+    weir_log.addHandler(handler)
+    try:
+        yield
+    finally:
+        weir_log.removeHandler(handler)
+        weir_log.setLevel(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _configure_logging()
     handler: Handler = args.handler
     from weir.testing.errors import HarnessError
 
     try:
-        return handler(args)
-    except HarnessError as exc:
+        with _logging_to_stderr():
+            return handler(args)
+    except (HarnessError, _UsageError) as exc:
         print(f"weir: {exc}", file=sys.stderr)
         return 1
-    except argparse.ArgumentTypeError as exc:
-        parser.error(str(exc))
 
 
 if __name__ == "__main__":

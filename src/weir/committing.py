@@ -12,13 +12,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-import structlog
-
+from weir.logs import get_logger
 from weir.records import Partition
 
 __all__ = ["CommitEvent", "Committer"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +36,6 @@ class CommitEvent:
         return self.status == "committed"
 
 
-CommitListener = Callable[[CommitEvent], None]
-
-
 class _State:
     __slots__ = ("confirmed", "sent")
 
@@ -49,13 +45,18 @@ class _State:
 
 
 class Committer:
-    def __init__(self, interval: float, every: int) -> None:
-        self._interval = interval
+    """Owner thread only. `emit` gets every `CommitEvent` (the engine passes them to the
+    application's commit listeners)."""
+
+    def __init__(
+        self, interval_s: float, every: int, emit: Callable[[CommitEvent], None] | None = None
+    ) -> None:
+        self._interval = interval_s
         self._every = every
         self._state: dict[Partition, _State] = {}
         self._last = time.monotonic()
         self._finished_since = 0
-        self.listeners: list[CommitListener] = []
+        self._emit = emit or _ignore
 
     def track(self, tp: Partition) -> None:
         # A new assignment starts clean: the broker's committed offset may have moved while
@@ -102,10 +103,6 @@ class Committer:
         self._last = now
         self._finished_since = 0
 
-    def _emit(self, event: CommitEvent) -> None:
-        for listener in self.listeners:
-            listener(event)
-
     def result(self, tp: Partition, offset: int, error: str | None, *, sync: bool) -> None:
         st = self._state.get(tp)
         if st is not None:
@@ -129,3 +126,7 @@ class Committer:
     def sent_offset(self, tp: Partition) -> int | None:
         st = self._state.get(tp)
         return None if st is None else st.sent
+
+
+def _ignore(event: CommitEvent) -> None:
+    pass

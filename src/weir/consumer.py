@@ -1,124 +1,371 @@
 """`GroupConsumer`: the public face of a consumer-group member.
 
-It validates the configuration, owns the lifecycle (run, start, stop, join, signals, context
-manager) and publishes snapshots; the owner-thread loop itself lives in `weir.loop`.
+It validates the configuration and owns the lifecycle (run, start, stop, join, signals, context
+manager). Everything it shares with its engine goes through one `Lifecycle` object; the
+owner-thread engine itself lives in `weir.engine`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, overload
 
-import structlog
 from confluent_kafka import Consumer
+from typing_extensions import Unpack
 
+from weir.client import ClientFactory, ProducerFactory
 from weir.committing import CommitEvent
-from weir.config import ConsumerConfig
-from weir.loop import Loop
-from weir.metrics import EMPTY, ConsumerStats
-from weir.records import Handler, Record, as_handler
+from weir.config import ConsumerConfig, ConsumerSettings, async_flow
+from weir.engine import Engine
+from weir.fencing.base import Fence
+from weir.health import Health, check
+from weir.lifecycle import Lifecycle, State
+from weir.logs import get_logger
+from weir.records import Handler, Partition, Record, as_handler, is_async_handler
+from weir.serde import AsyncDeserializingHandler, Deserializers, DeserializingHandler
+from weir.stats import ConsumerStats
 
 __all__ = ["GroupConsumer"]
 
-log = structlog.get_logger(__name__)
-
-ConsumerFactory = Callable[[dict[str, Any]], Any]
+log = get_logger(__name__)
 
 
 class GroupConsumer:
     """A consumer-group member that processes records on worker threads and commits only
-    offsets whose records, and every delivered record before them, are finished."""
+    offsets whose records, and every delivered record before them, are finished.
+
+    A member runs once (`run()`, or `start()` with `stop()` and `join()`); build a new one to
+    consume again.
+    """
+
+    @overload
+    def __init__(
+        self,
+        handler: Handler | Callable[[Record], object],
+        config: ConsumerConfig,
+        *,
+        key_deserializer: Deserializers | None = None,
+        value_deserializer: Deserializers | None = None,
+        consumer_factory: ClientFactory | None = None,
+        producer_factory: ProducerFactory | None = None,
+        fence: Fence[Any] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        handler: Handler | Callable[[Record], object],
+        *,
+        key_deserializer: Deserializers | None = None,
+        value_deserializer: Deserializers | None = None,
+        consumer_factory: ClientFactory | None = None,
+        producer_factory: ProducerFactory | None = None,
+        fence: Fence[Any] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        **settings: Unpack[ConsumerSettings],
+    ) -> None: ...
 
     def __init__(
         self,
         handler: Handler | Callable[[Record], object],
         config: ConsumerConfig | None = None,
         *,
-        consumer_factory: ConsumerFactory | None = None,
+        key_deserializer: Deserializers | None = None,
+        value_deserializer: Deserializers | None = None,
+        consumer_factory: ClientFactory | None = None,
+        producer_factory: ProducerFactory | None = None,
+        fence: Fence[Any] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
         **settings: Any,
     ) -> None:
+        """`handler`: a `Handler`, or a function taking a `Record` (runs on worker threads).
+        Settings as keywords, or one `ConsumerConfig`. `key_deserializer` /
+        `value_deserializer`: functions from bytes to what the handler reads as
+        `record.deserialized_key` / `deserialized_value` (or a mapping of topic to function;
+        see `weir.serde`). `consumer_factory` / `producer_factory` build the Kafka clients
+        (`weir.testing.FakeConsumer` for tests without a broker). `fence`: a `weir.fencing`
+        fence whose epochs the member acquires for each assigned partition before its first
+        record (`Context.epoch`); a `FencedError` from a handler makes the partition lost."""
         if config is None:
             config = ConsumerConfig(**settings)
         elif settings:
             raise TypeError("pass either a ConsumerConfig or keyword settings, not both")
-        self.config = config
         self._handler = as_handler(handler)
-        self._factory: ConsumerFactory = consumer_factory or Consumer
-        self._stop = threading.Event()
-        self._started = threading.Event()
+        if is_async_handler(self._handler):
+            if "workers" in config.model_fields_set:
+                log.warning(
+                    "workers_unused",
+                    workers=config.workers,
+                    max_in_flight=config.max_in_flight,
+                    reason="an async handler runs on an event loop, not on worker threads: "
+                    "max_in_flight bounds the records running at once",
+                )
+            if "flow" not in config.model_fields_set:
+                # Coroutines finish many records at once: the record budget scales with them.
+                config = config.model_copy(update={"flow": async_flow(config.max_in_flight)})
+        self.config = config
+        if loop is not None:
+            if not isinstance(loop, asyncio.AbstractEventLoop):
+                raise TypeError(f"loop must be an asyncio event loop, got {loop!r}")
+            if not is_async_handler(self._handler):
+                raise TypeError(
+                    "loop= runs async handlers; this handler is not async def (thread handlers "
+                    "run on worker threads)"
+                )
+        # An async handler's event loop: the application's (given here, or the one that runs
+        # `run_async()` / `async with`), else one on a thread of weir's own.
+        self._loop = loop
+        if key_deserializer is not None or value_deserializer is not None:
+            for name, d in (("key", key_deserializer), ("value", value_deserializer)):
+                if d is not None and not callable(d) and not isinstance(d, Mapping):
+                    raise TypeError(
+                        f"{name}_deserializer must be a function from bytes, or a mapping of "
+                        f"topic to such a function, got {d!r}"
+                    )
+            wrapper = (
+                AsyncDeserializingHandler
+                if is_async_handler(self._handler)
+                else DeserializingHandler
+            )
+            self._handler = wrapper(self._handler, key_deserializer, value_deserializer)
+        self._factory: ClientFactory = consumer_factory or Consumer
+        # High watermarks are refreshed by a client of weir's own making: only next to the real
+        # client (a fake answers its cached watermarks with live values anyway).
+        self._refresh_watermarks = consumer_factory is None
+        self._producer_factory = producer_factory
+        self._fence = fence
+        self._life = Lifecycle()
         self._thread: threading.Thread | None = None
-        self._failure: BaseException | None = None
-        self._running = False
-        self._commit_listeners: list[Callable[[CommitEvent], None]] = []
-        self._stats: ConsumerStats = EMPTY
 
     # -- public API ------------------------------------------------------------------------
 
     def run(self, *, handle_signals: bool = True) -> None:
-        """Run the member on this thread until `stop()`, a signal, or a failure (re-raised)."""
-        if self._running:
-            raise RuntimeError("this GroupConsumer is already running")
-        self._running = True
+        """Run the member on this thread until `stop()`, a signal, or a failure (re-raised).
+
+        With `handle_signals` (and on the main thread) SIGINT and SIGTERM stop the member
+        gracefully: drain, commit, leave the group. A second signal hurries the stop: the rest
+        of the drain is skipped, the finished watermark committed, the client closed. The
+        previous handlers are restored when `run()` returns.
+        """
+        self._refuse_on_loop("run()")
+        self._life.begin()
+        self._run(handle_signals)
+
+    def _refuse_on_loop(self, call: str) -> None:
+        """A blocking call on the thread of the event loop the handlers run on would stop that
+        loop, and with it the handlers: the member could never finish its work."""
+        if self._loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if running is self._loop:
+            raise RuntimeError(
+                f"{call} blocks, and this thread runs the event loop the handlers run on: use "
+                "`await consumer.run_async()`, `await consumer.join_async()` or "
+                "`async with consumer:` instead"
+            )
+
+    def _run(self, handle_signals: bool) -> None:
         restore = self._install_signals() if handle_signals else None
         try:
-            Loop(self).run()
+            Engine(
+                self.config,
+                self._handler,
+                self._factory,
+                self._life,
+                refresh_watermarks=self._refresh_watermarks,
+                producer_factory=self._producer_factory,
+                fence=self._fence,
+                loop=self._loop,
+            ).run()
         finally:
             if restore is not None:
                 restore()
-            self._running = False
-        if self._failure is not None:
-            raise self._failure
+        if self._life.failure is not None:
+            raise self._life.failure
 
     def start(self) -> GroupConsumer:
         """Run the member on a background owner thread; pair with `stop()` and `join()`."""
-        if self._thread is not None:
-            raise RuntimeError("this GroupConsumer was already started")
+        self._life.begin()
 
         def target() -> None:
             try:
-                self.run(handle_signals=False)
+                self._run(handle_signals=False)
             except BaseException as exc:
-                if self._failure is None:
-                    self._failure = exc
+                self._life.fail(exc)
 
         self._thread = threading.Thread(target=target, name="weir-owner", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Ask the member to shut down: safe from any thread or a signal handler."""
-        self._stop.set()
+        """Ask the member to shut down: safe from any thread or a signal handler. A second
+        call hurries the shutdown (skips the rest of the drain)."""
+        self._life.request_stop()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for a `start()`ed member to finish; re-raises its failure."""
         if self._thread is None:
             raise RuntimeError("join() needs start()")
+        if self._thread.is_alive():
+            self._refuse_on_loop("join()")
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError(f"GroupConsumer did not stop within {timeout}s")
-        if self._failure is not None:
-            raise self._failure
+        if self._life.failure is not None:
+            raise self._life.failure
 
     def wait_started(self, timeout: float | None = None) -> bool:
         """True once the member has subscribed (or has failed trying)."""
-        return self._started.wait(timeout)
+        return self._life.started.wait(timeout)
 
     def stats(self) -> ConsumerStats:
-        """The latest snapshot published by the owner thread (about once per commit interval)."""
-        return self._stats
+        """The latest snapshot published by the owner thread (at every commit: about once per
+        `commit_interval_s`, and at shutdown)."""
+        return self._life.stats
+
+    def health(self) -> Health:
+        """Liveness and readiness now (docs/observability.md): safe from any thread, cheap, and
+        it never calls the Kafka client. `weir.prometheus.serve` exposes it as /healthz and
+        /readyz."""
+        c = self.config
+        return check(
+            self._life,
+            self._life.stats,
+            max_poll_interval_s=c.max_poll_interval_s,
+            stuck_after_s=c.stuck_after_s,
+        )
 
     def add_commit_listener(self, listener: Callable[[CommitEvent], None]) -> None:
-        """Called on the owner thread with every per-partition commit result."""
-        self._commit_listeners.append(listener)
+        """Called on the owner thread with every per-partition commit event, from the next
+        event on (before or after `start()`). A listener that raises is isolated (see
+        `callback_errors`). It must be a plain function: the commit path does not wait for a
+        coroutine."""
+        if inspect.iscoroutinefunction(listener) or inspect.iscoroutinefunction(
+            getattr(listener, "__call__", None)  # noqa: B004 - the method, not callability
+        ):
+            raise TypeError(
+                f"commit listener {getattr(listener, '__qualname__', listener)!r} is async def: "
+                "listeners run on the owner thread, which never awaits; use a plain function "
+                "(and hand the event to your loop with loop.call_soon_threadsafe if needed)"
+            )
+        self._life.add_listener(listener)
+
+    def retry_now(self, partition: Partition | tuple[str, int]) -> Future[bool]:
+        """Try the blocked or waiting failed records of `partition` again now (instead of at
+        their next scheduled attempt). The future is True if there was one to retry."""
+        return self._life.request("retry_now", tuple(partition))
+
+    def skip(self, partition: Partition | tuple[str, int], offset: int) -> Future[bool]:
+        """Give up on the failed record at `offset` of `partition` deliberately: it counts as
+        finished without having been processed (logged as `record_skipped`, counted in
+        stats). Only a record that is blocked or waiting for a retry can be skipped; the
+        future is False otherwise."""
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+        return self._life.request("skip", tuple(partition), offset)
+
+    # -- asyncio ---------------------------------------------------------------------------
+
+    async def run_async(self, *, handle_signals: bool = True) -> None:
+        """Run the member until `stop()`, a signal, a failure (re-raised) or cancellation,
+        without blocking the event loop that awaits it. An async handler runs on that loop
+        unless `loop=` named another.
+
+        Cancelling the awaiting task (as `asyncio.run` does on Ctrl-C) stops the member
+        gracefully, waits for the drain, commit and leave, then lets the cancellation go on.
+        With `handle_signals` (on the main thread, on loops that support it) SIGTERM stops the
+        member the same way; a second SIGTERM hurries the stop. SIGINT is left to the loop.
+        """
+        loop = asyncio.get_running_loop()
+        self._start_on(loop)
+        restore = self._install_loop_signals(loop) if handle_signals else None
+        try:
+            await self.join_async()
+        finally:
+            if restore is not None:
+                restore()
+
+    async def join_async(self) -> None:
+        """Wait, without blocking the loop, for a started member to finish; re-raises its
+        failure. If the waiting task is cancelled, the member is stopped and waited for first."""
+        if self._thread is None:
+            raise RuntimeError("join_async() needs start() or run_async()")
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+
+        def wake() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        self._life.on_end(lambda: loop.call_soon_threadsafe(wake))
+        try:
+            await asyncio.shield(ended)
+        except asyncio.CancelledError:
+            self.stop()
+            await ended
+            raise
+        if self._life.failure is not None:
+            raise self._life.failure
+
+    async def __aenter__(self) -> GroupConsumer:
+        self._start_on(asyncio.get_running_loop())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        try:
+            await self.join_async()
+        except BaseException:
+            if exc is None:
+                raise
+
+    def _start_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._loop is None and is_async_handler(self._handler):
+            self._loop = loop
+        self.start()
+
+    def _install_loop_signals(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        try:
+            loop.add_signal_handler(signal.SIGTERM, self._on_loop_signal)
+        except (NotImplementedError, RuntimeError, ValueError):
+            return None  # not a Unix loop, or not the main thread's
+
+        def restore() -> None:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+        return restore
+
+    def _on_loop_signal(self) -> None:
+        log.info("signal_received", signal="SIGTERM", hurry=self._life.stop_requested.is_set())
+        self.stop()
+
+    @property
+    def state(self) -> State:
+        return self._life.state
 
     @property
     def failure(self) -> BaseException | None:
-        return self._failure
+        return self._life.failure
 
     def __enter__(self) -> GroupConsumer:
+        self._refuse_on_loop("with GroupConsumer(...)")
         return self.start()
 
     def __exit__(
@@ -130,13 +377,14 @@ class GroupConsumer:
         self.stop()
         if self._thread is not None:
             self._thread.join()
-        if exc is None and self._failure is not None:
-            raise self._failure
+        if exc is None and self._life.failure is not None:
+            raise self._life.failure
 
     def __repr__(self) -> str:
         c = self.config
         return (
-            f"GroupConsumer(group_id={c.group_id!r}, topics={c.topics!r}, ordering={c.ordering!r})"
+            f"GroupConsumer(group_id={c.group_id!r}, topics={c.topics!r}, "
+            f"ordering={c.ordering!r}, state={self._life.state.value})"
         )
 
     def _install_signals(self) -> Callable[[], None] | None:
@@ -144,7 +392,11 @@ class GroupConsumer:
             return None
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            log.info("signal_received", signal=signal.Signals(signum).name)
+            log.info(
+                "signal_received",
+                signal=signal.Signals(signum).name,
+                hurry=self._life.stop_requested.is_set(),
+            )
             self.stop()
 
         old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}

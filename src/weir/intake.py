@@ -1,25 +1,34 @@
 """From what one consume call returned to runs of `Record`s, one run per partition stretch.
 
 This runs on the owner thread once per record, the one thread every record passes: the `Record`
-is built inline with `tuple.__new__`, from the fields the engine needs (topic, partition, offset,
-key, size) and the value; the rest stays in the client's message until a handler asks. Reading
-every field column by column (`map` over the client's method descriptors, then `zip`) measured
-no faster once the error, null and run checks were added, so there is one path.
+is built inline, without calling its `__init__` (slot stores only), from the fields the engine
+needs (topic, partition, offset, key, size) and the value; the rest stays in the client's
+message until a handler asks. Reading every field column by column (`map` over the client's
+method descriptors, then `zip`) measured no faster once the error, null and run checks were
+added, so there is one path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol, cast
 
 from confluent_kafka import KafkaError
 
+from weir.client import KafkaMessage
 from weir.records import Record, header_bytes
 
 __all__ = ["Run", "runs_of"]
 
-# tuple.__new__ skips NamedTuple's keyword handling.
-_new_record = tuple.__new__
+_new = object.__new__
+
+
+class _Delivered(KafkaMessage, Protocol):
+    """A message that is not an error event: it has a place in a partition."""
+
+    def topic(self) -> str: ...
+    def partition(self) -> int: ...
+    def offset(self) -> int: ...
 
 
 class Run(NamedTuple):
@@ -32,19 +41,23 @@ class Run(NamedTuple):
     nbytes: int
 
 
-def runs_of(msgs: list[Any], on_error: Callable[[KafkaError], None]) -> list[Run]:
+def runs_of(
+    msgs: Sequence[KafkaMessage], on_error: Callable[[KafkaError, KafkaMessage], None]
+) -> list[Run]:
     """Split one consume call's messages into runs (a new run at every change of partition and
-    at every rewind); error messages go to `on_error` and are left out."""
+    at every rewind); error events go to `on_error` (with their message, which may name a
+    partition) and are left out."""
+    delivered = cast("Sequence[_Delivered]", msgs)  # error events are skipped before any use
     runs: list[Run] = []
     recs: list[Record] = []
     offsets: list[int] = []
     nbytes = 0
     topic = ""
     part = last = -1
-    for m in msgs:
+    for m in delivered:
         err = m.error()
         if err is not None:
-            on_error(err)
+            on_error(err, m)
             continue
         t, p, off = m.topic(), m.partition(), m.offset()
         if p != part or off <= last or t != topic:
@@ -57,7 +70,15 @@ def runs_of(msgs: list[Any], on_error: Callable[[KafkaError], None]) -> list[Run
         headers = m.headers()
         if headers:
             size += header_bytes(headers)
-        recs.append(_new_record(Record, (t, p, off, key, value, size, m)))
+        rec = _new(Record)
+        rec._topic = t
+        rec._partition = p
+        rec._offset = off
+        rec._key = key
+        rec._value = value
+        rec._size = size
+        rec._src = m
+        recs.append(rec)
         offsets.append(off)
         nbytes += size
         last = off

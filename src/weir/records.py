@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import operator
 import threading
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 
@@ -18,6 +19,14 @@ class Partition(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.topic}[{self.partition}]"
+
+
+class _Source(Protocol):
+    """Where a record's lazily read fields come from: the client's message, or `_Given`."""
+
+    def headers(self) -> Any: ...
+    def timestamp(self) -> tuple[int, int]: ...
+    def leader_epoch(self) -> int | None: ...
 
 
 class _Given:
@@ -62,21 +71,36 @@ _FIELDS = (
 )
 
 
-class Record(tuple):  # type: ignore[type-arg]
+class Record:
     """One delivered record: an immutable, typed view of what the broker delivered.
 
-    Read it by attribute; its tuple layout is private. The owner thread builds one per record,
-    the one thread every record passes, so the view is cheap to build: topic, partition,
-    offset, key, value and size are stored; headers, timestamp and leader epoch are read from
-    the client's message only when asked for (reading a message's timestamp alone cost a fifth
-    of building the whole record). Equal records have equal fields; a record pickles and copies
-    by its fields.
+    The owner thread builds one per record, the one thread every record passes, so the view is
+    cheap to build: topic, partition, offset, key, value and size are stored; headers, timestamp
+    and leader epoch are read from the client's message only when asked for (reading a
+    message's timestamp alone is a large part of building a record). Equal records have
+    equal fields; a record pickles and copies by its fields. Its fields are read-only.
     """
 
-    __slots__ = ()
+    # Private slots behind read-only properties: a plain slot store is what makes building a
+    # record cheap (`weir.intake` builds them without calling `__init__`), and no
+    # `__setattr__` override is needed to keep the public fields read-only.
+    __slots__ = (
+        "_dkey",
+        "_dvalue",
+        "_key",
+        "_offset",
+        "_partition",
+        "_size",
+        "_src",
+        "_topic",
+        "_value",
+    )
+    # Set on a worker thread by `weir.serde.DeserializingHandler` before the handler runs.
+    _dkey: Any
+    _dvalue: Any
 
-    def __new__(
-        cls,
+    def __init__(
+        self,
         topic: str,
         partition: int,
         offset: int,
@@ -86,13 +110,18 @@ class Record(tuple):  # type: ignore[type-arg]
         timestamp: int | None = None,
         leader_epoch: int | None = None,
         size: int | None = None,
-    ) -> Record:
+    ) -> None:
         headers = tuple(headers)
         if size is None:
             size = (len(key) if key else 0) + (len(value) if value else 0)
             size += header_bytes(headers)
-        source = _Given(headers, timestamp, leader_epoch)
-        return tuple.__new__(cls, (topic, partition, offset, key, value, size, source))
+        self._topic = topic
+        self._partition = partition
+        self._offset = offset
+        self._key = key
+        self._value = value
+        self._size = size
+        self._src: _Source = _Given(headers, timestamp, leader_epoch)
 
     if TYPE_CHECKING:
 
@@ -116,39 +145,62 @@ class Record(tuple):  # type: ignore[type-arg]
             """Bytes of key + value + headers: what the flow-control byte budget counts."""
 
     else:
-        topic = property(operator.itemgetter(0))
-        partition = property(operator.itemgetter(1))
-        offset = property(operator.itemgetter(2))
-        key = property(operator.itemgetter(3))
-        value = property(operator.itemgetter(4))
+        # C-level getters: handlers read these once or more per record, and a Python property
+        # function costs half as much again as the read itself.
+        topic = property(operator.attrgetter("_topic"))
+        partition = property(operator.attrgetter("_partition"))
+        offset = property(operator.attrgetter("_offset"))
+        key = property(operator.attrgetter("_key"))
+        value = property(operator.attrgetter("_value"))
         size = property(
-            operator.itemgetter(5),
+            operator.attrgetter("_size"),
             doc="Bytes of key + value + headers: what the flow-control byte budget counts.",
         )
 
     @property
     def headers(self) -> tuple[tuple[str, bytes | None], ...]:
-        raw = self[6].headers()
-        return tuple(raw) if raw else ()
+        raw = self._src.headers()
+        if not raw:
+            return ()
+        items = raw.items() if isinstance(raw, Mapping) else raw
+        return tuple((k, v.encode() if isinstance(v, str) else v) for k, v in items)
 
     @property
     def timestamp(self) -> int | None:
         """Milliseconds since the epoch, or None when the broker gave none."""
-        kind, stamp = self[6].timestamp()
+        kind, stamp = self._src.timestamp()
         return None if kind == TIMESTAMP_NOT_AVAILABLE else stamp
 
     @property
     def leader_epoch(self) -> int | None:
-        return self[6].leader_epoch()  # type: ignore[no-any-return]
+        return self._src.leader_epoch()
+
+    @property
+    def deserialized_key(self) -> Any:
+        """The key as the consumer's key deserializer made it (`key_deserializer`); the raw
+        bytes when there is none."""
+        try:
+            return self._dkey
+        except AttributeError:
+            return self._key
+
+    @property
+    def deserialized_value(self) -> Any:
+        """The value as the consumer's value deserializer made it (`value_deserializer`); the
+        raw bytes when there is none."""
+        try:
+            return self._dvalue
+        except AttributeError:
+            return self._value
 
     @property
     def event_id(self) -> str:
         """Stable across redeliveries: use it to make external writes idempotent."""
-        return f"{self[0]}/{self[1]}/{self[2]}"
+        return f"{self._topic}/{self._partition}/{self._offset}"
 
     @property
     def tp(self) -> Partition:
-        return Partition(self[0], self[1])
+        return Partition(self._topic, self._partition)
 
     def fields(self) -> tuple[object, ...]:
         """Every field, in the constructor's order."""
@@ -159,29 +211,58 @@ class Record(tuple):  # type: ignore[type-arg]
             return NotImplemented
         return self is other or self.fields() == other.fields()
 
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
     def __hash__(self) -> int:
-        return hash((self[0], self[1], self[2]))
+        return hash((self._topic, self._partition, self._offset))
 
     def __reduce__(self) -> tuple[type[Record], tuple[object, ...]]:
         return (Record, self.fields())
+
+    def __copy__(self) -> Record:
+        return self  # immutable
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Record:
+        return Record(*self.fields())  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         pairs = zip(_FIELDS, self.fields(), strict=True)
         return "Record(" + ", ".join(f"{n}={v!r}" for n, v in pairs) + ")"
 
 
-def header_bytes(headers: Sequence[tuple[str, bytes | None]]) -> int:
-    return sum(len(k) + (len(v) if v else 0) for k, v in headers)
+def header_bytes(
+    headers: Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None],
+) -> int:
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return sum(len(k) + (len(v) if v else 0) for k, v in items)
 
 
-# C-level field readers for the owner's per-record loops (a generator costs twice as much); by
-# index, as a property adds a second call.
-offset_of = operator.itemgetter(2)
-size_of = operator.itemgetter(5)
+# C-level field readers for the owner's per-record loops (a generator costs twice as much); the
+# slot itself, as a property adds a second call.
+offset_of = operator.attrgetter("_offset")
+size_of = operator.attrgetter("_size")
+
+
+class Output:
+    """A record a handler produced with `Context.produce`: written into the member's Kafka
+    transaction when its input record is marked finished."""
+
+    __slots__ = ("headers", "key", "partition", "topic", "value")
+
+    def __init__(
+        self,
+        topic: str,
+        value: bytes | str | None,
+        key: bytes | str | None,
+        headers: Sequence[tuple[str, bytes | str | None]] | None,
+        partition: int | None,
+    ) -> None:
+        self.topic = topic
+        self.value = value
+        self.key = key
+        self.headers = headers
+        self.partition = partition
+
+    def __repr__(self) -> str:
+        return f"Output({self.topic!r}, key={self.key!r}, value={self.value!r})"
 
 
 class Context:
@@ -189,16 +270,50 @@ class Context:
 
     `token` is weir's local assignment token for the record's partition: a new one every time the
     partition is assigned to this member. It protects local bookkeeping only; a handler that writes
-    elsewhere must fence or write idempotently by `event_id`.
+    elsewhere must fence (`epoch`, with `weir.fencing`) or write idempotently by `event_id`.
     """
 
-    __slots__ = ("_cancel", "attempt", "event_id", "token")
+    __slots__ = ("_cancel", "_outputs", "attempt", "epoch", "event_id", "token")
 
-    def __init__(self, token: int, attempt: int, event_id: str, cancel: threading.Event) -> None:
+    def __init__(
+        self,
+        token: int,
+        attempt: int,
+        event_id: str,
+        cancel: threading.Event,
+        epoch: int | None = None,
+        outputs: list[Output] | None = None,
+    ) -> None:
         self.token = token
         self.attempt = attempt
         self.event_id = event_id
         self._cancel = cancel
+        self.epoch = epoch
+        """The partition's ownership epoch from the member's fence (`GroupConsumer(...,
+        fence=...)`), acquired before its first record was dispatched; None without a fence."""
+        self._outputs = outputs
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | str | None = None,
+        *,
+        headers: Sequence[tuple[str, bytes | str | None]] | None = None,
+        partition: int | None = None,
+    ) -> None:
+        """Produce an output record into the member's Kafka transaction (`transactional_id`).
+        It is written when this handler's record is marked finished, in the same transaction
+        as the input's offset: committed together or not at all. Outputs of a call that raises
+        are dropped (a retry produces them again)."""
+        if self._outputs is None:
+            raise RuntimeError(
+                "ctx.produce needs a transactional member: set transactional_id "
+                "(docs/exactly-once.md)"
+            )
+        if not isinstance(topic, str) or not topic:
+            raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+        self._outputs.append(Output(topic, value, key, headers, partition))
 
     @property
     def cancelled(self) -> bool:
@@ -209,7 +324,7 @@ class Context:
     def __repr__(self) -> str:
         return (
             f"Context(token={self.token}, attempt={self.attempt}, event_id={self.event_id!r}, "
-            f"cancelled={self.cancelled})"
+            f"epoch={self.epoch}, cancelled={self.cancelled})"
         )
 
 
@@ -221,25 +336,34 @@ class HandlerFunc(Protocol):
 class Handler:
     """Subclass and override `handle`; the lifecycle hooks are optional.
 
-    `handle` runs on worker threads. The hooks run on the owner thread, inside the rebalance
-    callback: keep them short, and never call back into the consumer from them.
+    `handle` is either a plain method, run on worker threads, or `async def`, run as a coroutine
+    on an event loop (docs/handlers.md). The hooks run on the owner thread, inside the rebalance
+    callback: keep them short, and never call back into the consumer from them. With an async
+    `handle` the rebalance hooks may be `async def` too: they run on the loop, and the owner
+    waits for them (at most `revoke_timeout_s`).
     """
 
-    def handle(self, record: Record, ctx: Context) -> None:
+    # The hooks' return type admits a coroutine so that `async def` overrides type-check; the
+    # base methods return None.
+    def handle(self, record: Record, ctx: Context) -> Awaitable[None] | None:
         raise NotImplementedError
 
-    def on_assigned(self, partitions: Sequence[Partition]) -> None:
+    def on_assigned(self, partitions: Sequence[Partition]) -> Awaitable[None] | None:
         """Called after weir has set up state for newly assigned partitions."""
+        return None
 
-    def on_revoked(self, partitions: Sequence[Partition]) -> None:
+    def on_revoked(self, partitions: Sequence[Partition]) -> Awaitable[None] | None:
         """Called after the revoked partitions were drained and their offsets committed."""
+        return None
 
-    def on_lost(self, partitions: Sequence[Partition]) -> None:
+    def on_lost(self, partitions: Sequence[Partition]) -> Awaitable[None] | None:
         """Called when ownership was lost without a hand-off: nothing was committed for them."""
+        return None
 
-    def on_shutdown(self) -> None:
+    def on_shutdown(self) -> Awaitable[None] | None:
         """Called once, last: after the final commit, after the member left the group (its
         `on_revoked` for the final hand-off has run) and the client was closed."""
+        return None
 
 
 class _FunctionHandler(Handler):
@@ -255,9 +379,76 @@ class _FunctionHandler(Handler):
         return f"FunctionHandler({getattr(self._fn, '__qualname__', self._fn)!r})"
 
 
-def as_handler(handler: Handler | Callable[[Record], object]) -> Handler:
+class _AsyncFunctionHandler(Handler):
+    """An `async def` function (or a callable object with `async def __call__`)."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Callable[[Record], Awaitable[object]]) -> None:
+        self._fn = fn
+
+    async def handle(self, record: Record, ctx: Context) -> None:
+        await self._fn(record)
+
+    def __repr__(self) -> str:
+        return f"AsyncFunctionHandler({getattr(self._fn, '__qualname__', self._fn)!r})"
+
+
+HOOKS = ("on_assigned", "on_revoked", "on_lost", "on_shutdown")
+
+
+def is_async_handler(handler: Handler | Callable[[Record], object]) -> bool:
+    """An `async def` function, a callable object with `async def __call__`, or a `Handler` whose
+    `handle` is `async def`."""
     if isinstance(handler, Handler):
+        return inspect.iscoroutinefunction(handler.handle)
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - the method, not callability
+    )
+
+
+def as_handler(handler: Handler | Callable[[Record], object]) -> Handler:
+    if isinstance(handler, type):
+        raise TypeError(
+            f"handler must be a Handler instance or a callable taking a Record, got the class "
+            f"{handler.__qualname__}: pass an instance, {handler.__qualname__}()"
+        )
+    if isinstance(handler, Handler):
+        if not is_async_handler(handler):
+            # A coroutine hook of a thread handler would be called from the owner thread and
+            # never run: there is no event loop of weir's to run it on.
+            for name in HOOKS:
+                if inspect.iscoroutinefunction(getattr(handler, name)):
+                    raise TypeError(
+                        f"{type(handler).__qualname__}.{name} is async def but "
+                        f"{type(handler).__qualname__}.handle is not: async hooks run on the "
+                        "event loop of an async handler; make handle async def too, or the "
+                        "hook a plain method"
+                    )
         return handler
+    if callable(handler):
+        _check_takes_a_record(handler)
+    if is_async_handler(handler):
+        return _AsyncFunctionHandler(handler)  # type: ignore[arg-type]
     if callable(handler):
         return _FunctionHandler(handler)
     raise TypeError(f"handler must be a Handler or a callable taking a Record, got {handler!r}")
+
+
+def _check_takes_a_record(fn: Callable[..., object]) -> None:
+    """A plain callable is called with the record alone: one that needs more (the common
+    `def handle(record, ctx)`) would fail on every record, so it is refused at construction."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # no signature to read (some builtins): its first call will tell
+    try:
+        sig.bind(None)
+    except TypeError:
+        name = getattr(fn, "__qualname__", repr(fn))
+        params = ", ".join(sig.parameters)
+        raise TypeError(
+            f"handler {name}({params}) must take one argument, the Record: a plain callable is "
+            "called as handler(record). For the Context too (ctx.produce, ctx.epoch, "
+            "cancellation), subclass weir.Handler and define handle(self, record, ctx)"
+        ) from None

@@ -1,37 +1,32 @@
-"""Lanes per ordering mode, tasks, the worker pool and the completion queue.
+"""Lanes per ordering mode, and packing runnable records into tasks (owner thread only).
 
-The hand-off unit is a *task*: records of one assignment that one worker runs in order. Lanes
-(a key, or the whole partition) are owner-side state: a lane is busy while one task holds it,
-and its later records wait until that task comes back, so workers never share ordering state.
-Tasks are sized from the measured handler time: a no-op handler gets whole batches (one queue
-round trip per batch instead of per record), a slow one gets small tasks spread over every
-worker.
+Lanes are owner-side state: a lane (a key, or the whole partition) is busy while one task holds
+it, and its later records wait until that task comes back, so workers never share ordering
+state. Tasks are sized from the measured handler time: a no-op handler gets whole batches (one
+queue round trip per batch instead of per record), a slow one gets small tasks spread over every
+worker. `weir.workers` runs the tasks.
+
+Concurrent workers (an event loop, `weir.aio`) run every lane of a task at once and report its
+records as they finish, in any order. Their tasks are as large as a task may be (a task costs
+the owner a hand-off, and packing costs no parallelism there), and a lane of a running task is
+freed as soon as its records in the task are done (`progressed`), so a slow record holds only its
+own lane, never the other lanes it was packed with.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
 from collections.abc import Callable, Hashable, Iterable
+from itertools import groupby
 from typing import Literal
 
-import structlog
-
-from weir.records import Context, Handler, Partition, Record, _FunctionHandler, offset_of, size_of
+from weir.records import Partition, Record, offset_of
+from weir.tasks import DONE, FAILED, HELD, Assignment, Task
 from weir.tracking import BatchProgress
+from weir.workers import Workers
 
-__all__ = ["DONE", "FAILED", "FENCED", "HELD", "Assignment", "Scheduler", "Task"]
-
-log = structlog.get_logger(__name__)
+__all__ = ["Ordering", "Scheduler", "lane_of"]
 
 Ordering = Literal["key", "partition", "unordered"]
-
-# Per-record outcomes in `Task.outcomes` (a bytearray; None there means every record is DONE).
-FENCED = 0  # not run: its assignment stopped dispatching before the worker reached it
-DONE = 1
-FAILED = 2
-HELD = 3  # not run: an earlier record of its lane failed in the same task
 
 # Records of *different* lanes share a task only up to about this much handler time: enough to
 # make the queue round trip (two thread wake-ups, several microseconds each on a busy machine)
@@ -40,12 +35,11 @@ HELD = 3  # not run: an earlier record of its lane failed in the same task
 _TASK_SECONDS = 0.0005
 # Records of *one* lane run one after another anyway, so more of them in a task cost no
 # parallelism. About this much handler time per single-lane task hides the owner round trip
-# between a lane's records (wake the owner, hand the next record out, wake a worker: 0.3-0.7 ms
-# on a busy 2-core machine), which otherwise idles the worker of every lane when there are about
-# as many lanes as workers (partition mode, 1 ms handlers: 0.65x of the ideal with one record
-# per task, 0.84x with 5 ms tasks, 3-5% more with 20 ms, 1% more with 40 ms: half the owner's
-# turns per record, 0.36-0.40 -> 0.29-0.31 s of its CPU in a 40k-record run). Such a task counts
-# its finished records as it goes (see `Task.report`), so the watermark still moves while it runs.
+# between a lane's records (wake the owner, hand the next record out, wake a worker), which
+# otherwise idles the worker of every lane when there are about as many lanes as workers
+# (partition mode, or a few hot keys); longer tasks also halve the owner's turns per record
+# (benchmarks/README.md has the measurements). Such a task counts its finished records as it
+# goes (see `Task.report`), so the watermark still moves while it runs.
 _LANE_SECONDS = 0.04
 # A task never holds more records than this: a long task delays its lanes' later records.
 _MAX_TASK = 500
@@ -59,103 +53,24 @@ _WHOLE = ("weir", "whole partition")
 _WHOLE_TASK = 100
 
 
-class Assignment:
-    """One partition's ownership by this member, from assign to revoke/lost.
-
-    Workers read `dispatching` before each record they run: once the owner clears it, the rest
-    of the task is fenced without running. `cancel` is what `Context.cancelled` reads.
-    """
-
-    __slots__ = ("cancel", "dispatching", "token", "tp")
-
-    def __init__(self, tp: Partition, token: int) -> None:
-        self.tp = tp
-        self.token = token
-        self.dispatching = True
-        self.cancel = threading.Event()
-
-    def __repr__(self) -> str:
-        return f"Assignment({self.tp}, token={self.token}, dispatching={self.dispatching})"
-
-
-class Task:
-    """Records of one assignment run in order by one worker; `batches[i]` tracks `records[i]`."""
-
-    __slots__ = (
-        "advanced",
-        "assignment",
-        "attempt",
-        "batch",
-        "batches",
-        "errors",
-        "finished",
-        "lanes",
-        "nbytes",
-        "outcomes",
-        "records",
-        "report",
-        "reported",
-        "reported_bytes",
-        "seconds",
-        "started",
-    )
-
-    def __init__(
-        self,
-        assignment: Assignment,
-        records: list[Record],
-        batches: list[BatchProgress],
-        lanes: list[Hashable] | None,
-        attempt: int = 1,
-    ) -> None:
-        self.assignment = assignment
-        self.records = records
-        self.batches = batches
-        self.lanes = lanes  # the lanes this task holds busy (None: unordered)
-        # The one batch every record belongs to, when there is one (the common case): the owner
-        # then marks the whole task finished in one call.
-        self.batch: BatchProgress | None = None
-        if batches and batches.count(batches[0]) == len(batches):
-            self.batch = batches[0]
-        self.nbytes = sum(map(size_of, records))
-        self.attempt = attempt
-        # When a worker took it (`time.perf_counter()`; 0.0 before), set before the fence check:
-        # a revoke waits only for tasks some worker has taken, not for ones still in the ready
-        # queue, and the owner reads the progress of long tasks only once they ran a while.
-        self.started = 0.0
-        self.outcomes: bytearray | None = None
-        self.errors: dict[int, BaseException] | None = None
-        self.seconds = 0.0
-        self.advanced = False
-        # Progress of long tasks (one lane's records, or a deep unordered batch): with `report`
-        # set, the worker counts its finished records in `finished` as it goes, and the owner
-        # reads the count whenever it wakes (`Scheduler.reporting`); it has accounted for
-        # `reported` records.
-        self.report = False
-        self.finished = 0
-        self.reported = 0
-        self.reported_bytes = 0
-
-    def __repr__(self) -> str:
-        first = self.records[0].offset if self.records else None
-        return f"Task({self.assignment.tp}, first={first}, records={len(self.records)})"
-
-
 class _Lane:
     """A busy lane's records waiting for the task that holds it (parallel lists)."""
 
-    __slots__ = ("batches", "held", "records")
+    __slots__ = ("batches", "held", "records", "stale")
 
     def __init__(self) -> None:
         self.records: list[Record] = []
         self.batches: list[BatchProgress] = []
         self.held = False  # a failed record waits at the front: nothing is released
+        # Tasks of an earlier assignment of the partition still running in this lane (a revoke
+        # past its budget, or lost): nothing is released until they return.
+        self.stale = 0
 
     def take(self, limit: int | None = None) -> tuple[list[Record], list[BatchProgress]]:
         """Take the lane's first `limit` waiting records (all by default), returning them; the
         lane itself stays busy. A long lane gives one task's worth at a time: taking all and
         putting the rest back cost a copy of the whole lane per task (quadratic in its length:
-        a fifth of the owner's samples with 2,500 records waiting per lane)."""
+        most of the owner's time once thousands of records waited per lane)."""
         if limit is None or limit >= len(self.records):
             taken = self.records, self.batches
             self.records, self.batches = [], []
@@ -195,7 +110,8 @@ def _joined(
     return (a, keys, recs, batches)
 
 
-def _key_of(ordering: Ordering) -> Callable[[Record], Hashable] | None:
+def lane_of(ordering: Ordering) -> Callable[[Record], Hashable] | None:
+    """The lane a record waits in under `ordering` (None: unordered, no lanes)."""
     if ordering == "key":
         # Null keys share one lane per partition: they have no identity to parallelise by.
         return lambda r: r.key
@@ -205,28 +121,27 @@ def _key_of(ordering: Ordering) -> Callable[[Record], Hashable] | None:
 
 
 class Scheduler:
-    """Owner-side lanes plus a pool of worker threads feeding one completion queue.
+    """Owner-side lanes; packs runnable records into tasks and submits them to `workers`.
 
-    Owner thread: `submit` and `advance` collect runnable records, `dispatch` packs them into
-    tasks; `completions` yields each task back once, with its outcomes. The long tasks in
+    `submit` and `advance` collect runnable records, `dispatch` packs them into tasks; each task
+    comes back once on the workers' completion queue, with its outcomes. The long tasks in
     `reporting` count their finished records (`Task.finished`) while they run.
     """
 
-    def __init__(
-        self, handler: Handler, ordering: Ordering, workers: int, *, whole: bool = True
-    ) -> None:
-        self._handler = handler
-        self._whole = whole and ordering != "partition"
-        self._fn = handler._fn if type(handler) is _FunctionHandler else None
+    def __init__(self, workers: Workers, ordering: Ordering, *, whole: bool = True) -> None:
+        self.workers = workers
+        self._submit_task = workers.submit
+        # Concurrent workers run a task's lanes at once: a whole-partition lane would serialise
+        # the partition, and the handler time says nothing of the cost of a hand-off.
+        self._concurrent = workers.concurrent
+        self._whole = whole and ordering != "partition" and not self._concurrent
         self._ordering = ordering
-        self._key_of = _key_of(ordering)
-        self._workers = workers
+        self._key_of = lane_of(ordering)
+        self._workers = workers.slots
         # A busy lane is a `_Lane` when records wait for it, else the key list of the group
         # holding it (see `_submit_keys`).
         self._lanes: dict[Assignment, dict[Hashable, _Lane | list[Hashable]]] = {}
         self._pending: list[_Group] = []
-        self._ready: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
-        self.completions: queue.SimpleQueue[Task] = queue.SimpleQueue()
         # Outstanding tasks whose workers count their finished records (`Task.report`).
         self.reporting: set[Task] = set()
         # Tasks handed to workers and not yet back, per assignment (not per partition: work
@@ -234,28 +149,12 @@ class Scheduler:
         self._outstanding: dict[Assignment, set[Task]] = {}
         self._out_records = 0
         self._per_record = _FIRST_GUESS  # smoothed handler seconds per record
-        self._threads = [
-            threading.Thread(target=self._worker, name=f"weir-worker-{i}", daemon=True)
-            for i in range(workers)
-        ]
-        self._started = False
-
-    def start(self) -> None:
-        if not self._started:
-            self._started = True
-            for t in self._threads:
-                t.start()
-
-    def stop(self, timeout: float) -> bool:
-        """Ask every worker to exit; True if all did within `timeout`. Never blocks longer: a
-        handler stuck past the budget is left behind on its daemon thread."""
-        for _ in self._threads:
-            self._ready.put(None)
-        deadline = time.monotonic() + timeout
-        for t in self._threads:
-            if t.is_alive():
-                t.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self._threads)
+        # Tasks of forgotten assignments that a worker is still running, per partition: a new
+        # assignment of the partition must not run their records, or their lanes, at the same
+        # time (`_hold_stale`). In unordered mode their offsets are what is held: records at
+        # those offsets wait in `_parked`.
+        self._stale: dict[Partition, list[Task]] = {}
+        self._parked: dict[Assignment, list[tuple[Record, BatchProgress]]] = {}
 
     # -- owner thread ----------------------------------------------------------------------
 
@@ -267,9 +166,13 @@ class Scheduler:
         lanes = self._lanes.get(assignment)
         if lanes is None:
             lanes = self._lanes[assignment] = {}
+            if assignment.tp in self._stale:
+                self._hold_stale(assignment, lanes)
         if self._whole and self._whole_lane(lanes, len(records)):
             self._submit_lane(assignment, lanes, _WHOLE, batch, records)
         elif self._key_of is None:
+            if self._stale:
+                records = self._park_stale(assignment, batch, records)
             self._pending.append((assignment, None, records, [batch] * len(records)))
         elif self._ordering == "partition":
             self._submit_lane(assignment, lanes, None, batch, records)
@@ -299,9 +202,8 @@ class Scheduler:
         """Key and unordered mode, while a polled batch fits in one task: the records go out per
         partition, behind one lane for the whole partition, so in partition order and in key
         order too. Such a task runs its batch on one worker anyway, and fewer, longer tasks
-        leave the owner more of the interpreter lock (no-op handlers: partition mode ran
-        255k-326k records/s, key mode 219k-253k, unordered 202k-268k). An assignment takes or
-        leaves the whole lane only while none of its lanes is busy."""
+        leave the owner more of the interpreter lock (benchmarks/README.md). An assignment
+        takes or leaves the whole lane only while none of its lanes is busy."""
         if _WHOLE in lanes:
             return True
         size = self.task_size()
@@ -324,7 +226,7 @@ class Scheduler:
         keys: list[Hashable] = []
         group: list[Record] = []
         for rec in records:
-            key = rec[3]  # Record.key, read by index: this loop runs once per record
+            key = rec._key  # the slot, not the property: this loop runs once per record
             lane = lanes.get(key)
             if lane is None:
                 if len(group) >= size:
@@ -355,49 +257,214 @@ class Scheduler:
         if lanes is None:
             return  # forgotten: revoked or lost
         failed: dict[Hashable, tuple[list[Record], list[BatchProgress]]] = {}
-        if task.errors and self._key_of is not None:
-            # A failed record of a whole-partition task holds the whole partition's lane.
-            key_of = _whole if task.lanes == [_WHOLE] else self._key_of
+        key_of = self._key_of
+        if task.errors and key_of is not None:
             for i, code in enumerate(task.outcomes or ()):
                 if code in (FAILED, HELD):
                     rec = task.records[i]
                     held_recs, held_batches = failed.setdefault(key_of(rec), ([], []))
                     held_recs.append(rec)
                     held_batches.append(task.batches[i])
+            if task.lanes == [_WHOLE] and self._ordering == "key":
+                # A failed record holds its key, not the whole partition: the partition leaves
+                # its whole lane, and what waited behind it goes to key lanes again.
+                self._split_whole(a, lanes, failed)
+                return
+        # A concurrent task's lanes that were freed while it ran are not its to free any more.
+        keys_of_task = task.lanes if task.lane_left is None else list(task.lane_left)
+        for key in failed:
+            self.hold(a, key, *failed[key])
+        if failed:
+            keys_of_task = [k for k in keys_of_task if k not in failed]
+        self._free(a, lanes, keys_of_task)
+
+    def _free(
+        self,
+        a: Assignment,
+        lanes: dict[Hashable, _Lane | list[Hashable]],
+        freed: Iterable[Hashable],
+    ) -> None:
+        """These lanes of `a` are no longer busy: their waiting records become runnable."""
         # Lanes freed together go out together: one group of several lanes (up to a task),
         # not a group per lane. A lane longer than a task goes alone (dispatch cuts it).
         pending = self._pending
         size = self.task_size()
         lane_size = self.lane_task_size()
-        keys: list[Hashable] = []
+        group: list[Hashable] = []
         recs: list[Record] = []
         batches: list[BatchProgress] = []
-        for key in task.lanes:
-            if failed and key in failed:
-                self.hold(a, key, *failed[key])
-                continue
+        for key in freed:
             lane = lanes.get(key)
             if lane is None:
                 continue
             if type(lane) is not _Lane:
                 del lanes[key]  # busy with nothing waiting
-            elif lane.held:
+            elif lane.held or lane.stale:
                 continue
             elif lane.records:
                 if len(lane.records) > size:
                     pending.append((a, [key], *lane.take(lane_size)))
                     continue
                 if len(recs) + len(lane.records) > size:
-                    pending.append(_joined(a, keys, recs, batches))
-                    keys, recs, batches = [], [], []
+                    pending.append(_joined(a, group, recs, batches))
+                    group, recs, batches = [], [], []
                 lane_recs, lane_batches = lane.take()
-                keys.append(key)
+                group.append(key)
                 recs += lane_recs
                 batches += lane_batches
             else:
                 del lanes[key]
         if recs:
-            pending.append(_joined(a, keys, recs, batches))
+            pending.append(_joined(a, group, recs, batches))
+
+    def _split_whole(
+        self,
+        a: Assignment,
+        lanes: dict[Hashable, _Lane | list[Hashable]],
+        failed: dict[Hashable, tuple[list[Record], list[BatchProgress]]],
+    ) -> None:
+        """Key mode: a whole-partition task came back with failures. The failed keys are held
+        with their records; every record that waited behind the whole lane is submitted again
+        by key, in offset order, so other keys go on while the failed ones wait."""
+        whole = lanes.pop(_WHOLE, None)
+        waiting = whole.take() if type(whole) is _Lane else ([], [])
+        for key, (recs, batches) in failed.items():
+            self.hold(a, key, recs, batches)
+        recs, batches = waiting
+        i = 0
+        for batch, run in groupby(batches):
+            n = len(list(run))
+            self._submit_keys(a, lanes, batch, recs[i : i + n])
+            i += n
+
+    def running_long(self, since: float) -> list[Task]:
+        """Tasks a worker took at or before `since` (`time.perf_counter()`) that still hold
+        records it has not reached, and whose records could go elsewhere. Concurrent workers
+        start every lane of a task at once and free each as it ends: nothing to move."""
+        if self._ordering == "partition" or self._concurrent:
+            return []
+        out = []
+        for tasks in self._outstanding.values():
+            for t in tasks:
+                started = t.started
+                if not started or started > since or t.moved or len(t.records) < 2:
+                    continue
+                lanes = t.lanes
+                if lanes is not None and len(lanes) == 1 and lanes[0] is not _WHOLE:
+                    continue  # one key's records: they would wait for the running one anyway
+                out.append(t)
+        return out
+
+    def started(self, assignments: Iterable[Assignment] | None = None) -> list[Task]:
+        """Tasks a worker has taken and not given back yet (of these assignments, or all)."""
+        outstanding = self._outstanding
+        groups = (
+            outstanding.values()
+            if assignments is None
+            else [outstanding.get(a, ()) for a in assignments]
+        )
+        return [t for tasks in groups for t in tasks if t.started]
+
+    def take_unstarted(self, task: Task) -> int:
+        """`task` has run long on one record: the records its worker has not reached go to
+        other workers, as far as ordering allows, so a slow record holds only what its
+        ordering requires. Returns how many moved.
+
+        Partition mode moves nothing (the partition is one lane). Unordered mode moves them
+        all. Key mode moves other keys' records with their lanes, and puts the running key's
+        later records at the front of its lane, behind the running one; a whole-partition
+        task leaves its whole lane first. Only for a task a worker took (`Task.it` set) of a
+        dispatching assignment."""
+        a = task.assignment
+        lanes = self._lanes.get(a)
+        it = task.it
+        if it is None or task.moved or lanes is None or not a.dispatching or self._concurrent:
+            return 0
+        if self._ordering == "partition":
+            return 0
+        rest = list(it)  # atomic: its worker will never see these records
+        if not rest:
+            return 0
+        n = len(task.records)
+        at = n - len(rest)
+        task.moved = len(rest)
+        batches = task.batches[at:]
+        self._out_records -= len(rest)
+        whole = None
+        if task.lanes == [_WHOLE]:
+            # The whole lane goes: what waits behind it goes out again below, after the moved
+            # records (they come first in offset order).
+            whole = lanes.pop(_WHOLE, None)
+            task.lanes = None
+        if self._key_of is None:  # unordered: no lanes to keep
+            self._pending.append((a, None, rest, batches))
+            if type(whole) is _Lane and whole.records:
+                self._pending.append((a, None, *whole.take()))
+            return len(rest)
+        running = self._key_of(task.records[at - 1]) if at else None
+        if task.lanes is None:  # key mode, from a whole lane: keep the running key's lane
+            task.lanes = [running]
+            lanes[running] = task.lanes
+        behind: tuple[list[Record], list[BatchProgress]] = ([], [])
+        groups: dict[Hashable, tuple[list[Record], list[BatchProgress]]] = {}
+        for rec, batch in zip(rest, batches, strict=True):
+            key = self._key_of(rec)
+            recs, bs = behind if key == running else groups.setdefault(key, ([], []))
+            recs.append(rec)
+            bs.append(batch)
+        if behind[0]:
+            _waiting(lanes, running).push_front(*behind)
+        # The task keeps only the running record's lane: keys whose records it finished, and
+        # keys moved below, no longer wait for it.
+        done_keys = [k for k in task.lanes if k != running and k not in groups]
+        task.lanes = [running]
+        self._free(a, lanes, done_keys)
+        if groups:
+            keys = list(groups)
+            for k in keys:
+                if type(lanes.get(k)) is not _Lane:
+                    lanes[k] = keys  # busy with the new group (a waiting lane stays as is)
+            recs = [r for k in keys for r in groups[k][0]]
+            bs = [b for k in keys for b in groups[k][1]]
+            self._pending.append(_joined(a, keys, recs, bs))
+        if type(whole) is _Lane and whole.records:
+            waiting, waiting_batches = whole.take()
+            i = 0
+            for batch, run in groupby(waiting_batches):
+                n = len(list(run))
+                self._submit_keys(a, lanes, batch, waiting[i : i + n])
+                i += n
+        return len(rest)
+
+    @property
+    def ordered(self) -> bool:
+        """Records wait in lanes (key and partition mode)."""
+        return self._key_of is not None
+
+    def lane_key(self, record: Record) -> Hashable:
+        """The lane a failed record holds (key or partition mode)."""
+        assert self._key_of is not None
+        return self._key_of(record)
+
+    def waiting_in(self, assignment: Assignment, key: Hashable) -> int:
+        """Records waiting in the lane `key` of `assignment` (0 if it has no waiting list)."""
+        lane = self._lanes.get(assignment, {}).get(key)
+        return len(lane.records) if type(lane) is _Lane else 0
+
+    def resubmit(self, assignment: Assignment, batch: BatchProgress, record: Record) -> None:
+        """Unordered mode: a failed record runs again (a retry); it held no lane."""
+        if self._lanes.get(assignment) is not None:
+            self._pending.append((assignment, None, [record], [batch]))
+
+    def finish_held(self, assignment: Assignment, key: Hashable, record: Record) -> None:
+        """The failed record at the front of a held lane is done with (dead-lettered, or skipped
+        by the operator): it leaves the lane, and the lane runs on from the next record."""
+        lane = self._lanes.get(assignment, {}).get(key)
+        if type(lane) is not _Lane or not lane.records or lane.records[0] is not record:
+            return
+        del lane.records[0], lane.batches[0]
+        if lane.held:
+            self.release(assignment, key)
 
     def hold(
         self,
@@ -421,8 +488,12 @@ class Scheduler:
         if type(lane) is not _Lane or not lane.held:
             return
         lane.held = False
+        if lane.stale:
+            return  # still behind an earlier assignment's running task
         if lane.records:
             self._pending.append((assignment, [key], *lane.take()))
+        else:
+            del self._lanes[assignment][key]  # nothing waits: the lane is free
 
     def dispatch(self) -> int:
         """Pack the runnable records into tasks and hand them to the workers; returns tasks."""
@@ -488,14 +559,27 @@ class Scheduler:
 
     def lane_task_size(self) -> int:
         """Records per task of a single lane: about `_LANE_SECONDS` of measured handler time."""
+        if self._concurrent:
+            return _MAX_TASK
         return min(_MAX_TASK, int(_LANE_SECONDS / self._per_record) + 1)
 
     def task_size(self) -> int:
-        """Records per task: about `_TASK_SECONDS` of measured handler time."""
+        """Records per task: about `_TASK_SECONDS` of measured handler time (concurrent workers:
+        as many as a task may hold, as their lanes run at once and are freed one by one)."""
+        if self._concurrent:
+            return _MAX_TASK
+        return self.turn_size()
+
+    def turn_size(self) -> int:
+        """Records one lane runs in about `_TASK_SECONDS` of measured handler time: a thread
+        task's size, and what the budget compares a partition's share with (a share that takes
+        a lane longer than that is worth sharing), whatever the workers."""
         return min(_MAX_TASK, int(_TASK_SECONDS / self._per_record) + 1)
 
     def _release(self, task: Task) -> None:
-        if len(task.records) > self.task_size():
+        if self._concurrent:
+            task.done = []  # its workers list finished records here, in any order
+        elif len(task.records) > self.task_size():
             task.report = True  # a long task: its finished records count before it ends
             self.reporting.add(task)
         a = task.assignment
@@ -505,18 +589,22 @@ class Scheduler:
         else:
             out.add(task)
         self._out_records += len(task.records)
-        self._ready.put(task)
+        self._submit_task(task)
 
     def returned(self, task: Task) -> None:
         """A task came back: it no longer counts as outstanding; its time tunes task sizes."""
         a = task.assignment
+        if self._stale and a.tp in self._stale:
+            self._stale_returned(task)
         self.reporting.discard(task)
         out = self._outstanding.get(a)
         if out is not None and task in out:
             out.discard(task)
-            self._out_records -= len(task.records)
+            self._out_records -= len(task.records) - task.moved
             if not out:
                 del self._outstanding[a]
+        # A concurrent task's `seconds` is the sum of its records' handler times, not its wall
+        # time (its lanes ran at once): the mean is a record's time either way.
         ran = len(task.records) if task.outcomes is None else task.outcomes.count(DONE)
         if ran:
             self._per_record = 0.8 * self._per_record + 0.2 * max(task.seconds / ran, 1e-7)
@@ -525,7 +613,9 @@ class Scheduler:
         """Records handed to workers and not back yet (started or still in the ready queue)."""
         if assignments is None:
             return self._out_records
-        return sum(len(t.records) for a in assignments for t in self._outstanding.get(a, ()))
+        return sum(
+            len(t.records) - t.moved for a in assignments for t in self._outstanding.get(a, ())
+        )
 
     def waiting(self) -> int:
         """Records waiting in busy lanes: registered, but not runnable until a task returns."""
@@ -534,7 +624,7 @@ class Scheduler:
             for lanes in self._lanes.values()
             for lane in lanes.values()
             if type(lane) is _Lane
-        )
+        ) + sum(map(len, self._parked.values()))
 
     def tasks_out(self) -> int:
         """Tasks handed to workers and not back yet: fewer than the workers means idle ones."""
@@ -545,8 +635,57 @@ class Scheduler:
         waits for. Tasks still in the ready queue of a fenced assignment come back without
         running."""
         return sum(
-            len(t.records) for a in assignments for t in self._outstanding.get(a, ()) if t.started
+            len(t.records) - t.moved - (t.reported if t.done is not None else 0)
+            for a in assignments
+            for t in self._outstanding.get(a, ())
+            if t.started
         )
+
+    def progressed(self, task: Task, finished: list[int]) -> None:
+        """Concurrent workers: records `finished` (indices into `task.records`) of a task that
+        still runs are done. A lane whose records in the task are all done is freed now, so a
+        slow record holds only its own lane: the task's other lanes take their waiting records
+        at once instead of when the whole task comes back."""
+        if task.lanes is None or task.advanced:
+            return
+        lanes = self._lanes.get(task.assignment)
+        if lanes is None:
+            return  # forgotten: revoked or lost (a stale task keeps the lanes it holds now)
+        left = task.lane_left
+        recs = task.records
+        if left is None:
+            if len(task.lanes) == 1:
+                left = {task.lanes[0]: len(recs)}
+            else:
+                key_of = self._key_of
+                assert key_of is not None
+                left = {}
+                for r in recs:
+                    k = key_of(r)
+                    left[k] = left.get(k, 0) + 1
+            task.lane_left = left
+        freed: list[Hashable] = []
+        if len(left) == 1:
+            ((key, n),) = left.items()
+            n -= len(finished)
+            if n > 0:
+                left[key] = n
+            else:
+                del left[key]
+                freed.append(key)
+        else:
+            key_of = self._key_of
+            assert key_of is not None
+            for i in finished:
+                key = key_of(recs[i])
+                n = left[key] - 1
+                if n:
+                    left[key] = n
+                else:
+                    del left[key]
+                    freed.append(key)
+        if freed:
+            self._free(task.assignment, lanes, freed)
 
     def drop_queued(self, assignments: Iterable[Assignment]) -> list[Record]:
         """Remove records of these assignments that no task holds yet (tasks already released
@@ -564,12 +703,78 @@ class Scheduler:
             for lane in self._lanes.get(a, {}).values():
                 if type(lane) is _Lane:
                     dropped += lane.take()[0]
+            dropped += [r for r, _ in self._parked.pop(a, ())]
         return dropped
 
     def forget(self, assignments: Iterable[Assignment]) -> None:
-        """Remove every lane of these assignments (their late completions are ignored)."""
+        """Remove every lane of these assignments (their late completions are ignored). Tasks
+        of theirs that a worker is still running are remembered until they return: a new
+        assignment of the partition waits for their lanes."""
         for a in assignments:
             self._lanes.pop(a, None)
+            self._parked.pop(a, None)
+            for t in self._outstanding.get(a, ()):
+                if t.started:
+                    self._stale.setdefault(a.tp, []).append(t)
+
+    def _hold_stale(self, a: Assignment, lanes: dict[Hashable, _Lane | list[Hashable]]) -> None:
+        """A new assignment of a partition whose earlier assignment still runs tasks: the
+        lanes those tasks hold start busy (their offsets, in unordered mode)."""
+        for t in self._stale.get(a.tp, ()):
+            for key in _busy_lanes(t):
+                _waiting(lanes, key).stale += 1
+
+    def _park_stale(
+        self, a: Assignment, batch: BatchProgress, records: list[Record]
+    ) -> list[Record]:
+        """Unordered mode: records at offsets a stale task still runs wait; returns the rest."""
+        held = self._stale_offsets(a.tp)
+        if not held:
+            return records
+        parked = self._parked.setdefault(a, [])
+        free = []
+        for rec in records:
+            if rec.offset in held:
+                parked.append((rec, batch))
+            else:
+                free.append(rec)
+        return free
+
+    def _stale_offsets(self, tp: Partition) -> set[int]:
+        return {r.offset for t in self._stale.get(tp, ()) if t.lanes is None for r in t.records}
+
+    def _stale_returned(self, task: Task) -> None:
+        tp = task.assignment.tp
+        stale = self._stale[tp]
+        if task not in stale:
+            return
+        stale.remove(task)
+        if not stale:
+            del self._stale[tp]
+        cur = next((a for a in self._lanes if a.tp == tp and a.dispatching), None)
+        if cur is None:
+            return
+        if task.lanes is None:
+            parked = self._parked.get(cur)
+            if parked:
+                held = self._stale_offsets(tp)
+                free = [(r, b) for r, b in parked if r.offset not in held]
+                self._parked[cur] = [(r, b) for r, b in parked if r.offset in held]
+                if free:
+                    self._pending.append((cur, None, [r for r, _ in free], [b for _, b in free]))
+            return
+        lanes = self._lanes[cur]
+        for key in _busy_lanes(task):
+            lane = lanes.get(key)
+            if type(lane) is not _Lane or not lane.stale:
+                continue
+            lane.stale -= 1
+            if lane.stale or lane.held:
+                continue
+            if lane.records:
+                self._pending.append((cur, [key], *lane.take()))
+            else:
+                del lanes[key]
 
     @property
     def lanes(self) -> int:
@@ -579,87 +784,14 @@ class Scheduler:
     def per_record_seconds(self) -> float:
         return self._per_record
 
-    # -- worker threads --------------------------------------------------------------------
-
-    def _worker(self) -> None:
-        ready = self._ready
-        done = self.completions.put
-        clock = time.perf_counter
-        fn = self._fn
-        handle = self._handler.handle
-        while True:
-            task = ready.get()
-            if task is None:
-                return
-            task.started = t0 = clock()
-            a = task.assignment
-            recs = task.records
-            i = 0
-            try:
-                if fn is not None and not task.report:
-                    # The common fast case (a plain function, no progress to count) gets a loop
-                    # of its own: it runs once per record.
-                    for rec in recs:
-                        if not a.dispatching:
-                            break
-                        fn(rec)
-                        i += 1
-                else:
-                    # A long task counts its finished records as they finish: a plain store,
-                    # read by the owner when it wakes, costs no hand-off and no wake-up.
-                    every = task.report
-                    token, attempt, cancel = a.token, task.attempt, a.cancel
-                    for rec in recs:
-                        if not a.dispatching:
-                            break
-                        if fn is not None:
-                            fn(rec)
-                        else:
-                            handle(rec, Context(token, attempt, rec.event_id, cancel))
-                        i += 1
-                        if every:
-                            task.finished = i
-            except BaseException as exc:
-                self._after_failure(task, i, exc)
-            else:
-                if i < len(recs):
-                    task.outcomes = bytearray(b"\x01" * i + bytes(len(recs) - i))  # rest FENCED
-            task.seconds = clock() - t0
-            done(task)
-
-    def _after_failure(self, task: Task, index: int, exc: BaseException) -> None:
-        """Record a failure and run the rest of the task one record at a time: records of the
-        failed lane are held back, every other lane goes on."""
-        recs = task.records
-        out = task.outcomes = bytearray(len(recs))
-        out[:index] = b"\x01" * index
-        out[index] = FAILED
-        task.errors = {index: exc}
-        key_of = self._key_of
-        held = set() if key_of is None else {key_of(recs[index])}
-        a = task.assignment
-        for j in range(index + 1, len(recs)):
-            if not a.dispatching:
-                break  # the rest stay FENCED
-            rec = recs[j]
-            if key_of is not None and key_of(rec) in held:
-                out[j] = HELD
-                continue
-            try:
-                if self._fn is not None:
-                    self._fn(rec)
-                else:
-                    self._handler.handle(
-                        rec, Context(a.token, task.attempt, rec.event_id, a.cancel)
-                    )
-            except BaseException as e:
-                out[j] = FAILED
-                task.errors[j] = e
-                if key_of is not None:
-                    held.add(key_of(rec))
-            else:
-                out[j] = DONE
-
 
 def _whole(record: Record) -> Hashable:
     return _WHOLE
+
+
+def _busy_lanes(task: Task) -> list[Hashable]:
+    """The lanes a task still holds: all of them, less those a concurrent task freed as their
+    records finished (frozen once its assignment is forgotten)."""
+    if task.lane_left is not None:
+        return list(task.lane_left)
+    return task.lanes or []

@@ -159,6 +159,30 @@ class BatchProgress:
     def revoke(self) -> None:
         self._revoked = True
 
+    def flags_from(self, base: int) -> bytes | bytearray:
+        """One byte per offset from `base` to `next_position`: 1 finished or never delivered
+        (a gap), 0 not finished. C-level for a batch without gaps."""
+        if base >= self._next_position:
+            return b""
+        offs = self._offsets
+        if not offs:
+            # An empty batch: the read position moved past offsets never delivered
+            # (transaction markers), from `base` (where the batch before ended) on.
+            return b"\x01" * (self._next_position - base)
+        if self._index is None:
+            # Gapless: offsets [base0, next_position) map onto the done flags directly; the
+            # position may run past the last offset (markers after it count as gaps).
+            start = max(0, base - self._base)
+            tail = self._next_position - (self._base + len(offs))
+            head = max(0, self._base - base)
+            return b"\x01" * head + self._done[start:] + b"\x01" * tail
+        flags = bytearray(b"\x01") * (self._next_position - base)
+        done = self._done
+        for i, off in enumerate(offs):
+            if off >= base and not done[i]:
+                flags[off - base] = 0
+        return flags
+
     def __repr__(self) -> str:
         first = self._offsets[0] if self._offsets else None
         return (
@@ -227,6 +251,25 @@ class PartitionProgress:
     @property
     def pending(self) -> int:
         return sum(b.pending for b in self._batches)
+
+    def finished_flags(self) -> tuple[int, bytes | bytearray] | None:
+        """The committable offset and the finished state of every offset from it to the read
+        position (`BatchProgress.flags_from`): what an offset map encodes. None when revoked or
+        before the first batch."""
+        base = self.committable()
+        if base is None:
+            return None
+        parts = []
+        pos = base
+        for b in self._batches:  # each from where the one before ended
+            parts.append(b.flags_from(pos))
+            pos = max(pos, b.next_position)
+        return base, b"".join(parts)
+
+    def mark_finished(self, batch: BatchProgress, offsets: Sequence[int]) -> int:
+        """Offsets of `batch` an earlier owner finished (the committed offset map): finished
+        now, without running."""
+        return batch.completed_many(offsets, batch.token) if offsets else 0
 
     @property
     def batches(self) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weir import CommitEvent, Context, Handler, Partition, Record
+from weir import CommitEvent, ConsumerStats, Context, Handler, Partition, Record
 
 
 class AuditWriter:
@@ -35,21 +35,53 @@ class AuditWriter:
     def commit(self, e: CommitEvent) -> None:
         self.write("commit_" + e.status, p=e.tp.partition, o=e.offset, sync=e.sync, err=e.error)
 
+    def stats(self, s: ConsumerStats) -> None:
+        """The offset map's figures: records skipped thanks to a restored map, commits whose
+        map was cut, and each partition's map size."""
+        self.write(
+            "stats",
+            skipped=s.replay_skipped,
+            truncations=s.offset_map_truncations,
+            map_bytes={str(p.tp.partition): p.offset_map_bytes for p in s.partitions},
+        )
+
     def close(self) -> None:
         self._f.close()
 
 
 class AuditedHandler(Handler):
-    """Records every call; sleeps a random-ish time to make hand-offs land mid-work."""
+    """Records every call; sleeps a random-ish time to make hand-offs land mid-work.
 
-    def __init__(self, audit: AuditWriter, slow_ms: float = 0.0) -> None:
+    A record in `hold` (partition, offset) is held: its handler waits until weir cancels it
+    (a revoke or shutdown past its budget) and returns unfinished, audited as "abandoned".
+    With `stall_every` N, every Nth offset of a partition takes `stall_ms` instead: a slow
+    record that the records after it overtake."""
+
+    def __init__(
+        self,
+        audit: AuditWriter,
+        slow_ms: float = 0.0,
+        hold: frozenset[tuple[int, int]] = frozenset(),
+        stall_every: int = 0,
+        stall_ms: float = 0.0,
+    ) -> None:
         self.audit = audit
         self.slow = slow_ms / 1000.0
+        self.hold = hold
+        self.stall_every = stall_every
+        self.stall = stall_ms / 1000.0
 
     def handle(self, record: Record, ctx: Context) -> None:
         a = self.audit
         a.write("start", p=record.partition, o=record.offset, tok=ctx.token)
-        if self.slow:
+        if (record.partition, record.offset) in self.hold:
+            while not ctx.cancelled:
+                time.sleep(0.01)
+            a.write("abandoned", p=record.partition, o=record.offset, tok=ctx.token)
+            return
+        if self.stall_every and record.offset % self.stall_every == self.stall_every - 1:
+            time.sleep(self.stall)
+        elif self.slow:
             # Deterministic per offset, so a replay has the same cost.
             time.sleep(self.slow * (0.25 + (record.offset * 7919 % 100) / 100))
         a.write("done", p=record.partition, o=record.offset, tok=ctx.token)

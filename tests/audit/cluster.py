@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class Members:
-    def __init__(self, workdir: Path, bootstrap: str, group: str, topic: str, protocol: str):
+    def __init__(
+        self, workdir: Path, bootstrap: str, group: str, topic: str, protocol: str
+    ) -> None:
         self.workdir = workdir
         self.group = group
         self.common = [
@@ -61,7 +64,17 @@ class Members:
     def stop(self, name: str, timeout: float = 30) -> int:
         p = self.procs.pop(name)
         p.send_signal(signal.SIGTERM)
-        return p.wait(timeout)
+        try:
+            return p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGUSR1)  # every thread's stack into its log
+            time.sleep(1.0)
+            p.kill()
+            p.wait(10)
+            tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-6000:]
+            raise AssertionError(
+                f"member {name} did not stop within {timeout}s of SIGTERM:\n{tail}"
+            ) from None
 
     def kill(self, name: str) -> None:
         p = self.procs.pop(name)
@@ -74,7 +87,9 @@ class Members:
         time.sleep(seconds)
         p.send_signal(signal.SIGCONT)
 
-    def wait_for(self, pred: Any, timeout: float, what: str) -> list[dict[str, Any]]:
+    def wait_for(
+        self, pred: Callable[[list[dict[str, Any]]], object], timeout: float, what: str
+    ) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for name, p in self.procs.items():

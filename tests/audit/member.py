@@ -3,29 +3,72 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
+from typing import Any, Literal
 
-import structlog
+from confluent_kafka import Producer
+from typing_extensions import TypedDict
 
 from tests.audit import AuditedHandler, AuditWriter
-from weir import GroupConsumer
+from tests.audit.exactly_once import AuditedTransform
+from tests.consumer_overrides import GroupProtocol, Overrides
+from weir import CommitEvent, FlowConfig, GroupConsumer, Handler
+from weir.config import ConsumerSettings
 
-PROTOCOLS = {
+
+class ProtocolSettings(TypedDict, total=False):
+    """The settings that pick a member's group protocol and assignor, and its timeouts."""
+
+    group_protocol: GroupProtocol
+    assignment_strategy: Literal["range", "roundrobin", "cooperative-sticky"]
+    session_timeout_s: float
+    heartbeat_interval_s: float
+
+
+PROTOCOLS: dict[str, ProtocolSettings] = {
     "eager": {"group_protocol": "classic", "assignment_strategy": "range"},
     "roundrobin": {"group_protocol": "classic", "assignment_strategy": "roundrobin"},
     "cooperative": {"group_protocol": "classic", "assignment_strategy": "cooperative-sticky"},
     "consumer": {"group_protocol": "consumer"},
 }
-CLASSIC_TIMEOUTS = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+CLASSIC_TIMEOUTS: ProtocolSettings = {"session_timeout_s": 6.0, "heartbeat_interval_s": 1.0}
 
 
-def settings(protocol: str) -> dict[str, object]:
-    s: dict[str, object] = dict(PROTOCOLS[protocol])
+def settings(protocol: str) -> ProtocolSettings:
+    s = PROTOCOLS[protocol].copy()
     if s["group_protocol"] == "classic":
         s.update(CLASSIC_TIMEOUTS)
     return s
+
+
+class DyingProducer(Producer):
+    """A transactional producer whose process SIGKILLs itself in its `die_at`-th commit, after
+    the transaction's outputs and offsets were sent and before it commits: the transaction
+    stays open (its offsets pending, UNSTABLE_OFFSET_COMMIT for the next owner) until the
+    broker aborts it at transaction_timeout_s."""
+
+    def __init__(self, conf: dict[str, Any], die_at: int, audit: AuditWriter) -> None:
+        super().__init__(conf)
+        self._die_at = die_at
+        self._audit = audit
+        self._commits = 0
+
+    def commit_transaction(self, *args: Any, **kwargs: Any) -> None:
+        self._commits += 1
+        if self._commits == self._die_at:
+            self._audit.write("killed_in_commit")
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().commit_transaction(*args, **kwargs)
+
+
+def _held(text: str) -> tuple[int, int]:
+    partition, _, offset = text.partition(":")
+    return int(partition), int(offset)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,27 +83,82 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--max-poll-ms", type=int, default=20_000)
     ap.add_argument("--instance-id", default=None)
-    args = ap.parse_args(argv)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-    audit = AuditWriter(args.audit, args.member)
-    gc = GroupConsumer(
-        AuditedHandler(audit, args.slow_ms),
-        bootstrap_servers=args.bootstrap,
-        group_id=args.group,
-        topics=[args.topic],
-        workers=args.workers,
-        commit_interval=0.25,
-        revoke_timeout=5.0,
-        shutdown_timeout=8.0,
-        max_poll_interval_ms=args.max_poll_ms,
-        group_instance_id=args.instance_id,
-        **settings(args.protocol),  # type: ignore[arg-type]
+    ap.add_argument("--no-offset-map", action="store_true", help="offset_map=False")
+    ap.add_argument("--offset-map-max-bytes", type=int, default=None)
+    ap.add_argument(
+        "--hold", type=_held, action="append", default=[], help="PARTITION:OFFSET, repeatable"
     )
-    gc.add_commit_listener(audit.commit)
+    ap.add_argument("--commit-interval", type=float, default=0.25)
+    ap.add_argument("--commit-every", type=int, default=None)
+    ap.add_argument("--shutdown-timeout", type=float, default=8.0)
+    ap.add_argument("--capacity-records", type=int, default=None)
+    ap.add_argument("--stall-every", type=int, default=0, help="every Nth offset is slow")
+    ap.add_argument("--stall-ms", type=float, default=0.0)
+    # Exactly-once: produce the transform of every record to this topic, transactionally.
+    ap.add_argument("--output", default=None)
+    ap.add_argument("--ordering", choices=["key", "partition", "unordered"], default="key")
+    ap.add_argument("--transaction-interval", type=float, default=0.1)
+    ap.add_argument("--transaction-timeout", type=float, default=10.0)
+    ap.add_argument("--die-at-commit", type=int, default=0)
+    args = ap.parse_args(argv)
+    # `Members.stop` asks for every thread's stack (in the member's log) when a stop hangs.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    audit = AuditWriter(args.audit, args.member)
+    extra: Overrides = {}
+    if args.commit_every is not None:
+        extra["commit_every"] = args.commit_every
+    if args.offset_map_max_bytes is not None:
+        extra["offset_map_max_bytes"] = args.offset_map_max_bytes
+    if args.capacity_records is not None:
+        cap = args.capacity_records
+        extra["flow"] = FlowConfig(
+            capacity_records=cap, pause_records=cap * 9 // 10, resume_records=cap * 8 // 10
+        )
+    if args.output is not None:
+        extra["transactional_id"] = f"{args.group}-{args.member}"
+        extra["transaction_interval_s"] = args.transaction_interval
+        extra["transaction_timeout_s"] = args.transaction_timeout
+    config: ConsumerSettings = {
+        "bootstrap_servers": args.bootstrap,
+        "group_id": args.group,
+        "topics": [args.topic],
+        "workers": args.workers,
+        "ordering": args.ordering,
+        "offset_map": not args.no_offset_map,
+        "commit_interval_s": args.commit_interval,
+        "revoke_timeout_s": 5.0,
+        "shutdown_timeout_s": args.shutdown_timeout,
+        "max_poll_interval_s": args.max_poll_ms / 1000,
+        "group_instance_id": args.instance_id,
+        **settings(args.protocol),
+        **extra,
+    }
+    handler: Handler = AuditedHandler(
+        audit, args.slow_ms, frozenset(args.hold), args.stall_every, args.stall_ms
+    )
+    if args.output is not None:
+        handler = AuditedTransform(audit, args.output, args.slow_ms)
+    die_at: int = args.die_at_commit
+    gc = GroupConsumer(
+        handler,
+        producer_factory=(lambda conf: DyingProducer(conf, die_at, audit)) if die_at else None,
+        **config,
+    )
+
+    def on_commit(e: CommitEvent) -> None:
+        audit.commit(e)
+        if e.ok:
+            audit.stats(gc.stats())
+
+    gc.add_commit_listener(on_commit)
     audit.write("member_start")
     try:
         gc.run()
     finally:
+        audit.stats(gc.stats())
         audit.write("member_stop")
         audit.close()
     return 0

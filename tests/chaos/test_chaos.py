@@ -2,6 +2,11 @@
 
 The short run is part of `make test`; the long one (`-m slow`, length from WEIR_CHAOS_SECONDS)
 runs each protocol for longer. The seed is printed so a failure can be replayed (WEIR_CHAOS_SEED).
+WEIR_CHAOS_ORDERING (key, partition, unordered; key by default) picks the members' ordering and
+WEIR_CHAOS_OFFSET_MAP=0 runs them without offset maps, to compare the duplicates each run prints;
+WEIR_CHAOS_RATE sets the records per second produced (250: the members keep up; above about 1000
+they fall behind), and WEIR_CHAOS_STALL="N:MS" makes every Nth offset of a partition take MS ms,
+so that records finished above a slow one wait above the committed offset.
 """
 
 from __future__ import annotations
@@ -18,26 +23,67 @@ import pytest
 from tests.audit import check
 from tests.audit.cluster import Members, SteadyProducer
 from tests.integration.kafka_helpers import committed
+from weir.testing.pytest_plugin import TopicFactory
 
 PARTITIONS = 8
 # The long run's chaos phase; the wind-down after it may take up to 120 s more (Members.finish).
 LONG_SECONDS = float(os.environ.get("WEIR_CHAOS_SECONDS", "300"))
+ORDERING = os.environ.get("WEIR_CHAOS_ORDERING", "key")
+OFFSET_MAP = os.environ.get("WEIR_CHAOS_OFFSET_MAP", "1") != "0"
+
+
+def _rate(text: str) -> float:
+    """WEIR_CHAOS_RATE: records per second the producer sends, > 0."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = 0.0
+    if not rate > 0:
+        raise ValueError(f"WEIR_CHAOS_RATE must be a number > 0, got {text!r}")
+    return rate
+
+
+def _stall(text: str) -> tuple[int, float] | None:
+    """WEIR_CHAOS_STALL "N:MS": every Nth offset of a partition takes MS ms (a slow record the
+    others overtake); empty: none."""
+    if not text:
+        return None
+    every, _, ms = text.partition(":")
+    try:
+        n, t = int(every), float(ms)
+    except ValueError:
+        n, t = 0, 0.0
+    if n < 1 or not t > 0:
+        raise ValueError(f"WEIR_CHAOS_STALL must be N:MS with N >= 1 and MS > 0, got {text!r}")
+    return n, t
+
+
+# Read at import, so that a bad value stops the run before any member starts.
+RATE = _rate(os.environ.get("WEIR_CHAOS_RATE", "250"))
+STALL = _stall(os.environ.get("WEIR_CHAOS_STALL", ""))
+STALL_TEXT = f"{STALL[0]}:{STALL[1]:g}" if STALL else None
 
 
 def _chaos(bootstrap: str, topic: str, workdir: Path, protocol: str, seconds: float) -> None:
     seed = int(os.environ.get("WEIR_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
-    print(f"\nchaos seed={seed} protocol={protocol} seconds={seconds}")
+    print(
+        f"\nchaos seed={seed} protocol={protocol} seconds={seconds} rate={RATE:g} "
+        f"stall={STALL_TEXT} ordering={ORDERING} offset_map={OFFSET_MAP}"
+    )
     group = f"chaos-{uuid.uuid4().hex[:8]}"
     members = Members(workdir, bootstrap, group, topic, protocol)
-    producer = SteadyProducer(bootstrap, topic, rate=250)
+    producer = SteadyProducer(bootstrap, topic, rate=RATE)
     actions: list[str] = []
     serial = 0
 
     def spawn() -> None:
         nonlocal serial
         serial += 1
-        members.start(f"m{serial}", "--slow-ms", str(rng.choice([1, 5, 20])))
+        extra = ["--ordering", ORDERING] + ([] if OFFSET_MAP else ["--no-offset-map"])
+        if STALL:
+            extra += ["--stall-every", str(STALL[0]), "--stall-ms", f"{STALL[1]:g}"]
+        members.start(f"m{serial}", "--slow-ms", str(rng.choice([1, 5, 20])), *extra)
 
     producer.start()
     try:
@@ -59,15 +105,31 @@ def _chaos(bootstrap: str, topic: str, workdir: Path, protocol: str, seconds: fl
         members.close()
         if producer.is_alive():
             producer.finish()
-    report = check(members.events(), ends)
-    print(f"chaos {protocol}: {report.summary()} actions={actions}")
+    evs = members.events()
+    report = check(evs, ends)
+    skipped = _skipped(evs)
+    print(
+        f"chaos {protocol} rate={RATE:g} stall={STALL_TEXT} ordering={ORDERING} "
+        f"offset_map={OFFSET_MAP}: {report.summary()} "
+        f"replay_skipped={skipped} actions={actions}"
+    )
     assert not report.violations, f"seed={seed}\n" + "\n".join(report.violations[:20])
     assert committed(bootstrap, group, topic, PARTITIONS) == ends, f"seed={seed}"
 
 
+def _skipped(evs: list[dict[str, Any]]) -> int:
+    """Records the members did not handle again thanks to an offset map (each member's last
+    stats; a killed member's are from its last confirmed commit)."""
+    last: dict[str, int] = {}
+    for e in evs:
+        if e["ev"] == "stats":
+            last[e["m"]] = e["skipped"]
+    return sum(last.values())
+
+
 @pytest.mark.broker
 @pytest.mark.chaos
-def test_chaos_short(kafka_bootstrap: str, make_topic: Any, tmp_path: Path) -> None:
+def test_chaos_short(kafka_bootstrap: str, make_topic: TopicFactory, tmp_path: Path) -> None:
     _chaos(kafka_bootstrap, make_topic(PARTITIONS), tmp_path, "cooperative", seconds=45)
 
 
@@ -76,5 +138,7 @@ def test_chaos_short(kafka_bootstrap: str, make_topic: Any, tmp_path: Path) -> N
 @pytest.mark.slow
 @pytest.mark.timeout(LONG_SECONDS + 240)  # the suite's 300 s cut the default run short
 @pytest.mark.parametrize("protocol", ["eager", "cooperative", "consumer"])
-def test_chaos_long(kafka_bootstrap: str, make_topic: Any, tmp_path: Path, protocol: str) -> None:
+def test_chaos_long(
+    kafka_bootstrap: str, make_topic: TopicFactory, tmp_path: Path, protocol: str
+) -> None:
     _chaos(kafka_bootstrap, make_topic(PARTITIONS), tmp_path, protocol, seconds=LONG_SECONDS)

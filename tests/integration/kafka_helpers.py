@@ -6,13 +6,16 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from typing_extensions import Unpack
 
-from weir import GroupConsumer, Record
+from tests.consumer_overrides import Overrides
+from weir import GroupConsumer, Handler, Record
+from weir.client import ClientFactory
+from weir.config import ConsumerSettings
 
 
 def produce(
@@ -48,7 +51,7 @@ def keyed_orders(n: int, keys: int) -> list[tuple[bytes, bytes]]:
     return out
 
 
-def wait_until(pred: Any, timeout: float, what: str) -> None:
+def wait_until(pred: Callable[[], object], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
@@ -103,15 +106,22 @@ class Seen:
 
 
 def member(
-    handler: Any, bootstrap: str, group: str, topics: Sequence[str], **kw: Any
+    handler: Handler | Callable[[Record], object],
+    bootstrap: str,
+    group: str,
+    topics: Sequence[str],
+    *,
+    consumer_factory: ClientFactory | None = None,
+    **kw: Unpack[Overrides],
 ) -> GroupConsumer:
-    settings: dict[str, Any] = {
-        "commit_interval": 0.2,
-        "shutdown_timeout": 10.0,
-        "revoke_timeout": 5.0,
-        "startup_timeout": 15.0,
+    settings: ConsumerSettings = {
+        "bootstrap_servers": bootstrap,
+        "group_id": group,
+        "topics": list(topics),
+        "commit_interval_s": 0.2,
+        "shutdown_timeout_s": 10.0,
+        "revoke_timeout_s": 5.0,
+        "startup_timeout_s": 15.0,
+        **kw,
     }
-    settings.update(kw)
-    return GroupConsumer(
-        handler, bootstrap_servers=bootstrap, group_id=group, topics=list(topics), **settings
-    )
+    return GroupConsumer(handler, consumer_factory=consumer_factory, **settings)

@@ -50,7 +50,9 @@ def drain_group(consumers: list[Consumer], expected: int, timeout: float) -> dic
             if msg is None:
                 continue
             assert msg.error() is None, msg.error()
-            seen[index].append(msg.value().decode())
+            value = msg.value()
+            assert value is not None
+            seen[index].append(value.decode())
     return seen
 
 

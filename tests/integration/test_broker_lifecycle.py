@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,9 +14,17 @@ from pathlib import Path
 
 import psutil
 import pytest
+from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
 
 from weir.cli import main
 from weir.testing.broker import kafka_answers
+from weir.testing.pytest_plugin import (
+    commit_offsets,
+    consume_all,
+    create_topic,
+    produce,
+    records_as_text,
+)
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
@@ -71,7 +80,6 @@ def test_broker_dies_with_a_sigkilled_parent(tmp_path: Path) -> None:
             os.kill(java_pid, signal.SIGKILL)
 
 
-@pytest.mark.usefixtures("restore_structlog")
 def test_cli_background_start_status_stop(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -131,3 +139,63 @@ def test_cli_foreground_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         proc.kill()
         if java_pid is not None and not gone(java_pid):
             os.kill(java_pid, signal.SIGKILL)
+
+
+def controller_port(workdir: Path) -> int:
+    config = (workdir / "server.properties").read_text()
+    listeners = next(line for line in config.splitlines() if line.startswith("listeners="))
+    return int(listeners.split("CONTROLLER://", 1)[1].split(",")[0].rsplit(":", 1)[1])
+
+
+def test_cli_restart_on_the_same_dir_keeps_data_and_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: every `weir broker start --dir D` wiped D/data (topics and offsets gone) and
+    took a new port."""
+    state = str(tmp_path / "broker.json")
+    workdir = tmp_path / "work"
+    group = "weir-restart-group"
+
+    def start() -> str:
+        assert main(["broker", "start", "--state", state, "--dir", str(workdir)]) == 0
+        return capsys.readouterr().out.strip().splitlines()[-1]
+
+    def stop() -> None:
+        pid = int(json.loads(Path(state).read_text())["pid"])
+        assert main(["broker", "stop", "--state", state]) == 0
+        assert wait_gone(pid, 10)
+
+    def check(bootstrap: str, topic: str) -> None:
+        assert records_as_text(consume_all(bootstrap, topic, expected=6, timeout=30)) == [
+            (f"k{i}", f"v{i}") for i in range(6)
+        ]
+        probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+        try:
+            got = probe.committed([TopicPartition(topic, p) for p in range(3)], timeout=15)
+        finally:
+            probe.close()
+        assert [tp.offset for tp in got] == [2, 1, OFFSET_INVALID]
+
+    first = start()
+    try:
+        topic = create_topic(first, partitions=3)
+        assert produce(first, topic, [(f"k{i}", f"v{i}") for i in range(6)], partition=0) == 6
+        commit_offsets(first, group, topic, {0: 2, 1: 1})
+        stop()
+
+        second = start()
+        check(second, topic)
+        assert second == first  # the port was free, so it is the same address
+        stop()
+
+        # The last run's ports are taken now: the broker moves, the data does not.
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", int(first.rsplit(":", 1)[1])))
+            b.bind(("127.0.0.1", controller_port(workdir)))
+            a.listen(1)
+            b.listen(1)
+            third = start()
+            assert third != first
+            check(third, topic)
+    finally:
+        main(["broker", "stop", "--state", state])

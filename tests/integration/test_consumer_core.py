@@ -12,6 +12,7 @@ from collections import defaultdict
 import pytest
 from confluent_kafka import Producer
 
+from tests.consumer_overrides import GroupProtocol
 from tests.integration.kafka_helpers import (
     Seen,
     committed,
@@ -22,8 +23,9 @@ from tests.integration.kafka_helpers import (
     wait_until,
 )
 from weir import HandlerError, Record
+from weir.testing.pytest_plugin import TopicFactory
 
-PROTOCOLS = ["classic", "consumer"]
+PROTOCOLS: list[GroupProtocol] = ["classic", "consumer"]
 
 
 def _group() -> str:
@@ -32,7 +34,7 @@ def _group() -> str:
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_out_of_order_completion_commits_only_the_contiguous_prefix(
-    kafka_bootstrap: str, make_topic, protocol: str
+    kafka_bootstrap: str, make_topic: TopicFactory, protocol: GroupProtocol
 ) -> None:
     topic = make_topic(1)
     produce(kafka_bootstrap, topic, [(None, b"v%d" % i) for i in range(20)])
@@ -71,7 +73,7 @@ def test_out_of_order_completion_commits_only_the_contiguous_prefix(
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_handler_failure_commits_below_it_and_a_restart_resumes_there(
-    kafka_bootstrap: str, make_topic, protocol: str
+    kafka_bootstrap: str, make_topic: TopicFactory, protocol: GroupProtocol
 ) -> None:
     topic = make_topic(1)
     produce(kafka_bootstrap, topic, [(b"same-key", b"v%d" % i) for i in range(30)])
@@ -102,7 +104,9 @@ def test_handler_failure_commits_below_it_and_a_restart_resumes_there(
     assert committed(kafka_bootstrap, group, topic, 1) == [30]
 
 
-def test_key_order_holds_per_key_under_parallelism(kafka_bootstrap: str, make_topic) -> None:
+def test_key_order_holds_per_key_under_parallelism(
+    kafka_bootstrap: str, make_topic: TopicFactory
+) -> None:
     topic = make_topic(3)
     produce(kafka_bootstrap, topic, keyed_orders(3000, keys=40))
     started: dict[int, list[int]] = defaultdict(list)
@@ -137,7 +141,9 @@ def test_key_order_holds_per_key_under_parallelism(kafka_bootstrap: str, make_to
     assert max_parallel[0] > 1, "different keys never ran in parallel"
 
 
-def test_transaction_markers_leave_gaps_that_never_stall(kafka_bootstrap: str, make_topic) -> None:
+def test_transaction_markers_leave_gaps_that_never_stall(
+    kafka_bootstrap: str, make_topic: TopicFactory
+) -> None:
     topic = make_topic(1)
     p = Producer(
         {"bootstrap.servers": kafka_bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"}
@@ -182,7 +188,9 @@ def test_transaction_markers_leave_gaps_that_never_stall(kafka_bootstrap: str, m
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_unreachable_broker_is_reported_within_the_startup_timeout(protocol: str) -> None:
+def test_unreachable_broker_is_reported_within_the_startup_timeout(
+    protocol: GroupProtocol,
+) -> None:
     from weir import BrokerUnreachableError, GroupConsumer
     from weir.testing.broker import pick_free_port
 
@@ -193,7 +201,7 @@ def test_unreachable_broker_is_reported_within_the_startup_timeout(protocol: str
         group_id="nobody",
         topics=["t"],
         group_protocol=protocol,
-        startup_timeout=2.0,
+        startup_timeout_s=2.0,
     )
     t0 = time.monotonic()
     with pytest.raises(BrokerUnreachableError, match=f"127.0.0.1:{port}"):

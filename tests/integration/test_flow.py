@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer
 
+from tests.consumer_overrides import Ordering
 from tests.integration.kafka_helpers import committed, member
 from weir import FlowConfig, Record
+from weir.testing.pytest_plugin import TopicFactory
 
 pytestmark = pytest.mark.broker
 
@@ -39,7 +41,7 @@ def _bulk(bootstrap: str, topic: str, n: int, size: int) -> None:
 
 
 def test_backlog_drains_within_budget_without_losing_membership(
-    kafka_bootstrap: str, make_topic: Any
+    kafka_bootstrap: str, make_topic: TopicFactory
 ) -> None:
     n = 200_000
     topic = make_topic(4)
@@ -66,7 +68,7 @@ def test_backlog_drains_within_budget_without_losing_membership(
         workers=8,
         flow=flow,
         max_batch=200,
-        commit_interval=1.0,
+        commit_interval_s=1.0,
     )
     with gc:
         assert finished.wait(240), f"only {count[0]} of {n} processed"
@@ -74,13 +76,13 @@ def test_backlog_drains_within_budget_without_losing_membership(
         stats = gc.stats()
     assert count[0] == n, "a record was processed twice or not at all without a rebalance"
     assert stats.peak_in_flight <= flow.capacity_records
-    assert stats.pauses >= 1, "a 200k backlog behind a slow handler should have paused fetching"
+    assert stats.throttles >= 1, "a 200k backlog behind a slow handler should have throttled"
     assert stats.rebalances == 1, "the member lost or gave up partitions while draining"
     assert sum(committed(kafka_bootstrap, group, topic, 4)) == n
 
 
 def test_batches_slower_than_max_poll_interval_keep_the_member(
-    kafka_bootstrap: str, make_topic: Any
+    kafka_bootstrap: str, make_topic: TopicFactory
 ) -> None:
     topic = make_topic(1)
     _bulk(kafka_bootstrap, topic, 300, 10)
@@ -97,10 +99,10 @@ def test_batches_slower_than_max_poll_interval_keep_the_member(
         [topic],
         ordering="partition",
         workers=4,
-        max_poll_interval_ms=6000,
-        session_timeout_ms=6000,
-        heartbeat_interval_ms=1000,
-        revoke_timeout=2.0,
+        max_poll_interval_s=6.0,
+        session_timeout_s=6.0,
+        heartbeat_interval_s=1.0,
+        revoke_timeout_s=2.0,
     )
     with gc:
         deadline = time.monotonic() + 60
@@ -113,7 +115,7 @@ def test_batches_slower_than_max_poll_interval_keep_the_member(
 
 @pytest.mark.parametrize("ordering", ["partition", "key"])
 def test_partitions_share_the_budget_and_resume_on_a_real_broker(
-    kafka_bootstrap: str, make_topic: Any, ordering: str
+    kafka_bootstrap: str, make_topic: TopicFactory, ordering: Ordering
 ) -> None:
     """8 partitions of one key each and a 1 ms handler: librdkafka hands out one partition's
     records at a time, so the default budget must be shared between partitions (partition mode

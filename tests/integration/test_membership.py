@@ -7,13 +7,13 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
 from tests.audit.member import settings
 from tests.integration.kafka_helpers import member, wait_until
 from weir import Context, Handler, Partition, Record
+from weir.testing.pytest_plugin import TopicFactory
 
 pytestmark = pytest.mark.broker
 
@@ -51,12 +51,12 @@ class Watch(Handler):
 
 @pytest.mark.parametrize("protocol", ["eager", "roundrobin", "cooperative", "consumer"])
 def test_graceful_leave_hands_partitions_over_well_before_the_session_timeout(
-    kafka_bootstrap: str, make_topic: Any, protocol: str
+    kafka_bootstrap: str, make_topic: TopicFactory, protocol: str
 ) -> None:
     topic = make_topic(4)
     group = f"leave-{uuid.uuid4().hex[:8]}"
     a, b = Watch(), Watch()
-    kw: dict[str, Any] = dict(settings(protocol))
+    kw = settings(protocol)
     ga = member(a, kafka_bootstrap, group, [topic], **kw).start()
     gb = member(b, kafka_bootstrap, group, [topic], **kw).start()
     try:
@@ -80,11 +80,11 @@ def test_graceful_leave_hands_partitions_over_well_before_the_session_timeout(
 
 @pytest.mark.parametrize("protocol", ["cooperative", "consumer"])
 def test_static_member_restart_gets_its_partitions_back_without_a_rebalance(
-    kafka_bootstrap: str, make_topic: Any, protocol: str
+    kafka_bootstrap: str, make_topic: TopicFactory, protocol: str
 ) -> None:
     topic = make_topic(4)
     group = f"static-{uuid.uuid4().hex[:8]}"
-    kw: dict[str, Any] = dict(settings(protocol))
+    kw = settings(protocol)
     a1, b = Watch(), Watch()
     ga = member(a1, kafka_bootstrap, group, [topic], group_instance_id="a", **kw).start()
     gb = member(b, kafka_bootstrap, group, [topic], group_instance_id="b", **kw).start()

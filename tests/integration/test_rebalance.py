@@ -21,6 +21,7 @@ import pytest
 from tests.audit import check
 from tests.audit.cluster import Members, SteadyProducer, handled_by
 from tests.integration.kafka_helpers import committed
+from weir.testing.pytest_plugin import TopicFactory
 
 pytestmark = pytest.mark.broker
 
@@ -50,7 +51,7 @@ def _join_metrics(evs: list[dict[str, Any]], joiner: str, others: list[str]) -> 
 
 @pytest.mark.parametrize("protocol", ["eager", "cooperative", "consumer"])
 def test_hand_offs_keep_every_invariant(
-    kafka_bootstrap: str, make_topic: Any, tmp_path: Path, protocol: str
+    kafka_bootstrap: str, make_topic: TopicFactory, tmp_path: Path, protocol: str
 ) -> None:
     topic = make_topic(PARTITIONS)
     group = f"rb-{protocol}-{uuid.uuid4().hex[:8]}"

@@ -3,8 +3,6 @@ reaches the read position; commits stay monotonic under any order of results."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
@@ -49,7 +47,7 @@ def gapped_offsets(draw: st.DrawFn, max_len: int = 30) -> tuple[list[int], int]:
     return offsets, next_position
 
 
-Step = tuple[str, Any]
+Step = tuple[str, int | None]  # (kind, offset); a "revoke" has no offset
 
 
 @st.composite
@@ -88,7 +86,12 @@ def test_batch_watermark_invariants(plan: tuple[list[int], int, list[Step]]) -> 
     last = b.committable()
     for kind, off in steps:
         before = (b.committable(), b.pending)
-        if kind == "complete":
+        if kind == "revoke":
+            b.revoke()
+            revoked = True
+        elif off is None:
+            raise AssertionError(f"a {kind!r} step without an offset")
+        elif kind == "complete":
             accepted = b.completed(off, token)
             assert accepted is (not revoked)
             if not revoked:
@@ -96,7 +99,7 @@ def test_batch_watermark_invariants(plan: tuple[list[int], int, list[Step]]) -> 
         elif kind == "stale":
             assert b.completed(off, ("epoch", 2)) is False
             assert (b.committable(), b.pending) == before
-        elif kind == "missing":
+        else:  # "missing"
             if off in offsets:
                 continue
             if revoked:
@@ -109,9 +112,6 @@ def test_batch_watermark_invariants(plan: tuple[list[int], int, list[Step]]) -> 
                 else:
                     raise AssertionError(f"offset {off} was not delivered but was accepted")
             assert (b.committable(), b.pending) == before
-        else:
-            b.revoke()
-            revoked = True
         c = b.committable()
         if revoked:
             assert c is None
@@ -339,7 +339,7 @@ AS, DELIVER = "advance_send", "deliver"
 def test_committer_is_monotonic_under_any_result_order(
     start: int, ops: list[Op], final_ok: list[bool]
 ) -> None:
-    c = Committer(interval=1.0, every=1)
+    c = Committer(interval_s=1.0, every=1)
     c.track(P)
     committable = start
     pending: list[int] = []  # sent, result not yet delivered

@@ -77,7 +77,9 @@ def test_missing_java_is_explained(bin_dir: Path) -> None:
     assert "WEIR_BOOTSTRAP_SERVERS" in str(info.value)
 
 
-def test_java_home_wins_over_path(bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_java_home_wins_over_path(
+    bin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home_bin = tmp_path / "jdk" / "bin"
     home_bin.mkdir(parents=True)
     fake_java(home_bin, "21.0.1")

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import re
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from weir.cli import main
 from weir.testing import broker as broker_module
 from weir.testing.broker import (
     TEST_BROKER_DEFAULTS,
@@ -22,8 +25,8 @@ from weir.testing.broker import (
     port_is_free,
     resolve_workdir,
 )
-from weir.testing.cluster import cluster_defaults
-from weir.testing.errors import BrokerStartError, JavaNotFoundError, PortInUseError
+from weir.testing.cluster import EmbeddedKafkaCluster, cluster_defaults
+from weir.testing.errors import BrokerStartError, HarnessError, JavaNotFoundError, PortInUseError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -158,3 +161,70 @@ def test_bind_race_is_retried_with_new_ports(
         assert kafka.port == picks[1][0] != occupied_port
         assert "Address already in use" in kafka.log_path.read_text()
         assert kafka.running
+
+
+# --- a failed start leaves no temp dir ------------------------------------------------------------
+
+
+@pytest.fixture
+def temp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where tempfile.mkdtemp() puts the broker's temp work dir during this test."""
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root
+
+
+@pytest.mark.parametrize(
+    "failure", ["invalid override", "jvm dies", "timeout", "bind retries exhausted", "no java"]
+)
+def test_failed_start_leaves_no_temp_dir(
+    failure: str, temp_root: Path, occupied_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: with keep=True (what `weir broker start` uses) a failed start left its temp dir.
+
+    keep=True means "keep it after stop()"; a start that failed has nothing worth keeping, and
+    the error already carries the log's last lines. (keep=None removed it already.)
+    """
+    options: dict[str, Any] = {"keep": True, "start_timeout": 30}
+    if failure == "invalid override":
+        options["overrides"] = {"process.roles": "nonsense"}
+    elif failure == "jvm dies":
+        options["jvm_args"] = ["-XX:+WeirNoSuchOption"]
+    elif failure == "timeout":
+        options["start_timeout"] = 0.5
+    elif failure == "bind retries exhausted":
+        real_pick = broker_module.pick_free_ports
+        # Every attempt's client port is taken by the time Java binds it; two attempts (each a
+        # JVM start) take the same path as three.
+        monkeypatch.setattr(broker_module, "_PORT_ATTEMPTS", 2)
+        monkeypatch.setattr(
+            broker_module, "pick_free_ports", lambda count: [occupied_port, *real_pick(count)[1:]]
+        )
+    else:
+        monkeypatch.setenv("PATH", str(temp_root.parent / "no-bin"))
+        monkeypatch.delenv("JAVA_HOME", raising=False)
+    kafka = EmbeddedKafka(**options)
+    with pytest.raises(HarnessError) as info:
+        kafka.start()
+    if failure == "bind retries exhausted":
+        assert "Address already in use" in str(info.value)
+    assert not kafka.running
+    assert list(temp_root.iterdir()) == []
+
+
+def test_failed_cli_start_leaves_no_temp_dir(
+    temp_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "broker.json"
+    assert main(["broker", "start", "--state", str(state), "--override", "process.roles=x"]) == 1
+    assert "Invalid value x for configuration process.roles" in capsys.readouterr().err
+    assert list(temp_root.iterdir()) == []
+    assert not state.exists()
+
+
+def test_failed_cluster_start_leaves_no_temp_dir(temp_root: Path) -> None:
+    cluster = EmbeddedKafkaCluster(size=1, keep=True, overrides={"process.roles": "nonsense"})
+    with pytest.raises(BrokerStartError):
+        cluster.start()
+    assert list(temp_root.iterdir()) == []

@@ -12,8 +12,13 @@ P1 = Partition("t", 1)
 
 
 @pytest.fixture
-def c() -> Committer:
-    committer = Committer(interval=10.0, every=3)
+def events() -> list[CommitEvent]:
+    return []
+
+
+@pytest.fixture
+def c(events: list[CommitEvent]) -> Committer:
+    committer = Committer(interval_s=10.0, every=3, emit=events.append)
     committer.track(P0)
     committer.track(P1)
     return committer
@@ -121,10 +126,8 @@ def summary(events: list[CommitEvent]) -> list[tuple[Partition, int, bool, str, 
 
 
 def test_results_for_forgotten_partitions_change_no_state_but_are_reported(
-    c: Committer,
+    c: Committer, events: list[CommitEvent]
 ) -> None:
-    events: list[CommitEvent] = []
-    c.listeners.append(events.append)
     c.forget([P0])
     c.result(P0, 5, None, sync=False)
     assert c.confirmed(P0) is None
@@ -132,9 +135,7 @@ def test_results_for_forgotten_partitions_change_no_state_but_are_reported(
     assert events[0].ok
 
 
-def test_listeners_see_every_send_and_result(c: Committer) -> None:
-    events: list[CommitEvent] = []
-    c.listeners.append(events.append)
+def test_listeners_see_every_send_and_result(c: Committer, events: list[CommitEvent]) -> None:
     c.sent({P0: 5, P1: 7}, 0.0, sync=True)
     c.result(P0, 5, None, sync=True)
     c.result(P1, 7, "boom", sync=False)
@@ -148,7 +149,7 @@ def test_listeners_see_every_send_and_result(c: Committer) -> None:
 
 
 def test_due_by_count_of_finished_records() -> None:
-    c = Committer(interval=1000.0, every=3)
+    c = Committer(interval_s=1000.0, every=3)
     c.sent({}, now=0.0)
     assert not c.due(1.0)
     c.finished()
@@ -160,14 +161,14 @@ def test_due_by_count_of_finished_records() -> None:
 def test_due_by_interval_even_without_finished_records() -> None:
     """A failed commit, or a position moved past trailing markers, must be retried/committed
     while idle: the interval alone makes a commit due."""
-    c = Committer(interval=0.5, every=1000)
+    c = Committer(interval_s=0.5, every=1000)
     c.sent({}, now=100.0)
     assert not c.due(100.4)
     assert c.due(100.5)
 
 
 def test_due_by_interval_with_finished_records() -> None:
-    c = Committer(interval=0.5, every=1000)
+    c = Committer(interval_s=0.5, every=1000)
     c.sent({}, now=100.0)
     c.finished()
     assert not c.due(100.4)
@@ -175,7 +176,7 @@ def test_due_by_interval_with_finished_records() -> None:
 
 
 def test_sent_resets_the_cadence() -> None:
-    c = Committer(interval=0.5, every=2)
+    c = Committer(interval_s=0.5, every=2)
     c.finished(5)
     assert c.due(0.0)
     c.sent({}, now=10.0)

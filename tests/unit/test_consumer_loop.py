@@ -7,37 +7,43 @@ integration tests on a real broker.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
+import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import pytest
-import structlog.testing
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from tests.consumer_overrides import Overrides
+from tests.waiting import wait_until
+from typing_extensions import TypedDict, Unpack
 
 from weir import (
     BrokerUnreachableError,
+    CallbackError,
+    CommitEvent,
     Context,
+    FailurePolicy,
+    FlowConfig,
     GroupConsumer,
     Handler,
     HandlerError,
     KafkaFatalError,
+    OffsetResetError,
     Partition,
     Record,
+    RetryPolicy,
+    State,
 )
-
-try:
-    from fake_consumer import FakeConsumer
-except ImportError:  # pragma: no cover - if tests/unit becomes a package
-    from tests.unit.fake_consumer import FakeConsumer  # type: ignore[no-redef]
-
-from weir import loop as loop_module
-from weir.intake import Run
-from weir.loop import Loop
+from weir import engine as engine_module
+from weir.config import ConsumerSettings
+from weir.engine import Engine
+from weir.lifecycle import Lifecycle
+from weir.scheduling import Ordering
+from weir.testing.fake import FakeConsumer, FakeMessage
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,21 +55,18 @@ WAIT = 5.0
 Key = tuple[tuple[str, int], int]
 
 
-def wait_until(pred: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.002)
+T = TypeVar("T")
 
 
 def settle(fake: FakeConsumer, steps: int = 5) -> None:
     """Let the owner loop run `steps` more turns (each drains the completion queue)."""
     start = fake.consume_calls
     wait_until(lambda: fake.consume_calls >= start + steps, f"{steps} loop turns")
+
+
+def events(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    """weir's structured events among the captured records (`record.msg` is the event dict)."""
+    return [dict(r.msg) for r in caplog.records if isinstance(r.msg, dict)]
 
 
 def offsets_committed(fake: FakeConsumer, tp: tuple[str, int]) -> list[int]:
@@ -74,10 +77,11 @@ class Probe(Handler):
     """A handler that records what ran, when, how concurrently, and can be scripted per record
     with `actions[(tp, offset)] = fn(record, ctx)` (run inside the handler)."""
 
-    def __init__(self, lane: Callable[[Record], Any] | None = None) -> None:
+    def __init__(self, lane: Callable[[Record], Hashable] | None = None) -> None:
         self.lock = threading.Lock()
         self.lane = lane or (lambda r: (r.topic, r.partition, r.key))
-        self.actions: dict[Key, Callable[[Record, Context], None]] = {}
+        # An action's return value is ignored: a lambda may return what its last call does.
+        self.actions: dict[Key, Callable[[Record, Context], object]] = {}
         self.started: list[Key] = []
         self.finished: list[Key] = []
         self.records: list[Record] = []
@@ -85,8 +89,8 @@ class Probe(Handler):
         self._entered: dict[Key, threading.Event] = {}
         self.running = 0
         self.max_running = 0
-        self.running_by: dict[Any, int] = defaultdict(int)
-        self.max_running_by: dict[Any, int] = defaultdict(int)
+        self.running_by: dict[Hashable, int] = defaultdict(int)
+        self.max_running_by: dict[Hashable, int] = defaultdict(int)
         self.running_by_tp: dict[tuple[str, int], int] = defaultdict(int)
         self.max_running_by_tp: dict[tuple[str, int], int] = defaultdict(int)
         self.assigned: list[list[Partition]] = []
@@ -190,50 +194,57 @@ def until_cancelled(
     return action
 
 
-SETTINGS: dict[str, Any] = {
+SETTINGS: ConsumerSettings = {
     "bootstrap_servers": "fake:9092",
     "group_id": "g",
     "topics": [TOPIC],
-    "poll_timeout": 0.01,
-    "commit_interval": 0.01,
+    "poll_timeout_s": 0.01,
+    "commit_interval_s": 0.01,
     "commit_every": 1,
-    "revoke_timeout": 2.0,
-    "shutdown_timeout": 5.0,
-    "startup_timeout": 1.0,
+    "revoke_timeout_s": 2.0,
+    "shutdown_timeout_s": 5.0,
+    "startup_timeout_s": 1.0,
     "workers": 4,
 }
-QUIET = {"commit_interval": 60.0, "commit_every": 1_000_000}
+
+
+class Quiet(TypedDict):
+    commit_interval_s: float
+    commit_every: int
+
+
+QUIET: Quiet = {"commit_interval_s": 60.0, "commit_every": 1_000_000}
+NO_RETRY = FailurePolicy(retry=RetryPolicy(max_attempts=1))
+"""Today's stop policy with no retries: the first failure stops the member."""
 """No async commits at all: every commit the engine makes is a hand-off (sync) commit."""
 
 
-@pytest.fixture
-def members() -> Iterator[list[GroupConsumer]]:
-    started: list[GroupConsumer] = []
-    yield started
-    for gc in started:
-        gc.stop()
-    for gc in started:
-        with contextlib.suppress(Exception):
-            gc.join(10)
+class Launch(Protocol):
+    """Starts a member on `fake` with SETTINGS and `overrides`; stopped after the test."""
+
+    def __call__(
+        self,
+        handler: Handler | Callable[[Record], object],
+        fake: FakeConsumer,
+        **overrides: Unpack[Overrides],
+    ) -> GroupConsumer: ...
 
 
 @pytest.fixture
-def launch(
-    members: list[GroupConsumer],
-) -> Callable[..., GroupConsumer]:
+def launch(members: list[GroupConsumer]) -> Launch:
     def go(
-        handler: Handler | Callable[[Record], object], fake: FakeConsumer, **kw: Any
+        handler: Handler | Callable[[Record], object],
+        fake: FakeConsumer,
+        **kw: Unpack[Overrides],
     ) -> GroupConsumer:
-        gc = GroupConsumer(handler, consumer_factory=fake.factory, **{**SETTINGS, **kw})
+        settings: ConsumerSettings = {**SETTINGS, **kw}
+        gc = GroupConsumer(handler, consumer_factory=fake.factory, **settings)
         members.append(gc)
         gc.start()
         assert gc.wait_started(WAIT)
         return gc
 
     return go
-
-
-Launch = Callable[..., GroupConsumer]
 
 
 # -- watermark --------------------------------------------------------------------------------
@@ -253,13 +264,22 @@ def test_out_of_order_completion_commits_exactly_the_contiguous_prefix(launch: L
     # Release out of order; after each, the watermark is the first unfinished offset.
     for n, (off, expected) in enumerate([(4, 0), (2, 0), (0, 1), (1, 3), (3, 5)], start=1):
         gates[off].set()
-        wait_until(lambda n=n: gc.stats().processed >= n, f"{n} records processed")
+
+        def processed(n: int = n) -> bool:
+            return gc.stats().processed >= n
+
+        wait_until(processed, f"{n} records processed")
         committed = offsets_committed(fake, P0)
         assert max(committed, default=0) == expected, (off, committed)
     sent = offsets_committed(fake, P0)
-    assert sent == sorted(set(sent)), sent  # strictly increasing
+    assert sent == sorted(sent), sent  # never backwards
     assert set(sent) <= {0, 1, 3, 5}
     assert {1, 3, 5} <= set(sent)
+    # An offset is sent again only with a new offset map (more finished above it).
+    calls = [c for c in fake.commit_log() if P0 in c.offsets]
+    for prev, cur in itertools.pairwise(calls):
+        if prev.offsets[P0] == cur.offsets[P0]:
+            assert prev.metadata.get(P0) != cur.metadata.get(P0), (prev, cur)
 
 
 def _lane_task_held_at_1(launch: Launch) -> tuple[FakeConsumer, threading.Event, GroupConsumer]:
@@ -298,11 +318,11 @@ def test_progress_is_read_only_once_a_task_has_run_a_while(
     """A lane task of a slow handler comes back soon enough on its own: the owner reads its
     finished count only once it has run `_REPORT_AFTER` (reading 16 such counts every 5 ms was a
     tenth of the owner's time with 1 ms handlers)."""
-    monkeypatch.setattr(loop_module, "_REPORT_AFTER", 3600.0)
+    monkeypatch.setattr(engine_module, "_REPORT_AFTER", 3600.0)
     fake, gate, gc = _lane_task_held_at_1(launch)
-    time.sleep(20 * loop_module._REPORT_WAIT)  # many report turns: none may read the count
+    time.sleep(20 * engine_module._REPORT_WAIT)  # many report turns: none may read the count
     assert (gc.stats().processed, gc.stats().in_flight) == (0, 3)
-    monkeypatch.setattr(loop_module, "_REPORT_AFTER", 0.0)  # now it has run long enough
+    monkeypatch.setattr(engine_module, "_REPORT_AFTER", 0.0)  # now it has run long enough
     wait_until(lambda: gc.stats().processed == 1, "offset 0 read while 1 runs")
     assert gc.stats().in_flight == 2
     gate.set()
@@ -322,7 +342,7 @@ def test_a_failure_after_progress_keeps_what_was_reported(launch: Launch) -> Non
         raise RuntimeError("boom")
 
     probe.actions[(P0, 2)] = fail
-    gc = launch(probe, fake, ordering="partition", workers=2)
+    gc = launch(probe, fake, ordering="partition", workers=2, failure=NO_RETRY)
     wait_until(probe.entered((P0, 2)).is_set, "offset 2 running")
     wait_until(lambda: 2 in offsets_committed(fake, P0), "commit of 2 while 2 runs")
     gate.set()
@@ -421,7 +441,8 @@ def test_handler_exception_stops_the_member_and_join_raises(launch: Launch) -> N
 def test_handler_exception_is_raised_by_run(members: list[GroupConsumer]) -> None:
     probe = Probe()
     fake = failing_key_setup(probe)
-    gc = GroupConsumer(probe, consumer_factory=fake.factory, **{**SETTINGS, **QUIET})
+    quiet: ConsumerSettings = {**SETTINGS, **QUIET}
+    gc = GroupConsumer(probe, consumer_factory=fake.factory, **quiet)
     members.append(gc)
     with pytest.raises(HandlerError) as info:
         gc.run(handle_signals=False)
@@ -541,7 +562,7 @@ def test_revoke_honours_its_budget_when_a_handler_is_stuck(launch: Launch) -> No
     seen: dict[Key, bool] = {}
     probe.actions[(P0, 0)] = until_cancelled(seen)  # returns (DONE) only once cancelled
     budget = 0.3
-    launch(probe, fake, revoke_timeout=budget)
+    launch(probe, fake, revoke_timeout_s=budget)
     wait_until(probe.entered((P0, 0)).is_set, "P0@0 running")
     revoke = fake.script_revoke([P0])
     assert revoke.done.wait(WAIT)
@@ -555,13 +576,17 @@ def test_revoke_honours_its_budget_when_a_handler_is_stuck(launch: Launch) -> No
     assert probe.started_offsets(P0) == [0]
 
 
-def test_revoke_of_a_reassigned_partition_does_not_wait_for_the_previous_assignment(
+def test_a_reassigned_partition_waits_for_the_previous_assignments_running_call(
     launch: Launch,
 ) -> None:
-    """Work left behind by an earlier assignment (cancelled, results discarded) must not eat
-    the revoke budget of the partition's next assignment."""
+    """A handler stuck past revoke_timeout_s, then its partition assigned back to the same
+    member: the landed code started a second call on the same record (same key) while the first
+    still ran, and the stuck call kept its worker for good. The new assignment's records of that
+    lane now wait for the old call; its worker is replaced at once, so other partitions keep a
+    full pool; and the new assignment's revoke does not wait for the old call."""
     fake = FakeConsumer()
-    fake.produce_many(TOPIC, 0, [0])
+    fake.produce_many(TOPIC, 0, [0, 1], key=b"A")
+    fake.produce_many(TOPIC, 1, range(20), key=b"B")
     fake.script_assign([P0])
     probe = Probe()
     stuck = threading.Event()
@@ -574,17 +599,25 @@ def test_revoke_of_a_reassigned_partition_does_not_wait_for_the_previous_assignm
 
     probe.actions[(P0, 0)] = first_call_stuck
     budget = 0.5
-    launch(probe, fake, revoke_timeout=budget)
+    gc = launch(probe, fake, revoke_timeout_s=budget, workers=1)
     try:
         wait_until(probe.entered((P0, 0)).is_set, "P0@0 running")
         first = fake.script_revoke([P0])
         assert first.done.wait(WAIT)
-        fake.script_assign([P0])
-        wait_until(lambda: len(calls) == 2, "offset 0 re-delivered to the new assignment")
-        wait_until(lambda: 1 in offsets_committed(fake, P0), "new assignment committed 1")
+        fake.script_assign([P0, P1])
+        # The only worker is stuck in the old call: P1 runs on its replacement.
+        wait_until(lambda: len(probe.started_offsets(P1)) == 20, "P1 processed")
+        wait_until(lambda: gc.stats().workers_replaced == 1, "the stuck worker replaced")
+        assert calls == [1], "the record ran again while its first call was still running"
+        assert probe.max_running_by[(TOPIC, 0, b"A")] == 1
         second = fake.script_revoke([P0])
         assert second.done.wait(WAIT)
         assert second.seconds is not None and second.seconds < budget / 2, second.seconds
+        fake.script_assign([P0])
+        stuck.set()
+        wait_until(lambda: len(calls) == 2, "offset 0 handled by the newest assignment")
+        wait_until(lambda: 2 in offsets_committed(fake, P0), "P0 committed to its end")
+        assert probe.max_running_by[(TOPIC, 0, b"A")] == 1
     finally:
         stuck.set()
 
@@ -602,7 +635,7 @@ def test_stale_completion_never_moves_a_new_assignments_watermark(launch: Launch
         (old_release if len(calls) == 1 else new_release).wait(WAIT)
 
     probe.actions[(P0, 0)] = offset0
-    launch(probe, fake, revoke_timeout=0.2)
+    launch(probe, fake, revoke_timeout_s=0.2)
     wait_until(probe.entered((P0, 0)).is_set, "old P0@0 running")
     assert fake.script_revoke([P0]).done.wait(WAIT)
     n_before = len(fake.commit_log())
@@ -632,7 +665,9 @@ def test_partition_assigned_while_flow_is_paused_gets_paused(launch: Launch) -> 
     for off in range(20):
         probe.actions[(P0, off)] = gated(hold)
     fake.script_assign([P0])
-    launch(probe, fake, ordering="unordered", workers=10, max_batch=10, flow=SMALL_FLOW)
+    launch(
+        probe, fake, ordering="unordered", workers=10, max_batch=10, flow=FlowConfig(**SMALL_FLOW)
+    )
     wait_until(lambda: ("pause", (P0,)) in fake.pause_calls, "flow pause")
     fake.produce_many(TOPIC, 1, range(3))
     assert fake.script_assign([P1]).done.wait(WAIT)
@@ -680,7 +715,9 @@ def test_in_flight_never_exceeds_capacity_and_pause_does_not_flap(launch: Launch
 
     probe.observe = observe
     cap = SMALL_FLOW["capacity_records"]
-    gc = launch(probe, fake, ordering="unordered", workers=8, max_batch=10, flow=SMALL_FLOW)
+    gc = launch(
+        probe, fake, ordering="unordered", workers=8, max_batch=10, flow=FlowConfig(**SMALL_FLOW)
+    )
     wait_until(lambda: probe.finished_count() == 2 * n, "all records processed")
     settle(fake)
     ops = [op for op, _ in fake.pause_calls]  # before shutdown, which may pause everything
@@ -691,11 +728,12 @@ def test_in_flight_never_exceeds_capacity_and_pause_does_not_flap(launch: Launch
     assert SMALL_FLOW["pause_records"] <= stats.peak_in_flight <= cap
     assert lower_bound[0] <= cap
     assert max(fake.requested) <= 10
-    # The high mark throttles (counted in stats.pauses); the client is paused only at the
-    # capacity, at most once per throttle, and pause/resume strictly alternate: no flapping.
-    assert stats.pauses >= 1
+    # The high mark throttles (counted in stats.throttles); the client is paused only at the
+    # capacity (stats.pauses), at most once per throttle, and pause/resume strictly alternate:
+    # no flapping.
+    assert stats.throttles >= 1
     assert all(a != b for a, b in itertools.pairwise(ops)), ops
-    assert ops.count("pause") <= stats.pauses
+    assert ops.count("pause") == stats.pauses <= stats.throttles
 
 
 def test_flow_counts_bytes_too(launch: Launch) -> None:
@@ -707,7 +745,9 @@ def test_flow_counts_bytes_too(launch: Launch) -> None:
     probe.delay = 0.002
     flow = {"capacity_bytes": 4096 * kib, "pause_bytes": 2048 * kib, "resume_bytes": 1024 * kib}
     max_batch = 5  # one consume call brings at most 1000 KiB
-    gc = launch(probe, fake, ordering="unordered", workers=4, max_batch=max_batch, flow=flow)
+    gc = launch(
+        probe, fake, ordering="unordered", workers=4, max_batch=max_batch, flow=FlowConfig(**flow)
+    )
     wait_until(lambda: probe.finished_count() == 40, "all records processed")
     settle(fake)
     ops = [op for op, _ in fake.pause_calls]
@@ -715,7 +755,7 @@ def test_flow_counts_bytes_too(launch: Launch) -> None:
     gc.join(WAIT)
     stats = gc.stats()
     assert stats.peak_in_flight < 20  # the count marks (1000) were never the reason
-    assert stats.pauses >= 1
+    assert stats.throttles >= 1
     assert flow["pause_bytes"] <= stats.peak_in_flight_bytes
     # Past the high mark records arrive one at a time, so the byte capacity is passed by at most
     # one record before the client pauses.
@@ -897,7 +937,7 @@ def stop_with_a_cancel_aware_handler(launch: Launch) -> tuple[FakeConsumer, Prob
     probe = Probe()
     seen: dict[Key, bool] = {}
     probe.actions[(P0, 1)] = until_cancelled(seen)  # gives up (returns) once cancelled
-    gc = launch(probe, fake, shutdown_timeout=0.3, **QUIET)
+    gc = launch(probe, fake, shutdown_timeout_s=0.3, **QUIET)
     wait_until(probe.entered((P0, 1)).is_set, "P0@1 running")
     t0 = time.monotonic()
     gc.stop()
@@ -938,7 +978,7 @@ def test_stop_with_a_handler_ignoring_cancellation_returns_within_the_shutdown_b
     stuck = threading.Event()
     probe.actions[(P0, 1)] = gated(stuck)
     budget = 0.3
-    gc = launch(probe, fake, shutdown_timeout=budget, revoke_timeout=1.5, **QUIET)
+    gc = launch(probe, fake, shutdown_timeout_s=budget, revoke_timeout_s=1.5, **QUIET)
     try:
         wait_until(probe.entered((P0, 1)).is_set, "P0@1 running")
         t0 = time.monotonic()
@@ -1003,7 +1043,7 @@ def test_non_fatal_consume_errors_are_skipped(launch: Launch) -> None:
     ],
 )
 def test_assign_uses_the_protocols_family(
-    launch: Launch, settings: dict[str, Any], incremental: bool
+    launch: Launch, settings: Overrides, incremental: bool
 ) -> None:
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(2))
@@ -1110,7 +1150,7 @@ def test_fake_rejects_the_wrong_assign_family_inside_a_callback() -> None:
     fake = FakeConsumer({"group.id": "g", "partition.assignment.strategy": "range"})
     errors: list[BaseException] = []
 
-    def on_assign(c: FakeConsumer, tps: list[Any]) -> None:
+    def on_assign(c: FakeConsumer, tps: list[TopicPartition]) -> None:
         try:
             c.incremental_assign(tps)
         except KafkaException as exc:
@@ -1184,7 +1224,7 @@ def test_partition_mode_shares_the_budget_only_while_tasks_are_shorter_than_a_sh
     sizes: list[int] = []
     consume = fake.consume
 
-    def recording_consume(num_messages: int = 1, timeout: float = -1) -> list[Any]:
+    def recording_consume(num_messages: int = 1, timeout: float = -1) -> list[FakeMessage]:
         sizes.append(num_messages)
         return consume(num_messages, timeout)
 
@@ -1192,7 +1232,7 @@ def test_partition_mode_shares_the_budget_only_while_tasks_are_shorter_than_a_sh
     probe = Probe()
     flow = {"capacity_records": 40, "pause_records": 30, "resume_records": 10}
     flow["read_ahead_records"] = 0  # a share in reserve pauses a partition
-    gc = launch(probe, fake, ordering="partition", workers=4, max_batch=10, flow=flow)
+    gc = launch(probe, fake, ordering="partition", workers=4, max_batch=10, flow=FlowConfig(**flow))
     wait_until(lambda: probe.finished_count() == 400, "warm-up records processed")
 
     def single_pauses() -> int:
@@ -1232,7 +1272,14 @@ def read_ahead_launch(
     gate = threading.Event()
     for k in gates:
         probe.actions[k] = gated(gate)
-    gc = launch(probe, fake, ordering="partition", workers=2, max_batch=10, flow=READ_AHEAD_FLOW)
+    gc = launch(
+        probe,
+        fake,
+        ordering="partition",
+        workers=2,
+        max_batch=10,
+        flow=FlowConfig(**READ_AHEAD_FLOW),
+    )
     return gc, fake, gate
 
 
@@ -1265,7 +1312,11 @@ def test_partitions_read_ahead_of_their_share_and_the_watermark_waits_for_it(
     gate.set()
     wait_until(lambda: probe.finished_count() == 80, "all records processed")
     for tp in parts:
-        wait_until(lambda tp=tp: 40 in offsets_committed(fake, tp), f"{tp} committed to its end")
+
+        def at_end(tp: tuple[str, int] = tp) -> bool:
+            return 40 in offsets_committed(fake, tp)
+
+        wait_until(at_end, f"{tp} committed to its end")
         assert fake.delivered_offsets(tp) == list(range(40)), f"{tp} replayed or skipped"
         assert probe.started_offsets(tp) == list(range(40)), f"{tp} out of order"
     gc.stop()
@@ -1344,17 +1395,17 @@ def test_resume_wakes_with_a_metadata_request_when_no_position_is_known() -> Non
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(3))
     gc = GroupConsumer(lambda r: None, consumer_factory=fake.factory, **SETTINGS)
-    loop = Loop(gc)
-    loop.client = fake.factory(gc.config.librdkafka_config())
+    engine = Engine(gc.config, gc._handler, fake.factory, Lifecycle())
+    engine._client = fake.factory(gc.config.librdkafka_config())
     fake.assign([TopicPartition(TOPIC, 0)])
-    loop._resume([Partition(TOPIC, 0)])
+    engine._resume([Partition(TOPIC, 0)])
     names = [name for name, _ in fake.calls]
     assert "seek" not in names
     assert names[-1] == "list_topics"
 
 
 def _over_four_partitions(
-    launch: Launch, ordering: str, key: Callable[[int, int], bytes] | None = None
+    launch: Launch, ordering: Ordering, key: Callable[[int, int], bytes] | None = None
 ) -> tuple[GroupConsumer, FakeConsumer, Probe]:
     """60 records on each of 4 partitions (`key(partition, offset)`, or none), a 1 ms handler,
     a budget of 20 with a share's reserve (a partition that shares is paused alone once it
@@ -1368,10 +1419,14 @@ def _over_four_partitions(
     probe = Probe()
     probe.delay = 0.001
     flow = {**SMALL_FLOW, "read_ahead_records": 0}
-    gc = launch(probe, fake, ordering=ordering, workers=4, max_batch=10, flow=flow)
+    gc = launch(probe, fake, ordering=ordering, workers=4, max_batch=10, flow=FlowConfig(**flow))
     wait_until(lambda: probe.finished_count() == 240, "all records processed")
     for tp in parts:
-        wait_until(lambda tp=tp: 60 in offsets_committed(fake, tp), f"{tp} committed to its end")
+
+        def at_end(tp: tuple[str, int] = tp) -> bool:
+            return 60 in offsets_committed(fake, tp)
+
+        wait_until(at_end, f"{tp} committed to its end")
     gc.stop()
     gc.join(WAIT)
     return gc, fake, probe
@@ -1393,49 +1448,18 @@ def test_key_mode_shares_the_budget_when_a_few_keys_hold_it(launch: Launch) -> N
         assert probe.started_offsets((TOPIC, p)) == list(range(60))
 
 
-def _run(tp: Partition, offsets: Sequence[int]) -> Run:
-    recs = [Record(tp.topic, tp.partition, o, b"k", b"v", (), None, None, 2) for o in offsets]
-    return Run(tp.topic, tp.partition, recs, list(offsets), 2 * len(recs))
-
-
-def test_records_read_ahead_wait_for_room_in_the_capacity() -> None:
-    """Key mode starts to share only once the budget filled up behind a few keys: such a
-    partition holds more than its share (here 30 of 40 records), and the other partitions'
-    shares (5 each) would pass the capacity. What they read ahead waits for room, and goes in
-    as soon as there is some, with no fetch in between."""
-    fake = FakeConsumer()
-    flow = {"capacity_records": 40, "pause_records": 30, "resume_records": 10}
-    settings = {**SETTINGS, "ordering": "key", "max_batch": 10}
-    gc = GroupConsumer(lambda r: None, consumer_factory=fake.factory, **settings, flow=flow)
-    loop = Loop(gc)
-    loop.client = fake.factory(gc.config.librdkafka_config())
-    parts = [Partition(TOPIC, p) for p in range(4)]
-    loop.own.assign(parts, loop._set_paused)
-    states = [loop.own.partitions[tp] for tp in parts]
-    loop._register_run(states[0], _run(parts[0], range(30)))  # before sharing: all in the lanes
-    loop.shares.shared = True
-    assert (loop.shares.update(), loop.shares.size()) == (True, 5)
-    for st in states[1:]:
-        loop._register_run(st, _run(st.assignment.tp, range(10)))
-    assert loop.flow.records == 40
-    assert [st.records for st in states] == [30, 5, 5, 0]
-    assert [st.ahead_records for st in states] == [0, 5, 5, 10]
-    loop._finish(states[0], 10, 20)  # P0 finished 10 records: room for P3's share
-    loop.shares.admit_starved()
-    assert [st.records for st in states] == [20, 5, 5, 5]
-    assert loop.flow.records == 35
-
-
 def test_key_mode_with_many_keys_never_shares_the_budget(launch: Launch) -> None:
     """Many keys per partition: a full budget still runs on every worker, so the budget is not
     shared and no partition is paused on its own."""
     gc, fake, _ = _over_four_partitions(launch, "key", lambda p, o: b"k%d" % o)
-    assert gc.stats().pauses > 0, "the budget never filled up: the test shows nothing"
+    assert gc.stats().throttles > 0, "the budget never filled up: the test shows nothing"
     single = [tps for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1]
     assert not single
 
 
-def test_key_mode_does_not_share_when_the_budget_is_runnable(launch: Launch) -> None:
+def test_key_mode_does_not_share_when_the_budget_is_runnable(
+    launch: Launch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Short handlers: tasks of several records leave workers without a task while the budget is
     full, but its records are runnable, not waiting behind busy keys. That is no reason to
     share (and pause partitions alone), so the budget stays whole."""
@@ -1446,10 +1470,212 @@ def test_key_mode_does_not_share_when_the_budget_is_runnable(launch: Launch) -> 
     fake.script_assign(parts)
     probe = Probe()
     probe.delay = 0.0002
-    with structlog.testing.capture_logs() as logs:
-        gc = launch(probe, fake, ordering="key", workers=8, max_batch=10, flow=SMALL_FLOW)
-        wait_until(lambda: probe.finished_count() == 1200, "all records processed")
-        gc.stop()
+    caplog.set_level(logging.INFO, logger="weir")
+    gc = launch(probe, fake, ordering="key", workers=8, max_batch=10, flow=FlowConfig(**SMALL_FLOW))
+    wait_until(lambda: probe.finished_count() == 1200, "all records processed")
+    gc.stop()
+    gc.join(WAIT)
+    assert gc.stats().throttles > 0, "the budget never filled up: the test shows nothing"
+    assert "consumer_stopped" in [e["event"] for e in events(caplog)]  # info events are seen
+    assert not [e for e in events(caplog) if e["event"] == "budget_shared"]
+
+
+# -- handlers that do not run their work -------------------------------------------------------
+
+
+def test_a_handler_class_instead_of_an_instance_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"pass an instance, Probe\(\)"):
+        GroupConsumer(Probe, consumer_factory=FakeConsumer().factory, **SETTINGS)  # type: ignore[arg-type]
+
+
+def _record_and_context(record: Record, ctx: object) -> None:
+    pass
+
+
+async def _async_record_and_context(record: Record, ctx: object) -> None:
+    pass
+
+
+@pytest.mark.parametrize("fn", [_record_and_context, _async_record_and_context])
+def test_a_plain_function_that_wants_the_context_is_refused(fn: Callable[..., object]) -> None:
+    """weir calls a plain function with the record alone: `def handle(record, ctx)` failed
+    every record with a TypeError at run time (each one retried, then blocked) instead of at
+    construction."""
+    fake = FakeConsumer()
+    with pytest.raises(TypeError, match=r"\(record, ctx\) must take one argument.*weir\.Handler"):
+        GroupConsumer(fn, consumer_factory=fake.factory, **SETTINGS)
+
+    # One that takes the record, or more with defaults, is fine.
+    def with_a_default(record: Record, extra: object = None) -> None:
+        pass
+
+    GroupConsumer(with_a_default, consumer_factory=fake.factory, **SETTINGS)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["function", "handler-with-context"])
+def test_an_awaitable_returned_at_run_time_fails_the_record(launch: Launch, fast: bool) -> None:
+    """A plain function that returns a coroutine (`lambda r: save(r)` with `async def save`)
+    cannot be told apart at construction. Its record must fail, never count as finished."""
+    ran: list[int] = []
+
+    async def save(record: Record) -> None:
+        ran.append(record.offset)
+
+    def returns_coroutine(record: Record) -> object:
+        return save(record) if record.offset == 2 else None
+
+    class Returns(Handler):
+        def handle(self, record: Record, ctx: Context) -> None:
+            # Wrong on purpose: what the engine does with a handle() that returns a value.
+            return returns_coroutine(record)  # type: ignore[return-value]
+
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(5))
+    fake.script_assign([P0])
+    gc = launch(returns_coroutine if fast else Returns(), fake, ordering="partition", **QUIET)
+    with pytest.raises(HandlerError) as info:
         gc.join(WAIT)
-    assert gc.stats().pauses > 0, "the budget never filled up: the test shows nothing"
-    assert not [e for e in logs if e["event"] == "budget_shared"]
+    assert info.value.record.offset == 2
+    assert "returned coroutine" in str(info.value.__cause__)
+    assert ran == []
+    assert [c.offsets for c in fake.commit_log()] == [{P0: 2}]
+
+
+# -- user callbacks never break the commit path or the shutdown -------------------------------
+
+
+def test_a_commit_listener_that_raises_loses_no_commit(
+    launch: Launch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The landed code: a listener that raised killed the member in the middle of its commit
+    path: 20 processed, 0 committed, then shutdown_failed and close_failed. Listeners are now
+    isolated: logged once with their name, counted, and every commit still happens."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(20))
+    fake.script_assign([P0])
+    probe = Probe()
+    calls: list[str] = []
+
+    def broken_listener(event: CommitEvent) -> None:
+        calls.append(event.status)
+        raise ValueError("listener bug")
+
+    gc = GroupConsumer(probe, consumer_factory=fake.factory, **SETTINGS)
+    gc.add_commit_listener(broken_listener)
+    gc.start()
+    wait_until(lambda: probe.finished_count() == 20, "all processed")
+    wait_until(lambda: 20 in offsets_committed(fake, P0), "committed to the end")
+    gc.stop()
+    gc.join(WAIT)  # no failure: the member stopped cleanly
+    logs = events(caplog)
+    assert gc.state is State.STOPPED
+    assert len(calls) >= 2
+    failed = [e for e in logs if e["event"] == "callback_failed"]
+    assert len(failed) == 1, "logged once, not once per call"
+    assert failed[0]["callback"].endswith("broken_listener")
+    assert gc.stats().callback_failures == len(calls)
+    assert not [e for e in logs if e["event"] in ("shutdown_failed", "close_failed")]
+
+
+def test_a_fatal_callback_still_drains_commits_and_closes(launch: Launch) -> None:
+    """With callback_errors="stop" a raising hook stops the member, through the normal stop:
+    in-flight records finish and the final commit happens before close."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(10))
+    fake.script_assign([P0])
+
+    class Hooked(Probe):
+        def on_assigned(self, partitions: Sequence[Partition]) -> None:
+            super().on_assigned(partitions)
+            if len(self.assigned) == 2:
+                raise RuntimeError("hook bug")
+
+    probe = Hooked()
+    gc = launch(probe, fake, callback_errors="stop")
+    wait_until(lambda: probe.finished_count() == 10, "all processed")
+    fake.script_assign([P1])  # the second on_assigned raises
+    with pytest.raises(CallbackError) as info:
+        gc.join(WAIT)
+    assert "on_assigned" in info.value.callback
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert 10 in offsets_committed(fake, P0)
+    names = fake.call_names()
+    assert names[-1] == "close" and "unsubscribe" in names
+
+
+def test_a_listener_added_after_start_is_called(launch: Launch) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(5))
+    fake.script_assign([P0])
+    gc = launch(Probe(), fake)
+    wait_until(lambda: 5 in offsets_committed(fake, P0), "first commits")
+    events: list[CommitEvent] = []
+    gc.add_commit_listener(events.append)  # the landed code copied listeners at start()
+    fake.produce_many(TOPIC, 0, range(5, 8))
+    wait_until(lambda: any(e.offset == 8 and e.ok for e in events), "a commit event seen")
+
+
+def test_a_member_runs_once_and_says_so(members: list[GroupConsumer]) -> None:
+    """The landed code: run() after a stop returned at once and processed nothing, silently."""
+    fake = FakeConsumer()
+    gc = GroupConsumer(Probe(), consumer_factory=fake.factory, **SETTINGS)
+    members.append(gc)
+    states = [gc.state]
+    gc.start()
+    assert gc.wait_started(WAIT)
+    states.append(gc.state)
+    assert states == [State.NEW, State.RUNNING]
+    with pytest.raises(RuntimeError, match="already run"):
+        gc.start()
+    gc.stop()
+    gc.join(WAIT)
+    assert gc.state is State.STOPPED
+    with pytest.raises(RuntimeError, match="build a new GroupConsumer"):
+        gc.run(handle_signals=False)
+    with pytest.raises(RuntimeError, match="already run"):
+        gc.start()
+
+
+def test_a_second_stop_hurries_the_drain(launch: Launch) -> None:
+    """Repeated Ctrl-C used to wait the whole shutdown budget. The second request skips the
+    rest of the drain, commits the finished watermark and closes."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3))
+    fake.script_assign([P0])
+    probe = Probe()
+    release = threading.Event()
+    probe.actions[(P0, 2)] = lambda r, c: release.wait(WAIT)  # ignores cancellation
+    gc = launch(probe, fake, ordering="partition", shutdown_timeout_s=30.0, **QUIET)
+    try:
+        wait_until(probe.entered((P0, 2)).is_set, "P0@2 running")
+        gc.stop()
+        time.sleep(0.2)
+        assert gc.state is State.STOPPING
+        t0 = time.monotonic()
+        gc.stop()  # the second request
+        gc.join(WAIT)
+        assert time.monotonic() - t0 < 2.0
+        assert [c.offsets for c in fake.commit_log()] == [{P0: 2}]
+        assert fake.call_names()[-1] == "close"
+    finally:
+        release.set()
+
+
+def test_auto_offset_reset_error_fails_the_member_naming_the_partition(launch: Launch) -> None:
+    """auto_offset_reset="error" with no committed offset used to sit idle for good (one
+    warning, run() never returned)."""
+    fake = FakeConsumer()
+    fake.script_assign([P0])
+    gc = launch(Probe(), fake, auto_offset_reset="error")
+    err = KafkaError(
+        KafkaError._AUTO_OFFSET_RESET,
+        "fetch failed due to requested offset not available on the broker: Broker: Offset out of "
+        "range (broker 1)",
+    )
+    with fake._cond:  # an error event of partition 0, as librdkafka delivers it
+        fake._injected.append(FakeMessage.error_event(err, TOPIC, 0))
+        fake._cond.notify_all()
+    with pytest.raises(OffsetResetError) as info:
+        gc.join(WAIT)
+    assert info.value.partitions == [Partition(TOPIC, 0)]
+    assert "t[0]" in str(info.value) and "auto_offset_reset='error'" in str(info.value)

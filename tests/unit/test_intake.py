@@ -53,7 +53,7 @@ def msg(
 
 def test_a_record_carries_every_field_and_its_size() -> None:
     m = msg(7, partition=2, headers=[("h", b"xy"), ("n", None)], leader_epoch=5)
-    (run,) = runs_of([m], lambda e: None)
+    (run,) = runs_of([m], lambda e, m: None)
     assert run == Run("t", 2, run.records, [7], 1 + 5 + (1 + 2) + 1)
     (rec,) = run.records
     assert type(rec) is Record
@@ -72,7 +72,7 @@ def test_a_record_carries_every_field_and_its_size() -> None:
 
 def test_no_timestamp_null_key_null_value() -> None:
     m = msg(0, key=None, value=None, timestamp=(TIMESTAMP_NOT_AVAILABLE, 0), leader_epoch=None)
-    (run,) = runs_of([m], lambda e: None)
+    (run,) = runs_of([m], lambda e, m: None)
     (rec,) = run.records
     assert (rec.key, rec.value, rec.timestamp, rec.leader_epoch, rec.size) == (
         None,
@@ -85,17 +85,17 @@ def test_no_timestamp_null_key_null_value() -> None:
 
 def test_runs_split_at_partition_changes_and_rewinds() -> None:
     msgs = [msg(5), msg(6), msg(0, partition=1), msg(1, partition=1), msg(6), msg(7)]
-    runs = runs_of(msgs, lambda e: None)
+    runs = runs_of(msgs, lambda e, m: None)
     assert [(r.partition, r.offsets) for r in runs] == [(0, [5, 6]), (1, [0, 1]), (0, [6, 7])]
     rewound = [msg(5), msg(6), msg(4), msg(5)]  # the client went back inside one call
-    assert [r.offsets for r in runs_of(rewound, lambda e: None)] == [[5, 6], [4, 5]]
+    assert [r.offsets for r in runs_of(rewound, lambda e, m: None)] == [[5, 6], [4, 5]]
 
 
 def test_error_messages_are_reported_and_left_out() -> None:
     eof = KafkaError(KafkaError._PARTITION_EOF)
     msgs = [msg(1), msg(2, error=eof), msg(3)]
     errors: list[KafkaError] = []
-    runs = runs_of(msgs, errors.append)
+    runs = runs_of(msgs, lambda e, m: errors.append(e))
     assert [r.offsets for r in runs] == [[1, 3]]
     assert [e.code() for e in errors] == [KafkaError._PARTITION_EOF]
 
@@ -141,7 +141,7 @@ def test_runs_are_maximal_single_partition_stretches_in_delivery_order(
         position[partition] = max(0, position[partition] + step)
         topic = "t" if one_topic or i % 3 else "u"
         msgs.append(msg(position[partition], partition=partition, topic=topic, **fields))
-    runs = runs_of(msgs, lambda e: None)
+    runs = runs_of(msgs, lambda e, m: None)
     records = [r for run in runs for r in run.records]
     # Every message once, in delivery order, with its own fields.
     assert [(r.topic, r.partition, r.offset) for r in records] == [
@@ -180,7 +180,7 @@ class _Counting:
 
 def test_headers_timestamp_and_leader_epoch_are_read_only_when_asked_for() -> None:
     m = _Counting(msg(4, headers=[("h", b"xy")], leader_epoch=2))
-    (run,) = runs_of([m], lambda e: None)
+    (run,) = runs_of([m], lambda e, m: None)
     assert "timestamp" not in m.reads and "leader_epoch" not in m.reads
     (rec,) = run.records
     assert (rec.timestamp, rec.leader_epoch, rec.headers) == (1_700_000_000_000, 2, (("h", b"xy"),))
@@ -188,7 +188,7 @@ def test_headers_timestamp_and_leader_epoch_are_read_only_when_asked_for() -> No
 
 
 def test_a_record_is_immutable() -> None:
-    (rec,) = runs_of([msg(4, headers=[("h", b"xy")])], lambda e: None)[0].records
+    (rec,) = runs_of([msg(4, headers=[("h", b"xy")])], lambda e, m: None)[0].records
     for name in ("topic", "partition", "offset", "key", "value", "headers", "timestamp", "size"):
         with pytest.raises(AttributeError):
             setattr(rec, name, None)
@@ -199,7 +199,7 @@ def test_a_record_is_immutable() -> None:
 
 
 def test_a_delivered_record_pickles_copies_and_compares_by_its_fields() -> None:
-    (rec,) = runs_of([msg(4, headers=[("h", b"xy")], leader_epoch=2)], lambda e: None)[0].records
+    (rec,) = runs_of([msg(4, headers=[("h", b"xy")], leader_epoch=2)], lambda e, m: None)[0].records
     for twin in (pickle.loads(pickle.dumps(rec)), copy.copy(rec), copy.deepcopy(rec)):
         assert twin == rec and (twin != rec) is False and hash(twin) == hash(rec)
         assert twin.fields() == rec.fields()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 from typing import Literal, Protocol
 
@@ -27,23 +28,26 @@ from hypothesis import strategies as st
 
 from weir import scheduling
 from weir.records import Context, Handler, Partition, Record, as_handler
-from weir.scheduling import (
-    _FIRST_GUESS,
-    _MAX_TASK,
-    _TASK_SECONDS,
-    DONE,
-    FAILED,
-    FENCED,
-    HELD,
-    Assignment,
-    Scheduler,
-    Task,
-)
+from weir.scheduling import _FIRST_GUESS, _MAX_TASK, _TASK_SECONDS, Ordering, Scheduler, lane_of
+from weir.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
 from weir.tracking import BatchProgress
+from weir.workers import ThreadWorkers
 
 WAIT = 5.0
 
-Ordering = Literal["key", "partition", "unordered"]
+
+def scheduler(
+    handler: Handler, ordering: Ordering, workers: int = 4, *, whole: bool = True
+) -> Scheduler:
+    """A scheduler over a pool of `workers` threads (not started)."""
+    return Scheduler(ThreadWorkers(handler, workers, lane_of(ordering)), ordering, whole=whole)
+
+
+def pool(s: Scheduler) -> ThreadWorkers:
+    assert isinstance(s.workers, ThreadWorkers)
+    return s.workers
+
+
 KeyFn = Callable[[int], bytes | None]
 
 # Pinned per-record handler times (see the module docstring):
@@ -96,7 +100,7 @@ def queued(s: Scheduler) -> list[Task]:
     out: list[Task] = []
     while True:
         try:
-            t = s._ready.get_nowait()
+            t = pool(s)._ready.get_nowait()
         except queue.Empty:
             return out
         assert t is not None
@@ -112,7 +116,7 @@ def settle(s: Scheduler, task: Task) -> None:
 
 def next_task(s: Scheduler) -> Task:
     """The next task that came back."""
-    return s.completions.get(timeout=WAIT)
+    return pool(s).completions.get(timeout=WAIT)
 
 
 def retried(s: Scheduler, recorder: Recorder, a: Assignment, key: Hashable) -> Task:
@@ -128,7 +132,7 @@ def retried(s: Scheduler, recorder: Recorder, a: Assignment, key: Hashable) -> T
 
 def no_task(s: Scheduler, wait: float = 0.05) -> None:
     with pytest.raises(queue.Empty):
-        item = s.completions.get(timeout=wait)
+        item = pool(s).completions.get(timeout=wait)
         raise AssertionError(f"a task came back: {item}")
 
 
@@ -251,16 +255,16 @@ def make(recorder: Recorder, monkeypatch: pytest.MonkeyPatch) -> Iterator[Factor
         start: bool = True,
         whole: bool = False,
     ) -> Scheduler:
-        s = Scheduler(handler, ordering, workers, whole=whole)
+        s = scheduler(handler, ordering, workers, whole=whole)
         if start:
-            s.start()
+            s.workers.start()
         made.append(s)
         return s
 
     yield factory
     recorder.open_all()
     for s in made:
-        assert s.stop(WAIT)
+        assert s.workers.stop(WAIT)
 
 
 @pytest.fixture
@@ -297,13 +301,12 @@ def test_task_fields(make: Factory) -> None:
     assert t.batches == [batch, batch, batch]
     assert t.lanes == [b"A", b"BB"]
     assert t.nbytes == sum(r.size for r in recs) == 2 + 2 + 3
-    assert t.attempt == 1
     assert t.started == 0.0
     assert t.outcomes is None
     assert t.errors is None
     assert repr(t) == "Task(t[2], first=10, records=3)"
     fresh = Task(a, [recs[0]], [batch], None)
-    assert (fresh.seconds, fresh.attempt, fresh.lanes) == (0.0, 1, None)
+    assert (fresh.seconds, fresh.lanes) == (0.0, None)
 
 
 def test_first_guess_gives_every_lane_a_task_of_its_own(make: Factory) -> None:
@@ -817,7 +820,7 @@ def test_lanes_freed_by_one_task_go_out_as_one_group_in_offset_order(make: Facto
     assert s.dispatch() == 1
     (t1,) = queued(s)
     assert offsets(t1) == [2, 3, 4]  # not lane by lane (B: 2, 4 then A: 3)
-    assert sorted(t1.lanes or []) == [b"A", b"B"]
+    assert Counter(t1.lanes or []) == Counter([b"A", b"B"])
     assert t1.batch is b2  # one batch: marked finished in one call
     settle(s, t1)
     assert s.lanes == 0
@@ -910,7 +913,7 @@ _KEYS: dict[int, bytes | None] = {0: None, 1: b"1", 2: b"2", 3: b"3", 4: b"4", 5
 @given(data=st.data())
 def test_key_lanes_dispatch_each_record_once_in_key_order(data: st.DataObject) -> None:
     assert {n: size_for(p) for n, p in PER_RECORD_FOR_SIZE.items()} == {n: n for n in range(1, 6)}
-    s = Scheduler(as_handler(lambda r: None), "key", 1, whole=False)  # never started
+    s = scheduler(as_handler(lambda r: None), "key", 1, whole=False)  # never started
     assigns = [assignment(0, 1), assignment(1, 2)]
     next_offset = [0, 0]
     submitted: set[tuple[int, int]] = set()
@@ -1050,17 +1053,18 @@ def test_handler_subclass_gets_a_context(recorder: Recorder, make: Factory) -> N
     assert next_task(s).outcomes is None
 
 
-def test_context_attempt_comes_from_the_task(recorder: Recorder, make: Factory) -> None:
-    # Nothing public builds a retry task yet (dispatch always makes attempt 1): hand the worker
-    # one directly, through the same private path dispatch uses.
+def test_context_attempt_comes_from_the_assignment(recorder: Recorder, make: Factory) -> None:
+    """The owner writes a retried record's attempt into its assignment before handing it out
+    again; records never retried are attempt 1."""
     s = make(recorder, "unordered", workers=1)
     a = assignment(0, 9)
-    batch = BatchProgress([4, 5], 6, a.token)
-    s._release(Task(a, [rec(0, 4), rec(0, 5)], [batch, batch], None, attempt=3))
+    a.attempts[4] = 3
+    submit(s, a, [4, 5])
+    s.dispatch()
     assert next_task(s).outcomes is None
     assert [(c.token, c.attempt, c.event_id) for c in recorder.contexts] == [
         (9, 3, "t/0/4"),
-        (9, 3, "t/0/5"),
+        (9, 1, "t/0/5"),
     ]
 
 
@@ -1156,7 +1160,7 @@ def test_fenced_tasks_in_the_ready_queue_come_back_without_running(
     assert s.dispatch() == 1  # one task of three
     a.dispatching = False
     assert s.running([a]) == 0
-    s.start()
+    s.workers.start()
     tasks = sorted((next_task(s) for _ in range(4)), key=lambda t: t.records[0].offset)
     assert [offsets(t) for t in tasks] == [[0], [1], [2], [3, 4, 5]]
     for t in tasks:
@@ -1277,9 +1281,11 @@ def test_key_lanes_replace_the_whole_lane_only_once_it_is_free(make: Factory) ->
 
 
 @pytest.mark.parametrize("kind", ["handler", "function"])
-def test_a_failure_in_a_whole_partition_task_holds_the_partition(
+def test_a_failure_in_a_whole_partition_task_holds_only_its_key(
     recorder: Recorder, make: Factory, kind: HandlerKind
 ) -> None:
+    """Key mode with fast handlers runs a partition behind one whole lane; a failure there
+    holds its key only (the landed code held the whole partition): other keys go on."""
     recorder.fail.add((0, 1))
     s = make(wrap(recorder, kind), "key", workers=1, whole=True)
     s._per_record = FAST
@@ -1292,14 +1298,16 @@ def test_a_failure_in_a_whole_partition_task_holds_the_partition(
     assert t.outcomes == bytearray([DONE, FAILED, DONE, HELD])
     s._per_record = t.seconds = FAST
     settle(s, t)
-    submit(s, a, [4], key=keys.__getitem__)  # another key: waits behind the held partition
-    assert s.dispatch() == 0
-    no_task(s)
-    t = retried(s, recorder, a, WHOLE)
-    assert offsets(t) == [1, 3, 4]
+    submit(s, a, [4], key=keys.__getitem__)  # another key: runs while B is held
+    assert s.dispatch() == 1
+    t4 = next_task(s)
+    assert offsets(t4) == [4] and t4.lanes == [b"D"]
+    settle(s, t4)
+    t = retried(s, recorder, a, b"B")
+    assert offsets(t) == [1, 3]
     settle(s, t)
     assert s.lanes == 0
-    assert recorder.offsets() == [0, 1, 2, 1, 3, 4]  # 1 failed once, then ran again
+    assert recorder.offsets() == [0, 1, 2, 4, 1, 3]  # 1 failed once, then ran again
 
 
 def test_fast_unordered_records_go_out_per_partition_and_a_failure_holds_nothing(
@@ -1357,7 +1365,7 @@ def test_whole_and_key_lanes_dispatch_each_record_once_in_key_order(data: st.Dat
     """Submits, dispatches and returns in any order while the handler time moves between fast
     (whole-partition lanes) and slow (key lanes): every record goes out once, a key's records
     in offset order, and never two outstanding tasks with records of one key."""
-    s = Scheduler(as_handler(lambda r: None), "key", 2, whole=True)  # never started
+    s = scheduler(as_handler(lambda r: None), "key", 2, whole=True)  # never started
     assigns = [assignment(0, 1), assignment(1, 2)]
     next_offset = [0, 0]
     dispatched: list[Record] = []
@@ -1517,23 +1525,23 @@ def test_stop_returns_false_within_its_budget_when_a_handler_is_stuck(
     recorder: Recorder,
 ) -> None:
     gate = recorder.gate(0, 0)
-    s = Scheduler(recorder, "unordered", 2)
-    s.start()
+    s = scheduler(recorder, "unordered", 2)
+    s.workers.start()
     submit(s, assignment(), [0])
     s.dispatch()
     assert recorder.entered[0, 0].wait(WAIT)
     t0 = time.monotonic()
-    assert s.stop(0.2) is False
+    assert s.workers.stop(0.2) is False
     assert time.monotonic() - t0 < 1.0
     gate.set()
 
 
 def test_stop_is_true_when_idle_or_never_started(recorder: Recorder) -> None:
-    s = Scheduler(recorder, "key", 3)
-    s.start()
-    s.start()  # twice: harmless
-    assert s.stop(WAIT) is True
-    assert Scheduler(recorder, "key", 3).stop(WAIT) is True
+    s = scheduler(recorder, "key", 3)
+    s.workers.start()
+    s.workers.start()  # twice: harmless
+    assert s.workers.stop(WAIT) is True
+    assert scheduler(recorder, "key", 3).workers.stop(WAIT) is True
 
 
 # -- task sizing from measured time ------------------------------------------------------------
@@ -1591,3 +1599,192 @@ def test_a_fast_handler_settles_into_packed_tasks(make: Factory) -> None:
     got = pump(s, n)
     assert len(got) == tasks
     assert all(t.outcomes is None for t in got)
+
+
+# -- records moved off a long task --------------------------------------------------------------
+
+
+def taken(task: Task, running: int) -> None:
+    """As a worker does: take records from the task's iterator up to `running` (whose call
+    is under way)."""
+    task.it = iter(task.records)
+    for _ in range(running + 1):
+        next(task.it)
+    task.started = 1.0
+
+
+def test_unordered_records_a_long_task_has_not_reached_go_to_other_tasks(make: Factory) -> None:
+    s = make(Handler(), "unordered", start=False)
+    s._per_record = FAST
+    a = assignment()
+    submit(s, a, [0, 1, 2, 3, 4])
+    s.dispatch()
+    (t,) = queued(s)
+    taken(t, running=1)
+    assert s.take_unstarted(t) == 3
+    assert t.moved == 3 and s.running([a]) == 2
+    s.dispatch()
+    (moved,) = queued(s)
+    assert offsets(moved) == [2, 3, 4]
+    assert list(t.it or ()) == []  # the worker will not see them
+    assert s.take_unstarted(t) == 0  # once
+
+
+def test_key_mode_moves_other_keys_and_keeps_the_running_keys_order(make: Factory) -> None:
+    """A long multi-key task: other keys' records move with their lanes; the running key's
+    later record waits behind it in its lane; a key whose records the task already finished
+    is free at once."""
+    s = make(Handler(), "key", start=False)
+    s._per_record = FAST
+    a = assignment()
+    keys = {0: b"D", 1: b"A", 2: b"B", 3: b"A", 4: b"C", 5: b"D"}
+    submit(s, a, [0, 1, 2, 3, 4, 5], key=keys.__getitem__)
+    s.dispatch()
+    (t,) = queued(s)
+    assert t.lanes == [b"D", b"A", b"B", b"C"]
+    taken(t, running=1)  # D@0 finished, A@1 runs long
+    assert s.take_unstarted(t) == 4
+    assert t.lanes == [b"A"]
+    s.dispatch()
+    (moved,) = queued(s)
+    assert offsets(moved) == [2, 4, 5] and set(moved.lanes or []) == {b"B", b"C", b"D"}
+    # D was finished by the long task, so its later record D@5 could move; A@3 could not.
+    submit(s, a, [6], key=lambda o: b"A")
+    assert s.dispatch() == 0  # A still runs: A@3 and A@6 wait behind it
+    t.outcomes = bytearray([1, 1, 0, 0, 0, 0])  # D@0, A@1 done; the rest moved (FENCED)
+    settle(s, t)
+    s.dispatch()
+    (after,) = queued(s)
+    assert offsets(after) == [3, 6]
+
+
+def test_a_long_whole_partition_task_leaves_its_whole_lane(make: Factory) -> None:
+    s = make(Handler(), "key", start=False, whole=True)
+    s._per_record = FAST
+    a = assignment()
+    keys = {0: b"A", 1: b"B", 2: b"A", 3: b"C", 4: b"A", 5: b"B"}
+    submit(s, a, [0, 1, 2, 3], key=keys.__getitem__)
+    s.dispatch()
+    (t,) = queued(s)
+    assert t.lanes == [WHOLE]
+    submit(s, a, [4, 5], key=keys.__getitem__)  # waits behind the whole lane
+    assert s.dispatch() == 0
+    taken(t, running=0)  # A@0 runs long
+    assert s.take_unstarted(t) == 3
+    assert t.lanes == [b"A"]
+    s.dispatch()
+    (moved,) = queued(s)
+    assert offsets(moved) == [1, 3]  # B and C moved; A@2 stays behind A@0, B@5 behind B@1
+    settle(s, moved)
+    s.dispatch()
+    (b5,) = queued(s)
+    assert offsets(b5) == [5]
+    settle(s, b5)
+    t.outcomes = bytearray([1, 0, 0, 0])
+    settle(s, t)
+    s.dispatch()
+    (a_rest,) = queued(s)
+    assert offsets(a_rest) == [2, 4]
+
+
+# -- concurrent workers: out-of-order progress frees lanes of a running task ---------------
+
+
+class ConcurrentStub:
+    """Concurrent workers that never run anything: the test plays their progress."""
+
+    concurrent = True
+    slots = 8
+    replaced = 0
+
+    def __init__(self) -> None:
+        self.submitted: list[Task] = []
+        self.completions: queue.SimpleQueue[Task] = queue.SimpleQueue()
+
+    def start(self) -> None:
+        pass
+
+    def submit(self, task: Task) -> None:
+        self.submitted.append(task)
+
+    def abandon(self, assignments: object) -> int:
+        return 0
+
+    def stop(self, timeout: float) -> bool:
+        return True
+
+
+def concurrent(ordering: Ordering) -> tuple[Scheduler, ConcurrentStub]:
+    w = ConcurrentStub()
+    return Scheduler(w, ordering), w
+
+
+def finish(s: Scheduler, task: Task, *idx: int) -> None:
+    """The workers finished these records of a running task, and said so."""
+    assert task.done is not None
+    task.done.extend(idx)
+    task.reported = len(task.done)
+    s.progressed(task, list(idx))
+
+
+def test_concurrent_tasks_are_as_large_as_a_task_may_be_and_list_their_progress() -> None:
+    s, w = concurrent("key")
+    a = Assignment(Partition("t", 0), 1)
+    submit(s, a, list(range(300)), key=lambda o: b"k%d" % (o % 50))
+    s.dispatch()
+    assert [len(t.records) for t in w.submitted] == [300]
+    assert w.submitted[0].done == [] and not w.submitted[0].report
+    assert s.task_size() == s.lane_task_size() == _MAX_TASK
+
+
+@pytest.mark.parametrize("ordering", ["key", "partition"])
+def test_a_lane_is_freed_once_its_records_in_a_running_task_are_done_and_not_before(
+    ordering: Ordering,
+) -> None:
+    """Key mode: records of key a wait behind a running task that holds a twice and b once.
+    They go out when both a's are done, while b still runs; not after the first a. Partition
+    mode: the one lane is freed when every record of the task is done."""
+    s, w = concurrent(ordering)
+    a = Assignment(Partition("t", 0), 1)
+    keys = {0: b"a", 1: b"b", 2: b"a", 3: b"a", 4: b"b"}
+    submit(s, a, [0, 1, 2], key=keys.__getitem__)
+    s.dispatch()
+    (t1,) = w.submitted
+    submit(s, a, [3, 4], key=keys.__getitem__)  # wait: a and b are busy
+    assert s.dispatch() == 0
+    finish(s, t1, 0)  # the first a: a is still busy with offset 2
+    assert s.dispatch() == 0
+    finish(s, t1, 2)  # both a's done
+    if ordering == "key":
+        assert s.dispatch() == 1
+        assert offsets(w.submitted[1]) == [3]  # a's record, while b (offset 1) still runs
+        assert s.outstanding([a]) == 4
+        finish(s, t1, 1)
+        assert s.dispatch() == 1
+        assert offsets(w.submitted[2]) == [4]
+    else:
+        assert s.dispatch() == 0  # the partition's lane: offset 1 still runs
+        finish(s, t1, 1)
+        assert s.dispatch() == 1
+        assert offsets(w.submitted[1]) == [3, 4]
+    s.returned(t1)
+    s.advance(t1)  # the freed lanes are not freed again
+    assert s.dispatch() == 0
+
+
+def test_a_failed_record_keeps_its_lane_held_when_its_task_returns() -> None:
+    s, w = concurrent("key")
+    a = Assignment(Partition("t", 0), 1)
+    keys = {0: b"a", 1: b"b", 2: b"a", 3: b"b"}
+    submit(s, a, [0, 1], key=keys.__getitem__)
+    s.dispatch()
+    (t1,) = w.submitted
+    submit(s, a, [2, 3], key=keys.__getitem__)
+    finish(s, t1, 1)  # b done: its waiting record goes out
+    assert s.dispatch() == 1 and offsets(w.submitted[1]) == [3]
+    t1.outcomes = bytearray([FAILED, DONE])
+    t1.errors = {0: ValueError("x")}
+    s.returned(t1)
+    s.advance(t1)
+    assert s.dispatch() == 0, "a is held with its failed record at the front"
+    assert s.waiting() == 2  # offsets 0 (failed) and 2 wait in a

@@ -239,6 +239,7 @@ def test_tokens_differ_per_batch_and_carry_the_epoch() -> None:
     b1 = p.add_batch([0], 1)
     b2 = p.add_batch([1], 2)
     assert b1.token != b2.token
+    assert isinstance(b1.token, tuple) and isinstance(b2.token, tuple)
     assert b1.token[0] == 9 and b2.token[0] == 9
     # b1's token is stale for b2.
     assert b2.completed(1, b1.token) is False

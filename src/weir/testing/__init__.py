@@ -1,4 +1,6 @@
-"""Real-Kafka test harness: an embedded broker/cluster, broker providers and pytest fixtures.
+"""Test harness: an embedded broker/cluster, broker providers, pytest fixtures, and an in-memory
+fake of Kafka (``FakeBroker`` and ``FakeConsumer`` in ``weir.testing.fake``) for tests without a
+JVM.
 
 Importing this package starts nothing and imports almost nothing: the pytest plugin lives here and
 is loaded in every pytest run of every project that installs weir, so names resolve lazily.
@@ -23,6 +25,15 @@ if TYPE_CHECKING:
         MavenNotFoundError,
         PortInUseError,
     )
+    from weir.testing.events import capture_events
+    from weir.testing.fake import (
+        CommitCall,
+        CommittedOffsets,
+        FakeConsumer,
+        FakeGroupMetadata,
+        ScriptedEvent,
+    )
+    from weir.testing.fake_broker import FakeBroker, FakeMessage, FakeTransaction
     from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars
     from weir.testing.providers import (
         BrokerProvider,
@@ -45,8 +56,17 @@ _WHERE = {
     "MavenError": "errors",
     "MavenNotFoundError": "errors",
     "PortInUseError": "errors",
+    "CommitCall": "fake",
+    "CommittedOffsets": "fake",
+    "FakeBroker": "fake_broker",
+    "FakeConsumer": "fake",
+    "FakeTransaction": "fake_broker",
+    "FakeGroupMetadata": "fake",
+    "FakeMessage": "fake_broker",
+    "ScriptedEvent": "fake",
     "KAFKA_VERSION": "jars",
     "ensure_kafka_jars": "jars",
+    "capture_events": "events",
     "BrokerProvider": "providers",
     "EmbeddedBroker": "providers",
     "ExternalBroker": "providers",
@@ -60,10 +80,17 @@ __all__ = [
     "BrokerProvider",
     "BrokerStartError",
     "BrokerUnavailableError",
+    "CommitCall",
+    "CommittedOffsets",
     "EmbeddedBroker",
     "EmbeddedKafka",
     "EmbeddedKafkaCluster",
     "ExternalBroker",
+    "FakeBroker",
+    "FakeConsumer",
+    "FakeGroupMetadata",
+    "FakeMessage",
+    "FakeTransaction",
     "HarnessError",
     "JavaNotFoundError",
     "JavaVersionError",
@@ -71,7 +98,9 @@ __all__ = [
     "MavenError",
     "MavenNotFoundError",
     "PortInUseError",
+    "ScriptedEvent",
     "TestcontainersBroker",
+    "capture_events",
     "ensure_kafka_jars",
     "select_provider",
 ]

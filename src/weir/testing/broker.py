@@ -21,17 +21,17 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from types import TracebackType
 
-import structlog
-
+from weir.logs import get_logger
 from weir.testing.errors import BrokerStartError, PortInUseError
 from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars, require_java
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_START_TIMEOUT_S = 90.0
@@ -202,7 +202,10 @@ def _die_with_parent_hook() -> Callable[[], None] | None:
     if not sys.platform.startswith("linux"):
         return None
     if threading.current_thread() is not threading.main_thread():
-        log.debug("not on the main thread: broker relies on atexit, not PR_SET_PDEATHSIG")
+        log.debug(
+            "broker_cleanup_atexit_only",
+            reason="not on the main thread: the broker relies on atexit, not PR_SET_PDEATHSIG",
+        )
         return None
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -291,13 +294,22 @@ class KafkaNode:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def formatted(self) -> bool:
+        """Whether the storage holds a formatted log dir (from an earlier start)."""
+        return (self.data_dir / "meta.properties").is_file()
+
     def prepare(self, cluster_id: str, *, standalone: bool) -> None:
-        """Write the config files and format the storage (first start only).
+        """Write the config files and format the storage.
 
         ``standalone`` pairs with controller.quorum.bootstrap.servers (dynamic quorum of one);
         without it the static controller.quorum.voters list is used. Kafka 4.1.1 rejects mixing
         them.
         """
+        self.write_config()
+        self.format_storage(cluster_id, standalone=standalone)
+
+    def write_config(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(
             "".join(f"{key}={value}\n" for key, value in sorted(self.properties.items()))
@@ -305,6 +317,8 @@ class KafkaNode:
         self.log4j_path.write_text(
             (resources.files("weir.testing") / "log4j2.properties").read_text(encoding="utf-8")
         )
+
+    def format_storage(self, cluster_id: str, *, standalone: bool) -> None:
         command = [
             self.java,
             "-Xmx256m",
@@ -376,7 +390,7 @@ class KafkaNode:
                 start_new_session=True,
                 preexec_fn=_die_with_parent_hook() if self.die_with_parent else None,
             )
-        log.debug("kafka node launched", node_id=self.node_id, pid=self._proc.pid, port=self.port)
+        log.debug("kafka_node_launched", node_id=self.node_id, pid=self._proc.pid, port=self.port)
 
     def wait_ready(self, deadline: float) -> None:
         """Block until this node serves clients, or raise BrokerStartError with the log tail if
@@ -421,7 +435,7 @@ class KafkaNode:
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                log.warning("kafka node ignored SIGTERM", node_id=self.node_id, pid=proc.pid)
+                log.warning("kafka_node_ignored_sigterm", node_id=self.node_id, pid=proc.pid)
                 proc.kill()
                 proc.wait(10)
         self._proc = None
@@ -492,6 +506,57 @@ def resolve_workdir(
     return path, keep is False
 
 
+@dataclass(frozen=True)
+class PreviousRun:
+    """What a work directory remembers of the broker that last ran in it."""
+
+    cluster_id: str
+    port: int | None
+    controller_port: int | None
+
+
+def read_previous_run(workdir: Path) -> PreviousRun | None:
+    """The formatted storage and ports left in ``workdir`` by an earlier start, if any.
+
+    The cluster id comes from Kafka's own ``data/meta.properties`` (Kafka refuses storage formatted
+    for another id); the ports from the ``listeners`` line of the ``server.properties`` we wrote.
+    """
+    meta = _read_properties(workdir / "data" / "meta.properties")
+    cluster_id = meta.get("cluster.id")
+    if not cluster_id:
+        return None
+    listeners = _read_properties(workdir / "server.properties").get("listeners", "")
+    ports: dict[str, int] = {}
+    for listener in listeners.split(","):
+        name, sep, address = listener.strip().partition("://")
+        port = address.rpartition(":")[2]
+        if sep and port.isdigit():
+            ports[name] = int(port)
+    return PreviousRun(cluster_id, ports.get("PLAINTEXT"), ports.get("CONTROLLER"))
+
+
+def _read_properties(path: Path) -> dict[str, str]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return {}
+    found: dict[str, str] = {}
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep and not key.lstrip().startswith(("#", "!")):
+            found[key.strip()] = value.strip()
+    return found
+
+
+def _choose_port(requested: int | None, remembered: int | None, picked: Iterator[int]) -> int:
+    """The caller's port, else the last run's while it is free, else a freshly picked one."""
+    if requested is not None:
+        return requested
+    if remembered is not None and port_is_free(remembered):
+        return remembered
+    return next(picked)
+
+
 # --- the single broker ---------------------------------------------------------------------------
 
 
@@ -505,6 +570,9 @@ class EmbeddedKafka:
     with new ports. ``overrides`` are applied last, over ``TEST_BROKER_DEFAULTS``.
     ``start_timeout`` covers storage formatting and JVM start-up, not the one-time jar download
     (see ``jars.py``).
+
+    A ``workdir`` that already holds formatted storage is started again as it is: topics, records
+    and committed offsets survive, and the ports of the last run are reused while they are free.
     """
 
     def __init__(
@@ -556,12 +624,16 @@ class EmbeddedKafka:
         try:
             self._node = self._start_node(java, jars)
         except BaseException:
+            # A temp dir of a failed start holds nothing worth keeping, even with keep=True: the
+            # error carries the log's last lines. A directory the caller named stays theirs.
+            if self._requested_workdir is None:
+                self._remove_workdir = True
             self._cleanup_workdir()
             raise
         if self._die_with_parent:
             register_at_exit(self, self.stop)
         log.info(
-            "embedded kafka started",
+            "kafka_started",
             bootstrap_servers=self.bootstrap_servers,
             pid=self.pid,
             seconds=round(time.monotonic() - started, 2),
@@ -573,12 +645,20 @@ class EmbeddedKafka:
         assert self._workdir is not None
         deadline = time.monotonic() + self.start_timeout
         fixed = self._requested_ports
+        previous = read_previous_run(self._workdir)
+        if previous is not None:
+            self.cluster_id = previous.cluster_id
         for attempt in range(1, _PORT_ATTEMPTS + 1):
             picked = iter(pick_free_ports(2))
-            port = fixed[0] if fixed[0] is not None else next(picked)
-            controller_port = fixed[1] if fixed[1] is not None else next(picked)
-            # A fresh storage dir per attempt: the standalone quorum records the controller port.
-            shutil.rmtree(self._workdir / "data", ignore_errors=True)
+            remembered = (
+                (previous.port, previous.controller_port)
+                if previous is not None and attempt == 1
+                else (None, None)
+            )
+            port = _choose_port(fixed[0], remembered[0], picked)
+            controller_port = _choose_port(fixed[1], remembered[1], picked)
+            if previous is not None and previous.port is not None and port != previous.port:
+                log.info("kafka_port_moved", was=previous.port, now=port)
             node = KafkaNode(
                 node_id=1,
                 workdir=self._workdir,
@@ -592,7 +672,13 @@ class EmbeddedKafka:
                 jvm_args=self._jvm_args,
                 die_with_parent=self._die_with_parent,
             )
-            node.prepare(self.cluster_id, standalone=True)
+            node.write_config()
+            if previous is None:
+                # A fresh storage dir per attempt: the standalone quorum records the controller
+                # port it was formatted with. Reused storage is never formatted again: that would
+                # drop every topic and committed offset (a single voter accepts a new port).
+                shutil.rmtree(node.data_dir, ignore_errors=True)
+                node.format_storage(self.cluster_id, standalone=True)
             node.launch()
             try:
                 node.wait_ready(deadline)
@@ -606,7 +692,7 @@ class EmbeddedKafka:
                 )
                 if not retry:
                     raise
-                log.info("port taken before the broker bound it; retrying", attempt=attempt)
+                log.info("kafka_port_taken", attempt=attempt)
                 continue
             return node
         raise AssertionError("unreachable: the last attempt raises")
@@ -616,7 +702,7 @@ class EmbeddedKafka:
         try:
             if self._node is not None and self._node.pid is not None:
                 self._node.stop(self.stop_timeout)
-                log.info("embedded kafka stopped", bootstrap_servers=self.bootstrap_servers)
+                log.info("kafka_stopped", bootstrap_servers=self.bootstrap_servers)
         finally:
             self._cleanup_workdir()
 

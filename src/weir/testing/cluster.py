@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-import structlog
-
+from weir.logs import get_logger
 from weir.testing.broker import (
     DEFAULT_START_TIMEOUT_S,
     LOOPBACK,
@@ -25,7 +25,7 @@ from weir.testing.broker import (
 from weir.testing.errors import BrokerStartError
 from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars, require_java
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _PORT_ATTEMPTS = 3
 # Three JVMs warming up at once on a 2-core runner starve each other: C1-only JIT and the serial
@@ -33,6 +33,7 @@ _PORT_ATTEMPTS = 3
 # suffers, which replication tests do not measure.
 FAST_START_JVM_ARGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 _METADATA_TIMEOUT_S = 30.0
+KAFKA_LOG = logging.getLogger("weir.testing.kafka")  # the pytest plugin's helpers use it too
 
 
 def cluster_defaults(size: int) -> dict[str, str]:
@@ -60,6 +61,11 @@ class EmbeddedKafkaCluster:
 
     Nodes are addressed by index 0..size-1 (their node.id is index + 1). ``stop_broker`` and
     ``start_broker`` restart a node on the same ports and storage; ``kill_broker`` is a crash.
+
+    Every node is a controller, and a node's broker only starts once a majority of the
+    controllers elected a leader. So a node cannot start while fewer than a majority of the
+    others run: ``start_broker`` refuses that at once, and ``start_brokers`` starts several
+    stopped nodes together (``start()`` does the same for a stopped cluster).
     """
 
     def __init__(
@@ -96,6 +102,10 @@ class EmbeddedKafkaCluster:
     def start(self) -> EmbeddedKafkaCluster:
         if self.nodes and all(node.running for node in self.nodes):
             return self
+        if self.nodes and self._workdir is not None and all(n.formatted for n in self.nodes):
+            # Stopped with its storage kept: the same cluster again, not a new one.
+            self.start_brokers()
+            return self
         java = require_java()
         jars = ensure_kafka_jars(self.kafka_version)
         started = time.monotonic()
@@ -107,10 +117,14 @@ class EmbeddedKafkaCluster:
             self._start_nodes(java, jars, time.monotonic() + self.start_timeout)
             self._wait_for_brokers(time.monotonic() + _METADATA_TIMEOUT_S)
         except BaseException:
+            # A temp dir of a failed start holds nothing worth keeping, even with keep=True: the
+            # error carries the log's last lines. A directory the caller named stays theirs.
+            if self._requested_workdir is None:
+                self._remove_workdir = True
             self.stop()
             raise
         log.info(
-            "embedded kafka cluster started",
+            "kafka_cluster_started",
             bootstrap_servers=self.bootstrap_servers,
             seconds=round(time.monotonic() - started, 2),
         )
@@ -135,7 +149,7 @@ class EmbeddedKafkaCluster:
                     node.kill()
                 if not bind_race or attempt == _PORT_ATTEMPTS:
                     raise
-                log.info("port taken before a node bound it; retrying", attempt=attempt)
+                log.info("kafka_node_port_taken", attempt=attempt)
                 continue
             return
 
@@ -171,16 +185,20 @@ class EmbeddedKafkaCluster:
         RF = size can be created right away."""
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        # Its refused connections while nodes come up go to the helpers' logger, not to stderr.
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers}, logger=KAFKA_LOG)
         seen = 0
-        while time.monotonic() < deadline:
-            try:
-                seen = len(admin.list_topics(timeout=5).brokers)
-            except Exception:  # KafkaException while the cluster settles; retried until deadline
-                seen = 0
-            if seen >= self.size:
-                return
-            time.sleep(0.2)
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    seen = len(admin.list_topics(timeout=5).brokers)
+                except Exception:  # KafkaException while the cluster settles; retried
+                    seen = 0
+                if seen >= self.size:
+                    return
+                time.sleep(0.2)
+        finally:
+            admin.poll(0)
         raise BrokerStartError(f"only {seen} of {self.size} brokers registered in time")
 
     def stop(self) -> None:
@@ -200,19 +218,76 @@ class EmbeddedKafkaCluster:
             if self._workdir is not None and self._remove_workdir:
                 shutil.rmtree(self._workdir, ignore_errors=True)
                 self._remove_workdir = False
-        log.info("embedded kafka cluster stopped")
+        log.info("kafka_cluster_stopped")
 
     def stop_broker(self, index: int, timeout: float | None = None) -> None:
-        """Clean shutdown of one node (controlled shutdown moves its leaderships first)."""
+        """Clean shutdown of one node (controlled shutdown moves its leaderships first).
+
+        The last node of a quorum cannot shut down cleanly: it waits for controllers that are
+        gone until ``timeout`` and is then killed. Stop the last ones together (``stop_brokers``).
+        """
         self.nodes[index].stop(self.stop_timeout if timeout is None else timeout)
+
+    def stop_brokers(
+        self, indexes: Sequence[int] | None = None, timeout: float | None = None
+    ) -> None:
+        """Stop several nodes (default: all) in parallel, keeping their storage.
+
+        Usually done in ~6 s for all three; a node whose controllers left first may wait for
+        them until ``timeout`` (default ``stop_timeout``) and is then killed, which its restart
+        recovers from like a crash.
+        """
+        chosen = range(self.size) if indexes is None else indexes
+        nodes = [self.nodes[index] for index in chosen]
+        stop_nodes(nodes, self.stop_timeout if timeout is None else timeout)
 
     def kill_broker(self, index: int) -> None:
         """SIGKILL one node: the others notice after broker.session.timeout.ms."""
         self.nodes[index].kill()
 
     def start_broker(self, index: int, timeout: float | None = None) -> None:
-        """Restart a stopped node on its old ports and storage."""
-        self.nodes[index].start(self.start_timeout if timeout is None else timeout)
+        """Restart a stopped node on its old ports and storage.
+
+        Raises ``BrokerStartError`` at once if the node could not join a controller majority
+        (use ``start_brokers`` to start several stopped nodes together).
+        """
+        self.start_brokers([index], timeout)
+
+    def start_brokers(
+        self, indexes: Sequence[int] | None = None, timeout: float | None = None
+    ) -> None:
+        """Restart stopped nodes (default: every stopped one) together on their ports and storage.
+
+        Launched at once, because a node's broker waits for a controller majority: one by one,
+        the first node of a stopped 3-node cluster would wait for a quorum that its own start
+        blocks, and its broker gives up after ``initial.broker.registration.timeout.ms`` (60 s,
+        "Shutting down because we were unable to register with the controller quorum").
+        """
+        if indexes is None:
+            indexes = [i for i, node in enumerate(self.nodes) if not node.running]
+        starting = [self.nodes[i] for i in indexes if not self.nodes[i].running]
+        if not starting:
+            return
+        running = sum(node.running for node in self.nodes)
+        majority = self.size // 2 + 1
+        if running + len(starting) < majority:
+            names = ", ".join(str(node.node_id) for node in starting)
+            raise BrokerStartError(
+                f"node(s) {names} cannot start: with {running} of {self.size} controllers "
+                f"running they would be {running + len(starting)}, and the quorum needs "
+                f"{majority}. Start stopped nodes together: start_brokers() starts all of them."
+            )
+        deadline = time.monotonic() + (self.start_timeout if timeout is None else timeout)
+        for node in starting:
+            node.launch()
+        try:
+            for node in starting:
+                node.wait_ready(deadline)
+        except BaseException:
+            for node in starting:
+                node.kill()
+            raise
+        register_at_exit(self, self.stop)  # again: stop() unregistered it
 
     def __enter__(self) -> EmbeddedKafkaCluster:
         return self.start()

@@ -18,11 +18,10 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
-import structlog
-
+from weir.logs import get_logger
 from weir.testing.errors import JavaNotFoundError, JavaVersionError, MavenError, MavenNotFoundError
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Kafka 4.1.1: the KIP-848 consumer group protocol is GA on the broker since 4.0, and 4.1.x is the
 # widely deployed line (Confluent Platform 8.1 ships it), so tests exercise what users run. The
@@ -148,7 +147,7 @@ def ensure_kafka_jars(version: str = KAFKA_VERSION, *, timeout: float = MAVEN_TI
             tmp.rename(libs)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    log.info("kafka jars ready", version=version, path=str(libs))
+    log.info("kafka_jars_ready", version=version, path=str(libs))
     return libs
 
 
@@ -164,7 +163,7 @@ def _exclusive_lock(path: Path) -> Iterator[None]:
 
 
 def _run_maven(mvn: str, version: str, output_dir: Path, timeout: float) -> None:
-    log.info("downloading kafka jars with maven", version=version, into=str(output_dir))
+    log.info("kafka_jars_downloading", version=version, into=str(output_dir))
     with (
         tempfile.TemporaryDirectory(prefix="weir-pom-") as pom_dir,
         resources.as_file(resources.files("weir.testing") / "pom.xml") as packaged_pom,

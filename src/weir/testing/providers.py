@@ -16,13 +16,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
 
-import structlog
-
+from weir.logs import get_logger
 from weir.testing.broker import TEST_BROKER_DEFAULTS, EmbeddedKafka
 from weir.testing.errors import BrokerUnavailableError
 from weir.testing.jars import cached_jars
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ENV_BOOTSTRAP = "WEIR_BOOTSTRAP_SERVERS"
 ENV_BROKER = "WEIR_BROKER"

@@ -3,6 +3,10 @@
 Loaded by every pytest run in an environment where weir is installed, so importing it must stay
 cheap and start nothing: brokers start only when a test requests a fixture below.
 
+librdkafka's own log lines from the clients made here (a refused connection, a coordinator still
+loading) go to the Python logger ``weir.testing.kafka`` instead of stderr, so pytest shows them
+with a failing test's captured logs rather than in the middle of the run's output.
+
 Fixtures:
     kafka_broker          session; the selected ``BrokerProvider`` (``.bootstrap_servers``)
     kafka_bootstrap       session; its bootstrap servers string
@@ -14,11 +18,13 @@ Fixtures:
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import pytest
 
@@ -31,6 +37,11 @@ if TYPE_CHECKING:
 TOPIC_READY_TIMEOUT_S = 30.0
 PRODUCE_TIMEOUT_S = 30.0
 CONSUME_TIMEOUT_S = 30.0
+COMMIT_TIMEOUT_S = 30.0
+
+# Where librdkafka's log lines from the helpers' clients go (confluent-kafka's `logger` setting):
+# at their own levels (librdkafka errors as ERROR, warnings as WARNING), never straight to stderr.
+KAFKA_LOG = logging.getLogger("weir.testing.kafka")
 
 _BROKER_FIXTURES = frozenset({"kafka_broker", "kafka_bootstrap", "kafka_admin", "make_topic"})
 _CLUSTER_FIXTURES = frozenset({"kafka_cluster", "kafka_cluster_session"})
@@ -82,9 +93,7 @@ def kafka_bootstrap(kafka_broker: BrokerProvider) -> str:
 
 @pytest.fixture(scope="session")
 def kafka_admin(kafka_bootstrap: str) -> AdminClient:
-    from confluent_kafka.admin import AdminClient
-
-    return AdminClient({"bootstrap.servers": kafka_bootstrap})
+    return admin_client(kafka_bootstrap)
 
 
 class TopicFactory(Protocol):
@@ -142,12 +151,32 @@ def kafka_cluster_session() -> Iterator[EmbeddedKafkaCluster]:
 def kafka_cluster(kafka_cluster_session: EmbeddedKafkaCluster) -> Iterator[EmbeddedKafkaCluster]:
     """The shared 3-node cluster; nodes a test stopped or killed are restarted afterwards."""
     yield kafka_cluster_session
-    for index, node in enumerate(kafka_cluster_session.nodes):
-        if not node.running:
-            kafka_cluster_session.start_broker(index)
+    # Together, not one by one: a node cannot start without a majority of the controllers.
+    kafka_cluster_session.start_brokers()
 
 
 # --- helpers for tests ---------------------------------------------------------------------------
+
+
+def client_config(bootstrap: str, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A confluent-kafka config for ``bootstrap`` whose log lines go to ``KAFKA_LOG``.
+
+    An AdminClient only hands its log lines over in ``poll()``: the helpers here poll it.
+    """
+    return {"bootstrap.servers": bootstrap, "logger": KAFKA_LOG, **(config or {})}
+
+
+def admin_client(bootstrap: str, config: Mapping[str, Any] | None = None) -> AdminClient:
+    from weir.lag import admin_client as configured_admin
+
+    # It keeps its configuration: `weir.lag` then reads committed offsets with a consumer.
+    return configured_admin(client_config(bootstrap, config))
+
+
+def _admin(admin_or_bootstrap: AdminClient | str) -> AdminClient:
+    if isinstance(admin_or_bootstrap, str):
+        return admin_client(admin_or_bootstrap)
+    return admin_or_bootstrap
 
 
 def create_topic(
@@ -165,14 +194,9 @@ def create_topic(
     ``admin_or_bootstrap``: an AdminClient or a bootstrap servers string.
     ``replication_factor=None`` uses the broker's default.replication.factor.
     """
-    from confluent_kafka.admin import AdminClient
     from confluent_kafka.cimpl import NewTopic
 
-    admin = (
-        AdminClient({"bootstrap.servers": admin_or_bootstrap})
-        if isinstance(admin_or_bootstrap, str)
-        else admin_or_bootstrap
-    )
+    admin = _admin(admin_or_bootstrap)
     topic = name or f"{name_prefix or 'weir-test'}-{uuid.uuid4().hex[:12]}"
     new_topic = NewTopic(
         topic,
@@ -180,10 +204,16 @@ def create_topic(
         replication_factor=-1 if replication_factor is None else replication_factor,
         config=dict(config or {}),
     )
-    admin.create_topics([new_topic], operation_timeout=timeout, request_timeout=timeout)[
-        topic
-    ].result(timeout=timeout)
-    wait_for_leaders(admin, topic, partitions, timeout=timeout)
+    future = admin.create_topics([new_topic], operation_timeout=timeout, request_timeout=timeout)
+    try:
+        # The request's own timeout error usually comes first; this one only guards the wait.
+        try:
+            future[topic].result(timeout=timeout + 5)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"creating topic {topic} took over {timeout} s") from None
+        wait_for_leaders(admin, topic, partitions, timeout=timeout)
+    finally:
+        admin.poll(0)  # hand its queued log lines to KAFKA_LOG
     return topic
 
 
@@ -221,7 +251,7 @@ def produce(
     """
     from confluent_kafka import KafkaException, Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", **(config or {})})
+    producer = Producer(client_config(bootstrap, {"acks": "all", **(config or {})}))
     delivered = 0
     errors: list[Any] = []
 
@@ -286,15 +316,17 @@ def consume_all(
     from confluent_kafka import TopicPartition as TP
 
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            # librdkafka insists on a group id even for assign(); it is never joined or committed.
-            "group.id": f"weir-consume-all-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": isolation_level,
-            **(config or {}),
-        }
+        client_config(
+            bootstrap,
+            {
+                # librdkafka insists on a group id even for assign(); never joined or committed.
+                "group.id": f"weir-consume-all-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "isolation.level": isolation_level,
+                **(config or {}),
+            },
+        )
     )
     try:
         deadline = time.monotonic() + timeout
@@ -340,6 +372,116 @@ def consume_all(
         consumer.close()
 
 
+def commit_offsets(
+    bootstrap: str,
+    group_id: str,
+    topic: str,
+    offsets: Mapping[int, int],
+    *,
+    config: Mapping[str, Any] | None = None,
+    timeout: float = COMMIT_TIMEOUT_S,
+) -> None:
+    """Commit ``offsets`` (partition -> next offset to read) for ``group_id`` without joining it.
+
+    Retried while the group's coordinator is not ready (the first group on a fresh broker creates
+    ``__consumer_offsets`` and commits fail with NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS).
+    """
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    # A fresh group's coordinator answers these while __consumer_offsets is created and loaded;
+    # librdkafka does not mark all of them retriable on a commit.
+    not_ready = {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+    consumer = Consumer(
+        client_config(
+            bootstrap, {"group.id": group_id, "enable.auto.commit": False, **(config or {})}
+        )
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                consumer.commit(
+                    offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
+                    asynchronous=False,
+                )
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                retry = error.retriable() or error.code() in not_ready
+                if not retry or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
+    finally:
+        consumer.close()
+
+
+def wait_for_committed(
+    admin_or_bootstrap: AdminClient | str,
+    group_id: str,
+    topic: str,
+    expected: Mapping[int, int] | Sequence[int] | Literal["end"] = "end",
+    *,
+    timeout: float = COMMIT_TIMEOUT_S,
+    interval: float = 0.1,
+) -> dict[int, int | None]:
+    """Wait until ``group_id``'s committed offsets on ``topic`` reach ``expected``.
+
+    ``expected``: ``"end"`` (every partition's log end offset, read again each round), a sequence
+    indexed by partition, or a mapping partition -> offset (other partitions are not checked).
+    Reached means committed >= expected; a partition expected at 0 needs no commit. Reads with
+    the admin API, so it joins nothing and works for any group. Returns the committed offsets
+    by partition (None: nothing committed); raises TimeoutError showing committed vs expected.
+    """
+    from weir.lag import (
+        LagError,
+        committed_as_text,
+        committed_offsets,
+        log_end_offsets,
+        topic_partitions,
+    )
+
+    admin = _admin(admin_or_bootstrap)
+    deadline = time.monotonic() + timeout
+    committed: dict[int, int | None] = {}
+    target: dict[int, int] = {}
+    last_error: LagError | None = None
+    try:
+        while True:
+            step = max(0.5, min(10.0, deadline - time.monotonic()))
+            try:
+                if expected == "end":
+                    keys = topic_partitions(admin, topic, timeout=step)
+                    target = {
+                        p: o for (_, p), o in log_end_offsets(admin, keys, timeout=step).items()
+                    }
+                elif isinstance(expected, Mapping):
+                    target = dict(expected)
+                else:
+                    target = dict(enumerate(expected))
+                found = committed_offsets(
+                    admin, group_id, [(topic, p) for p in target], timeout=step
+                )
+                committed = {p: found.get((topic, p)) for p in target}
+                last_error = None
+                if all((committed[p] or 0) >= offset for p, offset in target.items()):
+                    return committed
+            except LagError as exc:
+                last_error = exc
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"group {group_id} on {topic}: committed {committed_as_text(committed)}, "
+                    f"expected {committed_as_text(dict(target))} after {timeout:g} s"
+                    + (f" (last error: {last_error})" if last_error is not None else "")
+                )
+            time.sleep(interval)
+    finally:
+        admin.poll(0)
+
+
 def _headers(raw: Any) -> tuple[tuple[str, bytes | None], ...]:
     # librdkafka hands consumed headers back as a list of (name, bytes | None).
     items = raw.items() if isinstance(raw, Mapping) else (raw or ())
@@ -360,11 +502,16 @@ def records_as_text(records: Iterable[ConsumedRecord]) -> list[tuple[str | None,
 
 
 __all__ = [
+    "KAFKA_LOG",
     "ConsumedRecord",
     "TopicFactory",
+    "admin_client",
+    "client_config",
+    "commit_offsets",
     "consume_all",
     "create_topic",
     "produce",
     "records_as_text",
+    "wait_for_committed",
     "wait_for_leaders",
 ]

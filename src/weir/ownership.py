@@ -1,65 +1,43 @@
-"""Assign, revoke and lost: who owns which partition locally, and the hand-off rules.
+"""Assign, revoke and lost: which partitions this member owns, and the hand-off rules.
 
 Revoke (graceful): stop dispatch, drop queued records, wait for in-flight ones under one budget
-while draining completions, commit the finished watermark synchronously, then fence. Lost (the group
-already moved on): fence and cancel at once, never commit. Both run on the owner thread inside the
-client's rebalance callback.
+while draining completions, commit the finished watermark synchronously, then fence. Lost (the
+group already moved on): fence and cancel at once, never commit. Both run on the owner thread
+inside the client's rebalance callback. A handler call still running when its partition goes
+(a revoke past its budget, or lost) keeps its lane: a new assignment of the same partition waits
+for it (`Scheduler`), and its worker is replaced (`Workers.abandon`).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-import structlog
-
+from weir.budget import Budget
+from weir.callbacks import Callbacks, callback_name
 from weir.committing import Committer
-from weir.flow import FlowControl
-from weir.records import Handler, Partition, Record
-from weir.scheduling import Assignment, Scheduler
-from weir.tracking import BatchProgress, PartitionProgress
+from weir.logs import get_logger
+from weir.records import Handler, Partition
+from weir.scheduling import Scheduler
+from weir.tasks import Assignment
+from weir.tracking import PartitionProgress
 
 __all__ = ["Ownership", "PartitionState"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _tokens = itertools.count(1)
 
 
 class PartitionState:
-    """Everything the owner keeps for one owned partition."""
+    """What the owner keeps for one owned partition: its assignment and its watermark."""
 
-    __slots__ = (
-        "ahead",
-        "ahead_bytes",
-        "ahead_records",
-        "assignment",
-        "bytes",
-        "over_share",
-        "progress",
-        "records",
-    )
+    __slots__ = ("assignment", "progress")
 
     def __init__(self, tp: Partition) -> None:
         self.assignment = Assignment(tp, next(_tokens))
         self.progress = PartitionProgress(self.assignment.token)
-        self.records = 0  # in the lanes and not finished: this partition's share of the budget
-        self.bytes = 0
-        # Read ahead while partitions share the budget: registered with their batches (so the
-        # watermark waits for them), not yet in the lanes. Their bytes count in the budget.
-        self.ahead: deque[tuple[BatchProgress, list[Record]]] = deque()
-        self.ahead_records = 0
-        self.ahead_bytes = 0
-        self.over_share = False  # paused alone: it holds a share in reserve
-
-    def drop_ahead(self) -> int:
-        """Forget the records read ahead (revoked, lost or rewound); returns their bytes."""
-        nbytes = self.ahead_bytes
-        self.ahead.clear()
-        self.ahead_records = self.ahead_bytes = 0
-        return nbytes
 
     def rewind(self) -> None:
         """The client delivered offsets below the read position (a seek, an offset reset, or
@@ -70,7 +48,7 @@ class PartitionState:
 
 
 Drain = Callable[[float, list[Assignment]], None]
-CommitSync = Callable[[dict[Partition, int]], None]
+CommitSync = Callable[[dict[Partition, int | None]], dict[Partition, int]]
 Pauser = Callable[[Sequence[Partition], bool], None]
 
 
@@ -80,40 +58,56 @@ class Ownership:
         handler: Handler,
         scheduler: Scheduler,
         committer: Committer,
-        flow: FlowControl,
-        revoke_timeout: float,
+        budget: Budget,
+        callbacks: Callbacks,
+        revoke_timeout_s: float,
+        *,
+        hook: Callable[[Callable[..., object]], Callable[..., object]] | None = None,
     ) -> None:
         self._handler = handler
+        # Wraps a handler hook for calling (an async hook runs on the handler's event loop).
+        self._hook = hook
         self._scheduler = scheduler
         self._committer = committer
-        self._flow = flow
-        self._revoke_timeout = revoke_timeout
+        self._budget = budget
+        self._callbacks = callbacks
+        self._revoke_timeout = revoke_timeout_s
         self.partitions: dict[Partition, PartitionState] = {}
         # Set at shutdown: a revoke served inside close() gets what is left of the shutdown
-        # budget, never a fresh revoke_timeout.
+        # budget, never a fresh revoke_timeout_s.
         self.deadline_cap: float | None = None
         self.rebalances = 0
         self.revoked_total = 0
         self.lost_total = 0
 
-    def assign(self, tps: Iterable[Partition], set_paused: Pauser) -> list[Partition]:
+    def assign(
+        self,
+        tps: Iterable[Partition],
+        set_paused: Pauser,
+        prepare: Callable[[list[Partition]], None] | None = None,
+    ) -> list[Partition]:
+        """New partitions get their state; `prepare(added)` runs before `on_assigned` (fence
+        epochs, start offsets), so the hook sees them ready."""
         added = []
         for tp in tps:
             if tp in self.partitions:
                 continue  # eager re-delivery of an owned partition keeps its state
-            self.partitions[tp] = PartitionState(tp)
+            st = self.partitions[tp] = PartitionState(tp)
+            self._budget.open(st.assignment)
             self._committer.track(tp)
             added.append(tp)
         self.rebalances += 1
         if added:
             # librdkafka keeps its own pause flag across rebalances: state it explicitly so a
             # partition that comes back matches weir's paused set, whichever way it was left.
-            set_paused(added, self._flow.client_paused)
+            set_paused(added, self._budget.paused)
         log.info(
             "partitions_assigned",
             partitions=[str(tp) for tp in added],
             tokens={str(tp): self.partitions[tp].assignment.token for tp in added},
         )
+        if prepare is not None and added:
+            prepare(added)
         self._call_hook("on_assigned", added)
         return added
 
@@ -129,28 +123,35 @@ class Ownership:
             a.dispatching = False
         self._drop_queued(assignments)
         drain(deadline, assignments)
+        # A partition may have gone while draining (fenced by a fence, reset by an aborted
+        # transaction): only what still holds its assignment is revoked here.
+        owned = {
+            tp
+            for tp in owned
+            if tp in self.partitions and self.partitions[tp].assignment in assignments
+        }
         left = self._scheduler.running(assignments)
-        offsets: dict[Partition, int] = {}
-        for tp in owned:
-            off = self.partitions[tp].progress.committable()
-            if off is not None:
-                offsets[tp] = off
-        to_send = self._committer.to_send(offsets, unconfirmed=True)
-        if to_send:
-            commit_sync(to_send)
+        offsets = {tp: self.partitions[tp].progress.committable() for tp in owned}
+        to_send = commit_sync(offsets)
+        # What the broker has for them, as far as this member knows: the last offset it
+        # confirmed, sent now or earlier (None: nothing committed during this assignment).
+        committed = {str(tp): self._committer.confirmed(tp) for tp in sorted(owned)}
         for tp in owned:
             st = self.partitions.pop(tp)
             if left:
                 st.assignment.cancel.set()
             st.progress.revoke()
-            self._release(st)
+            self._budget.close(tp)
+        if left:
+            self._scheduler.workers.abandon(assignments)
         self._scheduler.forget(assignments)
         self._committer.forget(owned)
         self.revoked_total += len(owned)
         log.info(
             "partitions_revoked",
             partitions=sorted(str(tp) for tp in owned),
-            committed={str(tp): off for tp, off in to_send.items()},
+            committed=committed,
+            sent={str(tp): off for tp, off in to_send.items()},
             unfinished=left,
             seconds=round(time.monotonic() - started, 3),
         )
@@ -165,14 +166,46 @@ class Ownership:
             st.assignment.dispatching = False
             st.assignment.cancel.set()
             st.progress.revoke()
-            self._release(st)
+            self._budget.close(tp)
             gone.append(st.assignment)
         self._scheduler.drop_queued(gone)
+        if self._scheduler.running(gone):
+            self._scheduler.workers.abandon(gone)
         self._scheduler.forget(gone)
         self._committer.forget(owned)
         self.lost_total += len(owned)
         log.warning("partitions_lost", partitions=sorted(str(tp) for tp in owned))
         self._call_hook("on_lost", sorted(owned))
+
+    def reset(self, tps: Iterable[Partition]) -> list[Assignment]:
+        """Start these owned partitions over, locally (an aborted transaction: their progress
+        since the last commit did not count). Their work in flight is fenced and cancelled,
+        queued records dropped, their budget released; each gets a new assignment with a new
+        token. No hook runs and nothing is committed: the client keeps the partitions. Returns
+        the old assignments."""
+        old = []
+        for tp in tps:
+            st = self.partitions.get(tp)
+            if st is None:
+                continue
+            a = st.assignment
+            a.dispatching = False
+            a.cancel.set()
+            st.progress.revoke()
+            old.append(a)
+        self._budget.dropped(self._scheduler.drop_queued(old))
+        if self._scheduler.running(old):
+            self._scheduler.workers.abandon(old)
+        self._scheduler.forget(old)
+        for a in old:
+            tp = a.tp
+            self._budget.close(tp)
+            st = self.partitions[tp] = PartitionState(tp)
+            st.assignment.epoch = a.epoch  # the same owner, the same fence epoch
+            self._budget.open(st.assignment)
+        if old:
+            log.warning("partitions_reset", partitions=sorted(str(a.tp) for a in old))
+        return old
 
     def stop_dispatch(self) -> None:
         """Shutdown: fence every queued record; running ones finish or are cancelled later."""
@@ -194,23 +227,13 @@ class Ownership:
             st.progress.revoke()
 
     def _drop_queued(self, assignments: list[Assignment]) -> None:
-        for rec in self._scheduler.drop_queued(assignments):
-            st = self.partitions.get(rec.tp)
-            if st is not None:
-                st.records -= 1
-                st.bytes -= rec.size
-                self._flow.remove(1, rec.size)
-
-    def _release(self, st: PartitionState) -> None:
-        self._flow.remove(st.records, st.bytes + st.drop_ahead())
-        st.records = 0
-        st.bytes = 0
+        self._budget.dropped(self._scheduler.drop_queued(assignments))
 
     def _call_hook(self, name: str, tps: list[Partition]) -> None:
         if not tps:
             return
-        try:
-            getattr(self._handler, name)(tps)
-        except Exception:
-            # A failing hook must not break the hand-off protocol of the whole member.
-            log.exception("handler_hook_failed", hook=name)
+        hook = getattr(self._handler, name)
+        call = hook if self._hook is None else self._hook(hook)
+        self._callbacks.call(
+            callback_name(hook), call, tps, hook_name=name, partitions=[str(tp) for tp in tps]
+        )

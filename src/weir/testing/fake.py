@@ -1,32 +1,45 @@
-"""A deterministic, scriptable fake of the `confluent_kafka.Consumer` surface that weir uses.
+"""In-memory Kafka for tests without a JVM: `FakeBroker` and `FakeConsumer`.
 
-Test helper only. It reproduces the contract the engine relies on (callbacks served inside
-`consume()`, async commit results delivered on a later `consume()`, pause honoured, positions
-moving forward) closely enough to drive `GroupConsumer` deterministically. It is never proof of
-how Kafka or librdkafka behave: anything learned here must be checked against a real broker.
+`FakeConsumer` satisfies `weir.client.ConsumerClient` (mypy checks it at the end of this module,
+as `weir.client` checks `confluent_kafka.Consumer`), so `GroupConsumer` runs on it unchanged. It
+comes in two modes:
 
-Typical use::
+**Group mode** — consumers made by `FakeBroker.consumer_factory` share one in-memory broker:
+topics with partitioned logs, consumer groups whose members are assigned partitions when they
+subscribe, close or unsubscribe (eager `range`/`roundrobin`, `cooperative-sticky`, or KIP-848
+`group.protocol=consumer`, chosen from the configuration as the client does), committed offsets
+with metadata per group, and transactions. Use it to test your own handlers and hooks::
+
+    broker = FakeBroker()
+    broker.create_topic("orders", partitions=3)
+    broker.produce("orders", key=b"k1", value=b"v1")
+    consumer = GroupConsumer(
+        handle, bootstrap_servers="fake:9092", group_id="billing", topics=["orders"],
+        consumer_factory=broker.consumer_factory,
+    )
+    with consumer:
+        broker.wait_until_committed("billing")
+
+**Scripted mode** — `FakeConsumer()` is one member whose assignment changes only when the test
+says so (`script_assign`, `script_revoke`, `script_lost`), with control over commit results
+(`hold_commit_results`, `deliver_commit_results`, `fail_next_commits`), injected errors and a
+log of every call. weir's engine tests use it to pin exact interleavings::
 
     fake = FakeConsumer()
     fake.produce_many("t", 0, range(10))
     fake.script_assign([("t", 0)])
     gc = GroupConsumer(handler, consumer_factory=fake.factory, **settings)
 
-Everything the engine calls is recorded (`calls`, `commits`, `pause_calls`). Scripted events and
-commit-result deliveries run on the thread that calls `consume()` (the engine's owner thread), as
-the real client serves callbacks from inside its poll.
+In both modes callbacks (on_assign / on_revoke / on_lost, `on_commit`, `error_cb`) run on the
+thread that calls `consume()`, inside it, as the real client serves them from its poll; only
+`close()` serves the final revoke inside itself.
 
-Modelled on purpose (from kafka-client-facts.md and librdkafka's documented contract):
-- on_assign / on_revoke / on_lost run inside consume(); without on_lost, lost goes to on_revoke;
-  the assignment change is applied after the callback if the app did not apply it; calling the
-  wrong assign family inside a callback fails with _STATE.
-- async commit results arrive through conf['on_commit'](err, partitions) on a later consume()
-  (or in any order, with `hold_commit_results` + `deliver_commit_results`); sync commits return
-  the TopicPartitions or raise KafkaException.
-- a paused partition returns nothing; positions only move forward unless `rewind()` is used;
-  transaction markers (`produce_marker`) occupy offsets that are never delivered.
-- close() revokes the current assignment through on_revoke (librdkafka's consumer_close does),
-  unless `revoke_on_close` is False.
+What the fake does is checked against a real Apache Kafka broker by one contract suite
+(tests/contract/ in weir's repository) that runs the same tests on both. What it does not model:
+time (no session or poll-interval expiry: `FakeBroker.expire` stands in for a missed
+`max.poll.interval.ms`), replication and broker failures, fetch sizes and prefetching,
+compaction and retention, regex subscriptions, static membership, and producer-side behaviour
+beyond appending records (no idempotence, no delivery reports).
 """
 
 from __future__ import annotations
@@ -36,123 +49,77 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from confluent_kafka import (
-    TIMESTAMP_CREATE_TIME,
-    TIMESTAMP_NOT_AVAILABLE,
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_INVALID,
     KafkaError,
     KafkaException,
     TopicPartition,
 )
+from confluent_kafka.admin._metadata import ClusterMetadata
+
+from weir.testing.fake_broker import (
+    _EARLIEST,
+    _LATEST,
+    TP,
+    FakeBroker,
+    FakeMessage,
+    FakeTransaction,
+    TPLike,
+    _invalid,
+    _Member,
+    _protocol,
+    _tp,
+)
 
 __all__ = [
     "CommitCall",
+    "CommittedOffsets",
+    "FakeBroker",
     "FakeConsumer",
+    "FakeGroupMetadata",
     "FakeMessage",
+    "FakeTransaction",
     "ScriptedEvent",
 ]
 
-TP = tuple[str, int]
-TPLike = TP | TopicPartition
 
-
-def _tp(x: TPLike) -> TP:
-    if isinstance(x, TopicPartition):
-        return (x.topic, x.partition)
-    topic, partition = x
-    return (topic, partition)
-
-
-class FakeMessage:
-    """Stands in for `confluent_kafka.Message` (which cannot be built from Python)."""
-
-    __slots__ = (
-        "_control",
-        "_error",
-        "_headers",
-        "_key",
-        "_leader_epoch",
-        "_offset",
-        "_partition",
-        "_timestamp",
-        "_topic",
-        "_value",
-    )
+class _PartitionResult(TopicPartition):
+    """A commit result with a per-partition error, as the client reports one.
+    `TopicPartition.error` cannot be set from Python; this subclass reads it from a field and
+    compares by topic and partition, like `TopicPartition` itself."""
 
     def __init__(
-        self,
-        topic: str | None,
-        partition: int | None,
-        offset: int | None,
-        key: bytes | None = None,
-        value: bytes | None = None,
-        headers: Sequence[tuple[str, bytes | None]] | None = None,
-        timestamp: int | None = None,
-        error: KafkaError | None = None,
-        leader_epoch: int | None = None,
+        self, topic: str, partition: int, offset: int, metadata: str | None, error: KafkaError
     ) -> None:
-        self._topic = topic
-        self._partition = partition
-        self._offset = offset
-        self._key = key
-        self._value = value
-        self._headers = None if headers is None else list(headers)
-        self._timestamp = timestamp
+        if metadata is None:
+            super().__init__(topic, partition, offset)
+        else:
+            super().__init__(topic, partition, offset, metadata)
         self._error = error
-        self._leader_epoch = leader_epoch
-        self._control = False
 
     @property
-    def control(self) -> bool:
-        """A transaction marker: occupies an offset, is never returned by consume()."""
-        return self._control
-
-    @classmethod
-    def error_event(
-        cls, error: KafkaError, topic: str | None = None, partition: int | None = None
-    ) -> FakeMessage:
-        """An event message, as `consume()` returns for consumer errors."""
-        return cls(topic, partition, None, error=error)
-
-    def topic(self) -> str | None:
-        return self._topic
-
-    def partition(self) -> int | None:
-        return self._partition
-
-    def offset(self) -> int | None:
-        return self._offset
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def headers(self) -> list[tuple[str, bytes | None]] | None:
-        return None if self._headers is None else list(self._headers)
-
-    def timestamp(self) -> tuple[int, int]:
-        if self._timestamp is None:
-            return (TIMESTAMP_NOT_AVAILABLE, 0)
-        return (TIMESTAMP_CREATE_TIME, self._timestamp)
-
-    def error(self) -> KafkaError | None:
+    def error(self) -> KafkaError | None:  # type: ignore[override]
         return self._error
 
-    def leader_epoch(self) -> int | None:
-        return self._leader_epoch
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TopicPartition):
+            return NotImplemented
+        return (self.topic, self.partition) == (other.topic, other.partition)
 
-    def __len__(self) -> int:
-        return len(self._value) if self._value else 0
+    def __hash__(self) -> int:
+        return hash((self.topic, self.partition))
 
     def __repr__(self) -> str:
-        if self._error is not None:
-            return f"FakeMessage(error={self._error!r})"
-        return f"FakeMessage({self._topic}[{self._partition}]@{self._offset}, key={self._key!r})"
+        return (
+            f"TopicPartition{{topic={self.topic},partition={self.partition},"
+            f"offset={self.offset},error={self._error}}}"
+        )
 
 
 @dataclass(frozen=True)
@@ -166,6 +133,8 @@ class CommitCall:
     thread: str
     in_callback: str | None
     """Which rebalance callback was running when the commit was made (None outside one)."""
+    metadata: dict[TP, str | None] = field(default_factory=dict)
+    """The metadata string sent with each partition's offset (None when none was)."""
 
 
 @dataclass
@@ -189,37 +158,100 @@ class ScriptedEvent:
         return self.finished_at - self.started_at
 
 
-class _Metadata:
-    def __init__(self, topics: dict[str, list[int]]) -> None:
-        self.topics = {name: sorted(parts) for name, parts in topics.items()}
-        self.brokers = {1: "fake:9092"}
+@dataclass(frozen=True)
+class FakeGroupMetadata:
+    """What `consumer_group_metadata()` returns: opaque on the real client, readable here."""
+
+    group_id: str
+    member_id: str
+    generation: int = -1
+
+
+class CommittedOffsets(Mapping[TP, int]):
+    """A consumer's committed offsets, read from its broker's store for its group.
+
+    Callable as the client's `committed(partitions, timeout)`: TopicPartitions with the
+    committed offset and metadata (offset -1001 and metadata None where nothing is committed).
+    Also a read-only mapping of (topic, partition) to offset, for assertions."""
+
+    def __init__(self, consumer: FakeConsumer) -> None:
+        self._consumer = consumer
+
+    def _store(self) -> dict[TP, tuple[int, str | None]]:
+        c = self._consumer
+        return c._broker._offsets.get(c._group_key(), {})
+
+    def __call__(
+        self, partitions: list[TopicPartition], timeout: float = -1
+    ) -> list[TopicPartition]:
+        c = self._consumer
+        c._check_open()
+        out = []
+        with c._lock:
+            store = self._store()
+            for p in partitions:
+                offset, metadata = store.get(_tp(p), (OFFSET_INVALID, None))
+                if metadata is None:
+                    out.append(TopicPartition(p.topic, p.partition, offset))
+                else:
+                    out.append(TopicPartition(p.topic, p.partition, offset, metadata))
+        return out
+
+    def __getitem__(self, key: TP) -> int:
+        with self._consumer._lock:
+            return self._store()[key][0]
+
+    def __iter__(self) -> Iterator[TP]:
+        with self._consumer._lock:
+            return iter(list(self._store()))
+
+    def __len__(self) -> int:
+        with self._consumer._lock:
+            return len(self._store())
+
+    def __repr__(self) -> str:
+        with self._consumer._lock:
+            return f"CommittedOffsets({ {tp: o for tp, (o, _) in self._store().items()}!r})"
 
 
 class FakeConsumer:
-    """A scriptable single-member stand-in for `confluent_kafka.Consumer`.
+    """A stand-in for `confluent_kafka.Consumer`: scripted (`FakeConsumer()`) or a member of a
+    `FakeBroker`'s groups (made by `broker.consumer_factory`).
 
-    Pass `fake.factory` as `consumer_factory`; the engine's conf dict (with its `on_commit` and
-    `error_cb` callables) is kept in `fake.conf`. Rebalance mode (incremental or eager) follows
-    the conf: `group.protocol=consumer` or a cooperative strategy means incremental.
+    In scripted mode pass `fake.factory` as `consumer_factory`; the engine's conf dict (with its
+    `on_commit` and `error_cb` callables) is kept in `fake.conf`. Rebalance mode (incremental or
+    eager) follows the conf: `group.protocol=consumer` or a cooperative strategy means
+    incremental.
     """
 
     def __init__(
-        self, conf: dict[str, Any] | None = None, *, fetch_chunk: int | None = None
+        self,
+        conf: dict[str, Any] | None = None,
+        *,
+        fetch_chunk: int | None = None,
+        broker: FakeBroker | None = None,
     ) -> None:
-        self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)
+        self._scripted = broker is None
+        if broker is None:
+            broker = FakeBroker(auto_create_topics=True)
+            broker._grow = True
+        self._broker = broker
+        self._lock = broker._lock
+        self._cond = broker._cond
         self.fetch_chunk = fetch_chunk
         """Most messages one partition contributes per round of a consume call (None = all)."""
         self.conf: dict[str, Any] | None = None
         self.incremental = True
-        self._logs: dict[TP, list[FakeMessage]] = {}
-        self._log_offsets: dict[TP, list[int]] = {}
+        self._protocol: tuple[str, str] = ("eager", "range")
+        self._read_committed = True
+        self._member: _Member | None = None
         self._positions: dict[TP, int] = {}
         # Sought partitions: their application position is unknown until the next message.
         self._app_unknown: set[TP] = set()
         self._assignment: list[TP] = []
         self.paused: set[TP] = set()
-        self.committed: dict[TP, int] = {}
+        self.committed = CommittedOffsets(self)
+        """`committed(partitions)` as on the client, and a read-only mapping of the offsets."""
         self.subscription: list[str] | None = None
         self._callbacks: dict[str, Callable[..., None] | None] = {}
         self._events: deque[ScriptedEvent] = deque()
@@ -251,7 +283,6 @@ class FakeConsumer:
         """`num_messages` of every consume call that returned messages."""
         self.delivered: list[tuple[TP, int]] = []
         self.delivered_batches: list[tuple[FakeMessage, ...]] = []
-        self.topic_partitions: dict[str, set[int]] = {}
         if conf is not None:  # FakeConsumer(conf), like Consumer(conf)
             self.factory(conf)
 
@@ -262,23 +293,24 @@ class FakeConsumer:
         with self._lock:
             if self.created:
                 raise RuntimeError("a FakeConsumer serves one GroupConsumer run")
+            if not self._scripted and not conf.get("group.id"):
+                raise ValueError("Failed to create consumer: group.id must be set")
             for key in ("on_commit", "error_cb"):
                 if key in conf and not callable(conf[key]):
-                    raise TypeError(f"conf[{key!r}] must be callable")
-            if conf.get("group.protocol") == "consumer":
-                # The client refuses these under KIP-848 (see kafka-client-facts.md).
-                for key in (
-                    "session.timeout.ms",
-                    "heartbeat.interval.ms",
-                    "partition.assignment.strategy",
-                ):
-                    if key in conf:
-                        raise KafkaException(
-                            KafkaError(
-                                KafkaError._INVALID_ARG,
-                                f"`{key}` is not supported with group.protocol=consumer",
-                            )
-                        )
+                    raise _invalid(f"{key} requires a callable object")
+            self._protocol = _protocol(conf)
+            if not self._scripted:
+                reset = str(conf.get("auto.offset.reset", "latest"))
+                if reset not in _EARLIEST | _LATEST:
+                    raise _invalid(
+                        f'Invalid value "{reset}" for configuration property "auto.offset.reset"'
+                    )
+            isolation = str(conf.get("isolation.level", "read_committed"))
+            if isolation not in ("read_committed", "read_uncommitted"):
+                raise _invalid(
+                    f'Invalid value "{isolation}" for configuration property "isolation.level"'
+                )
+            self._read_committed = isolation == "read_committed"
             self.created += 1
             self.conf = dict(conf)
             strategy = str(conf.get("partition.assignment.strategy", "range,roundrobin"))
@@ -287,6 +319,13 @@ class FakeConsumer:
             )
             self._record("__init__", dict(conf))
             return self
+
+    def _conf_value(self, key: str, default: Any) -> Any:
+        return (self.conf or {}).get(key, default)
+
+    def _group_key(self) -> str:
+        # A scripted consumer is alone on its private broker: one store whatever its group id.
+        return "" if self._scripted else str(self._conf_value("group.id", ""))
 
     # -- scripting (any thread) --------------------------------------------------------------
 
@@ -305,17 +344,12 @@ class FakeConsumer:
         """Append one message; `offset` may leave a gap but must be above the log end."""
         tp = (topic, partition)
         with self._cond:
-            offs = self._log_offsets.setdefault(tp, [])
-            if offset is None:
-                offset = offs[-1] + 1 if offs else 0
-            elif offs and offset <= offs[-1]:
-                raise ValueError(f"offset {offset} is not above the log end {offs[-1]} of {tp}")
+            if self._broker._grow:
+                self._broker._ensure(tp)
             msg = FakeMessage(
                 topic, partition, offset, key, value, headers, timestamp, None, leader_epoch
             )
-            self._logs.setdefault(tp, []).append(msg)
-            offs.append(offset)
-            self.topic_partitions.setdefault(topic, set()).add(partition)
+            offset = self._broker._append(tp, msg, None, offset)
             self._cond.notify_all()
             return offset
 
@@ -324,7 +358,7 @@ class FakeConsumer:
         it, as the client's does (the offset is never delivered)."""
         off = self.produce(topic, partition, None, offset=offset)
         with self._lock:
-            self._logs[(topic, partition)][-1]._control = True
+            self._broker._logs[(topic, partition)][-1]._control = True
         return off
 
     def produce_many(
@@ -350,20 +384,29 @@ class FakeConsumer:
             self._cond.notify_all()
         return event
 
+    def _scripted_only(self, what: str) -> None:
+        if not self._scripted:
+            raise RuntimeError(
+                f"{what} is for a scripted FakeConsumer; a broker's consumers get their "
+                "partitions from the group (FakeBroker.expire stands in for a lost member)"
+            )
+
     def script_assign(
         self, partitions: Iterable[TPLike], *, before: Callable[[], None] | None = None
     ) -> ScriptedEvent:
         """On a later consume call: call on_assign with `partitions` (the new ones when
         incremental, the whole new assignment when eager)."""
+        self._scripted_only("script_assign")
         parts = tuple(_tp(p) for p in partitions)
         with self._lock:
-            for topic, p in parts:
-                self.topic_partitions.setdefault(topic, set()).add(p)
+            for tp in parts:
+                self._broker._ensure(tp)
         return self._script(ScriptedEvent("assign", parts, before=before))
 
     def script_revoke(
         self, partitions: Iterable[TPLike], *, before: Callable[[], None] | None = None
     ) -> ScriptedEvent:
+        self._scripted_only("script_revoke")
         return self._script(
             ScriptedEvent("revoke", tuple(_tp(p) for p in partitions), before=before)
         )
@@ -371,6 +414,7 @@ class FakeConsumer:
     def script_lost(
         self, partitions: Iterable[TPLike], *, before: Callable[[], None] | None = None
     ) -> ScriptedEvent:
+        self._scripted_only("script_lost")
         return self._script(ScriptedEvent("lost", tuple(_tp(p) for p in partitions), before=before))
 
     def script_call(self, fn: Callable[[FakeConsumer], None]) -> ScriptedEvent:
@@ -453,7 +497,7 @@ class FakeConsumer:
         if self.closed:
             raise RuntimeError("Consumer closed")
 
-    def list_topics(self, topic: str | None = None, timeout: float = -1) -> _Metadata:
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
         self._check_open()
         if self._in_callback is not None:
             # The real client aborts the whole process here (confluent-kafka's CallState_get
@@ -463,10 +507,7 @@ class FakeConsumer:
         if self.unreachable is not None:
             raise self.unreachable
         with self._lock:
-            topics = {t: sorted(p) for t, p in self.topic_partitions.items()}
-        if topic is not None:
-            topics = {topic: topics.get(topic, [])}
-        return _Metadata(topics)
+            return self._broker._metadata(topic)
 
     def subscribe(
         self,
@@ -479,28 +520,54 @@ class FakeConsumer:
         if not isinstance(topics, list):
             raise TypeError("expected list of topic unicode strings")
         self._record("subscribe", list(topics))
-        with self._lock:
+        with self._cond:
             self.subscription = list(topics)
             self._callbacks = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
+            if not self._scripted:
+                self._broker._join(self, topics)
+            self._cond.notify_all()
 
     def unsubscribe(self) -> None:
         self._check_open()
         self._record("unsubscribe", None)
-        with self._lock:
+        with self._cond:
             self.subscription = None
+            if not self._scripted:
+                self._broker._leave(self)
+            self._cond.notify_all()
 
     def close(self) -> None:
         """Like the client's close: the current assignment is revoked through on_revoke (the
-        final hand-off, inside close) when `revoke_on_close` is set, then the client is dead."""
+        final hand-off, inside close), then the client is dead. A scripted consumer revokes
+        only when `revoke_on_close` is set; a group member then leaves its group."""
         self._record("close", None)
         if self.closed:
             return
-        with self._lock:
-            owned = tuple(self._assignment)
-            serve = self.revoke_on_close and bool(owned) and self._callbacks.get("revoke")
         try:
-            if serve:
-                self._serve(ScriptedEvent("revoke", owned))
+            if self._scripted:
+                with self._lock:
+                    owned = tuple(self._assignment)
+                    serve = self.revoke_on_close and bool(owned) and self._callbacks.get("revoke")
+                if serve:
+                    self._serve(ScriptedEvent("revoke", owned))
+            else:
+                with self._lock:
+                    lost = self._member.pending_lost if self._member is not None else None
+                    if self._member is not None:
+                        self._member.pending_lost = None
+                    leaving = self._broker._leave(self)
+                    member = self._member
+                if lost:
+                    self._serve(ScriptedEvent("lost", lost))
+                if leaving and member is not None:
+                    with self._lock:
+                        step = self._broker._next_step(member)
+                    if step is not None:
+                        try:
+                            self._serve(ScriptedEvent(step[0], step[1]))
+                        finally:
+                            with self._lock:
+                                self._broker._step_done(member, *step)
         finally:
             with self._cond:
                 self.closed = True
@@ -509,8 +576,8 @@ class FakeConsumer:
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[FakeMessage]:
         self._check_open()
-        if not 1 <= num_messages <= 1_000_000:
-            raise ValueError("num_messages must be between 1 and 1000000 (1M)")
+        if not 0 <= num_messages <= 1_000_000:
+            raise ValueError("num_messages must be between 0 and 1000000 (1M)")
         with self._lock:
             self.consume_calls += 1
             results = self._take_results()
@@ -526,16 +593,38 @@ class FakeConsumer:
                 error_cb(e)
         if event is not None:
             self._serve(event)
+        self._serve_group()
         with self._cond:
             msgs = self._gather(num_messages)
-            if not msgs and timeout != 0 and not self._has_work():
-                self._cond.wait(timeout if timeout > 0 else 0.1)
-                if not self._events:
-                    msgs = self._gather(num_messages)
-            if msgs:
-                self.requested.append(num_messages)
-                self.delivered_batches.append(tuple(msgs))
-            return msgs
+            if msgs or timeout == 0 or self._has_work():
+                return self._handed_out(num_messages, msgs)
+            self._cond.wait(timeout if timeout > 0 else 0.1)
+            if self._events:
+                return []
+        self._serve_group()
+        with self._cond:
+            return self._handed_out(num_messages, self._gather(num_messages))
+
+    def _handed_out(self, requested: int, msgs: list[FakeMessage]) -> list[FakeMessage]:
+        if msgs:
+            self.requested.append(requested)
+            self.delivered_batches.append(tuple(msgs))
+        return msgs
+
+    def _serve_group(self) -> None:
+        """Serve the rebalance callbacks the group has for this member, as the client serves
+        queued rebalance events inside one poll."""
+        for _ in range(8):
+            with self._lock:
+                member = self._member
+                step = self._broker._next_step(member) if member is not None else None
+            if member is None or step is None:
+                return
+            try:
+                self._serve(ScriptedEvent(step[0], step[1]))
+            finally:
+                with self._lock:
+                    self._broker._step_done(member, *step)
 
     def _has_work(self) -> bool:
         return bool(self._events or self._injected or self._error_cb_queue or self.closed) or (
@@ -546,17 +635,19 @@ class FakeConsumer:
         out: list[FakeMessage] = []
         while self._injected and len(out) < limit:
             out.append(self._injected.popleft())
+        logs = self._broker._logs
+        offsets = self._broker._log_offsets
         progressed = True
         while len(out) < limit and progressed:
             progressed = False
             for tp in self._assignment:
                 if tp in self.paused or len(out) >= limit:
                     continue
-                offs = self._log_offsets.get(tp)
+                offs = offsets.get(tp)
                 if not offs:
                     continue
                 pos = self._positions.get(tp, 0)
-                log = self._logs[tp]
+                log = logs[tp]
                 i = bisect.bisect_left(offs, pos)
                 take = limit - len(out)
                 if self.fetch_chunk is not None:
@@ -565,11 +656,22 @@ class FakeConsumer:
                 chunk: list[FakeMessage] = []
                 while j < len(log):
                     m = log[j]
-                    if not m.control:
-                        if len(chunk) >= take:
-                            break
-                        chunk.append(m)
+                    txn = m._txn
+                    if m.control:
+                        j += 1
+                        continue
+                    if txn is not None and self._read_committed:
+                        if txn.state == "open":
+                            break  # the last stable offset: nothing past it is readable yet
+                        if txn.state == "aborted":
+                            j += 1
+                            continue
+                    chunk.append(m)
                     j += 1
+                    if len(chunk) >= take:
+                        # Markers after the last record handed out are passed by the next
+                        # consume call, as the client's position shows.
+                        break
                 if j > i:
                     last = log[j - 1].offset()
                     assert last is not None
@@ -625,14 +727,20 @@ class FakeConsumer:
             event.done.set()
 
     def _position_for(self, tp: TP, requested: int) -> int:
+        offs = self._broker._log_offsets.get(tp)
         if requested >= 0:
             return requested
-        if tp in self.committed:
-            return self.committed[tp]
-        if (self.conf or {}).get("auto.offset.reset") == "latest":
-            offs = self._log_offsets.get(tp)
+        if requested == OFFSET_BEGINNING:
+            return offs[0] if offs else 0
+        if requested == OFFSET_END:
             return offs[-1] + 1 if offs else 0
-        return 0
+        stored = self._broker._offsets.get(self._group_key(), {}).get(tp)
+        if stored is not None and stored[0] >= 0:
+            return stored[0]
+        default = "earliest" if self._scripted else "latest"
+        if str(self._conf_value("auto.offset.reset", default)) in _LATEST:
+            return offs[-1] + 1 if offs else 0
+        return offs[0] if offs else 0
 
     def _add(self, parts: Iterable[TP], requested: dict[TP, int] | None = None) -> None:
         for tp in parts:
@@ -739,33 +847,50 @@ class FakeConsumer:
         with self._cond:
             self._record("seek", (tp, partition.offset))
             if tp not in self._assignment:
-                raise KafkaException(KafkaError(KafkaError._STATE, f"{tp} is not assigned"))
+                raise KafkaException(
+                    KafkaError(
+                        KafkaError._STATE,
+                        f"Failed to seek to offset {partition.offset}: Local: Erroneous state",
+                    )
+                )
             self.seeks.append((tp, partition.offset))
             self._positions[tp] = partition.offset
             self._app_unknown.add(tp)
             self._cond.notify_all()
 
-    def committed(
-        self, partitions: list[TopicPartition], timeout: float = -1
-    ) -> list[TopicPartition]:
-        self._check_open()
-        with self._lock:
-            return [
-                TopicPartition(p.topic, p.partition, self.committed.get(_tp(p), -1001))
-                for p in partitions
-            ]
-
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float = -1, cached: bool = False
     ) -> tuple[int, int]:
         self._check_open()
+        tp = _tp(partition)
         with self._lock:
-            offs = self._log_offsets.get(_tp(partition), [])
-            return (offs[0], offs[-1] + 1) if offs else (0, 0)
+            low, high = self._broker.watermarks(*tp)
+            if self._read_committed and high:
+                high = self._broker._stable_end(tp)
+            return (low, high)
 
     def memberid(self) -> str:
-        return "fake-member"
+        if self._scripted:
+            return "fake-member"
+        with self._lock:
+            return self._member.member_id if self._member is not None else ""
 
+    def consumer_group_metadata(self) -> FakeGroupMetadata:
+        with self._lock:
+            m = self._member
+            generation = m.group.generation if m is not None else -1
+            return FakeGroupMetadata(
+                str(self._conf_value("group.id", "")), self.memberid(), generation
+            )
+
+    @overload
+    def commit(
+        self, *, offsets: list[TopicPartition], asynchronous: Literal[True] = ...
+    ) -> None: ...
+    @overload
+    def commit(
+        self, *, offsets: list[TopicPartition], asynchronous: Literal[False]
+    ) -> list[TopicPartition]: ...
     def commit(
         self,
         message: Any = None,
@@ -785,6 +910,7 @@ class FakeConsumer:
                 at=time.monotonic(),
                 thread=threading.current_thread().name,
                 in_callback=self._in_callback,
+                metadata={_tp(p): p.metadata for p in offsets},
             )
             self.commits.append(call)
             self._record("commit", call)
@@ -792,12 +918,41 @@ class FakeConsumer:
             if err is None and self.commit_failure_if is not None:
                 err = self.commit_failure_if(call)
             if asynchronous:
+                if err is None and not self.hold_commit_results:
+                    # The broker stores it when the request arrives; the result comes later.
+                    self._apply(call)
                 self._pending_results.append((call, err))
                 return None
             if err is not None:
                 raise KafkaException(err)
-            self.committed.update(call.offsets)
-            return [TopicPartition(t, p, off) for (t, p), off in call.offsets.items()]
+            failed = self._apply(call)
+            if failed:
+                code = next(iter(failed.values())).code()
+                raise KafkaException(KafkaError(code, f"Commit failed: {KafkaError(code).str()}"))
+            return self._result_partitions(call, {})
+
+    def _apply(self, call: CommitCall) -> dict[TP, KafkaError]:
+        """Store what the broker accepts of a commit; the per-partition errors of the rest."""
+        errors = self._broker._commit_errors(call.offsets, call.metadata)
+        ok = {tp: off for tp, off in call.offsets.items() if tp not in errors}
+        self._broker._store(self._group_key(), ok, call.metadata)
+        return errors
+
+    @staticmethod
+    def _result_partitions(
+        call: CommitCall, errors: Mapping[TP, KafkaError]
+    ) -> list[TopicPartition]:
+        out: list[TopicPartition] = []
+        for (t, p), off in call.offsets.items():
+            md = call.metadata.get((t, p))
+            err = errors.get((t, p))
+            if err is not None:
+                out.append(_PartitionResult(t, p, off, md, err))
+            elif md is None:
+                out.append(TopicPartition(t, p, off))
+            else:
+                out.append(TopicPartition(t, p, off, md))
+        return out
 
     # -- commit results ----------------------------------------------------------------------
 
@@ -819,10 +974,33 @@ class FakeConsumer:
         return out
 
     def _deliver_result(self, call: CommitCall, err: KafkaError | None) -> None:
+        errors: dict[TP, KafkaError] = {}
         with self._lock:
             self.delivered_results.append((call.seq, err))
             if err is None:
-                self.committed.update(call.offsets)
+                if self.hold_commit_results:
+                    errors = self._apply(call)
+                else:
+                    errors = self._broker._commit_errors(call.offsets, call.metadata)
+                if errors:
+                    # The client reports a partly failed commit as failed for every partition
+                    # in it (though the broker stored the others).
+                    err = next(iter(errors.values()))
+                    errors = dict.fromkeys(call.offsets, err)
         on_commit = (self.conf or {}).get("on_commit")
         if on_commit is not None:
-            on_commit(err, [TopicPartition(t, p, off) for (t, p), off in call.offsets.items()])
+            on_commit(err, self._result_partitions(call, errors))
+
+
+if TYPE_CHECKING:
+    from weir.client import ClientFactory, ConsumerClient, KafkaMessage
+
+    # mypy proves the fake satisfies the same boundary as the real client (see weir.client).
+    def _fake_consumer(consumer: FakeConsumer) -> ConsumerClient:
+        return consumer
+
+    def _fake_message(message: FakeMessage) -> KafkaMessage:
+        return message
+
+    _fake_factory: ClientFactory = FakeConsumer().factory
+    _broker_factory: ClientFactory = FakeBroker().consumer_factory

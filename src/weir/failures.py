@@ -1,0 +1,371 @@
+"""The failure policies at work (owner thread only): retry timers, dead letters, blocked
+partitions, and the operator's `retry_now` / `skip`.
+
+A failed record stays unfinished and in the budget until it succeeds, is dead-lettered (confirmed
+by the broker), or is skipped by the operator; its lane stays held meanwhile (`Scheduler.hold`),
+so only what its ordering requires waits: its key's later records (key mode), its partition's
+(partition mode), or nothing but the watermark (unordered mode). Waiting costs no worker: a
+record due for another attempt is handed out again by `turn`. A failed record's lane fills
+with the records that wait for it; fetched on, they could fill the budget the other partitions
+share and hold them too. So its partition is paused and its records parked (`Budget.block`), as
+for a block, until the record is done with: in partition mode from its first failure (nothing
+of the partition runs before it), in key mode once its key's waiting records reach a share of
+the budget (a hot key; other keys of the partition then wait too). Everything here belongs to an
+assignment and is dropped with it (revoke, lost): the next owner starts from the committed
+watermark.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import time
+from collections.abc import Callable, Collection, Hashable
+from dataclasses import dataclass
+from typing import Literal
+
+from weir.budget import Budget
+from weir.config import ConsumerConfig
+from weir.deadletter import DeadLetters
+from weir.errors import DeserializationError, HandlerError
+from weir.lifecycle import Lifecycle
+from weir.logs import get_logger
+from weir.policy import FailurePolicy
+from weir.records import Partition, Record
+from weir.scheduling import Scheduler
+from weir.tasks import Assignment, Task
+from weir.tracking import BatchProgress
+
+__all__ = ["Failed", "Failures"]
+
+log = get_logger(__name__)
+
+_UNORDERED = ("weir", "no lane")  # the lane of a record in unordered mode: it holds none
+
+State = Literal["retry", "running", "dead_letter", "blocked"]
+
+
+@dataclass(eq=False, slots=True)
+class Failed:
+    """A record whose handler failed, until it succeeds or is dead-lettered or skipped."""
+
+    assignment: Assignment
+    record: Record
+    batch: BatchProgress
+    lane: Hashable
+    attempt: int  # the attempt that failed last
+    first_failed: float
+    error: BaseException
+    state: State = "retry"
+    due: float = 0.0
+    dead_letter_failed: bool = False  # blocked because the dead-letter write failed
+    failed_at: float = 0.0  # when the last attempt failed: time.time(), for the dead letter
+    parked: bool = False  # its partition is paused and parked until it is done with
+    final: bool = False  # the final policy applied: a blocked record that fails stays blocked
+
+
+Finish = Callable[[Failed], None]
+
+
+class Failures:
+    def __init__(
+        self,
+        cfg: ConsumerConfig,
+        scheduler: Scheduler,
+        budget: Budget,
+        life: Lifecycle,
+        finish: Finish,
+        dead_letters: DeadLetters | None,
+    ) -> None:
+        self._cfg = cfg
+        self._scheduler = scheduler
+        self._budget = budget
+        self._life = life
+        self._finish = finish
+        self.dead_letters = dead_letters
+        self._due: list[tuple[float, int, Failed]] = []
+        self._seq = itertools.count()
+        self._failed: dict[tuple[Assignment, int], Failed] = {}
+        self._rng = random.Random()
+        # Pause and resume requests, applied by the engine in its loop (never inside a
+        # rebalance callback, where waking the fetcher aborts the process).
+        self.to_pause: list[Partition] = []
+        self.to_resume: list[Partition] = []
+        self._blocked_logged: set[Partition] = set()  # logged as blocked, not yet unblocked
+        self.retries = 0
+        self.dead_lettered = 0
+        self.skipped = 0
+
+    # -- from the engine -----------------------------------------------------------------
+
+    def failed(self, task: Task, index: int) -> None:
+        """Record `index` of `task` failed (its outcome FAILED). Called before the scheduler
+        holds the record's lane."""
+        a = task.assignment
+        if not a.dispatching or a.cancel.is_set():
+            return  # revoked, lost or stopping: its state goes with the assignment
+        rec = task.records[index]
+        error = (task.errors or {})[index]
+        now = time.monotonic()
+        attempt = a.attempts.get(rec.offset, 1)
+        key = (a, rec.offset)
+        f = self._failed.get(key)
+        if f is None:
+            lane = self._scheduler.lane_key(rec) if self._scheduler.ordered else _UNORDERED
+            f = self._failed[key] = Failed(a, rec, task.batches[index], lane, attempt, now, error)
+        else:
+            f.attempt, f.error = attempt, error
+        f.failed_at = time.time()
+        policy = self._cfg.policy_for(rec.topic)
+        if f.final:
+            self._block(f, policy, now, reason="still failing")
+            return
+        delay = self._retry_delay(policy, f, now)
+        if delay is not None:
+            f.state = "retry"
+            a.attempts[rec.offset] = attempt + 1
+            self._at(f, now + delay)
+            if self._cfg.ordering == "partition":
+                self._park(f)
+            self.retries += 1
+            log.info(
+                "retry_scheduled",
+                event_id=rec.event_id,
+                attempt=attempt + 1,
+                delay_s=round(delay, 3),
+                error=_describe(error),
+            )
+            return
+        self._final(policy, f, now)
+
+    def settled(self, a: Assignment, records: Collection[Record]) -> None:
+        """Records of `a` finished (only called while some record of `a` is being retried):
+        their failure state ends, and a partition blocked by one of them runs again."""
+        for rec in records:
+            if a.attempts.pop(rec.offset, None) is None:
+                continue
+            f = self._failed.pop((a, rec.offset), None)
+            if f is not None:
+                log.info("retry_succeeded", event_id=rec.event_id, attempt=f.attempt + 1)
+                self._unblock(a.tp)
+
+    def turn(self, now: float) -> bool:
+        """Once per owner turn: dead-letter results, and records whose next attempt is due.
+        True if some record was handed out again."""
+        if self.dead_letters is not None:
+            self.dead_letters.poll()
+        if self._failed and self._cfg.ordering == "key":
+            self._park_long_lanes()
+        due = self._due
+        rerun = False
+        while due and due[0][0] <= now:
+            at, _, f = heapq.heappop(due)
+            if f.due != at or self._failed.get((f.assignment, f.record.offset)) is not f:
+                continue  # rescheduled, or done with
+            if not f.assignment.dispatching:
+                continue
+            if f.dead_letter_failed:
+                self._send_dead_letter(f)
+            else:
+                self._rerun(f)
+                rerun = True
+        return rerun
+
+    def _park_long_lanes(self) -> None:
+        """Key mode: a failed record whose key's waiting records reached a share of the budget
+        parks its partition (a hot key would otherwise fill the budget while it waits)."""
+        share = self._budget.share_size()
+        for f in self._failed.values():
+            if not f.parked and self._scheduler.waiting_in(f.assignment, f.lane) >= share:
+                self._park(f)
+
+    def wait(self, timeout: float) -> float:
+        """`timeout`, cut short to when the next attempt is due: the owner must not sleep
+        through it in a poll (with nothing else in flight a 50 ms backoff took 200 ms)."""
+        if not self._due:
+            return timeout
+        return max(0.0, min(timeout, self._due[0][0] - time.monotonic()))
+
+    def forget(self, assignments: Collection[Assignment]) -> None:
+        """Revoked or lost: their retries, blocks and dead-letter results no longer matter."""
+        for key in [k for k in self._failed if k[0] in assignments]:
+            del self._failed[key]
+        gone = {a.tp for a in assignments}
+        self._blocked_logged -= gone
+        self.to_pause = [tp for tp in self.to_pause if tp not in gone]
+
+    def pending(self, assignments: Collection[Assignment]) -> int:
+        """Dead-letter writes of these assignments still waiting for the broker."""
+        return sum(
+            1 for (a, _), f in self._failed.items() if f.state == "dead_letter" and a in assignments
+        )
+
+    @property
+    def waiting(self) -> int:
+        """Records waiting for another attempt or blocked."""
+        return sum(1 for f in self._failed.values() if f.state in ("retry", "blocked"))
+
+    def blocked(self) -> list[Partition]:
+        return sorted({f.assignment.tp for f in self._failed.values() if f.state == "blocked"})
+
+    # -- from the operator (through the engine's request queue) ------------------------------
+
+    def retry_now(self, tp: Partition) -> bool:
+        """Try the blocked (or waiting) records of `tp` again at once."""
+        now = time.monotonic()
+        found = False
+        for f in list(self._failed.values()):
+            if f.assignment.tp == tp and f.state in ("blocked", "retry"):
+                self._at(f, now)
+                found = True
+        if found:
+            log.info("retry_requested", tp=str(tp))
+        return found
+
+    def skip(self, tp: Partition, offset: int) -> bool:
+        """Give up on a failed record deliberately: it counts as finished, loudly."""
+        f = next(
+            (
+                f
+                for f in self._failed.values()
+                if f.assignment.tp == tp and f.record.offset == offset
+            ),
+            None,
+        )
+        if f is None or f.state not in ("blocked", "retry"):
+            return False
+        a = f.assignment
+        del self._failed[(a, offset)]
+        a.attempts.pop(offset, None)
+        self.skipped += 1
+        log.warning(
+            "record_skipped",
+            event_id=f.record.event_id,
+            attempts=f.attempt,
+            error=_describe(f.error),
+            reason="skipped by the operator: the record counts as finished, unprocessed",
+        )
+        self._finish(f)
+        self._unblock(tp)
+        return True
+
+    # -- inside --------------------------------------------------------------------------
+
+    def _retry_delay(self, policy: FailurePolicy, f: Failed, now: float) -> float | None:
+        retry = policy.retry
+        if isinstance(f.error, DeserializationError):
+            retryable = policy.deserialization_retries
+        else:
+            retryable = retry.retries(f.error)
+        if not retryable or f.attempt >= retry.max_attempts:
+            return None
+        delay = retry.delay(f.attempt + 1, self._rng.random())
+        if retry.max_elapsed_s is not None and now + delay - f.first_failed > retry.max_elapsed_s:
+            return None
+        return delay
+
+    def _final(self, policy: FailurePolicy, f: Failed, now: float) -> None:
+        rec = f.record
+        f.final = True
+        if policy.final == "stop":
+            if self._life.fail(HandlerError(rec, f.error)):
+                log.error(
+                    "handler_failed", event_id=rec.event_id, attempts=f.attempt,
+                    error=_describe(f.error),
+                )  # fmt: skip
+            return
+        if policy.final == "dead_letter" and self.dead_letters is not None:
+            self._send_dead_letter(f)
+            return
+        self._block(f, policy, now, reason="final policy block")
+
+    def _send_dead_letter(self, f: Failed) -> None:
+        assert self.dead_letters is not None
+        f.state = "dead_letter"
+        f.dead_letter_failed = False
+
+        def done(error: str | None) -> None:
+            if self._failed.get((f.assignment, f.record.offset)) is not f:
+                return  # revoked or lost meanwhile: the next owner handles the record again
+            if error is None:
+                del self._failed[(f.assignment, f.record.offset)]
+                f.assignment.attempts.pop(f.record.offset, None)
+                self.dead_lettered += 1
+                log.warning(
+                    "dead_lettered",
+                    event_id=f.record.event_id,
+                    topic=self._cfg.policy_for(f.record.topic).dead_letter_for(f.record.topic),
+                    attempts=f.attempt,
+                    error=_describe(f.error),
+                )
+                self._finish(f)
+                self._unblock(f.assignment.tp)
+            else:
+                log.error("dead_letter_failed", event_id=f.record.event_id, error=error)
+                f.dead_letter_failed = True
+                policy = self._cfg.policy_for(f.record.topic)
+                self._block(f, policy, time.monotonic(), reason="dead-letter write failed")
+
+        self.dead_letters.send(f.record, f.attempt, f.error, f.failed_at, done)
+
+    def _block(self, f: Failed, policy: FailurePolicy, now: float, *, reason: str) -> None:
+        first = f.state != "blocked"
+        f.state = "blocked"
+        self._at(f, now + policy.block_retry_s)
+        tp = f.assignment.tp
+        self._park(f)
+        if first:
+            self._blocked_logged.add(tp)
+            log.error(
+                "partition_blocked",
+                tp=str(tp),
+                event_id=f.record.event_id,
+                attempts=f.attempt,
+                reason=reason,
+                error=_describe(f.error),
+                next_try_s=policy.block_retry_s,
+            )
+
+    def _park(self, f: Failed) -> None:
+        """Pause the partition of `f` in the client and park its records out of the budget's
+        marks, until `f` is done with (and every other record that parked it)."""
+        f.parked = True
+        tp = f.assignment.tp
+        if self._budget.block(tp):
+            self.to_pause.append(tp)
+            if tp in self.to_resume:
+                self.to_resume.remove(tp)  # unblocked and blocked again in one turn
+
+    def _unblock(self, tp: Partition) -> None:
+        pb = self._budget.parts.get(tp)
+        if pb is None or not pb.blocked:
+            return
+        if any(f.assignment.tp == tp and f.parked for f in self._failed.values()):
+            return
+        self._budget.unblock(tp)
+        if tp in self._blocked_logged:
+            self._blocked_logged.discard(tp)
+            log.info("partition_unblocked", tp=str(tp))
+        if tp in self.to_pause:
+            self.to_pause.remove(tp)  # paused and let go in one turn: never paused
+        elif self._budget.pause_reason(tp) is None:
+            self.to_resume.append(tp)
+
+    def _rerun(self, f: Failed) -> None:
+        a = f.assignment
+        if f.state == "blocked":
+            a.attempts[f.record.offset] = f.attempt + 1
+        f.state = "running"
+        if f.lane is _UNORDERED:
+            self._scheduler.resubmit(a, f.batch, f.record)
+        else:
+            self._scheduler.release(a, f.lane)
+
+    def _at(self, f: Failed, when: float) -> None:
+        f.due = when
+        heapq.heappush(self._due, (when, next(self._seq), f))
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"

@@ -1,0 +1,204 @@
+"""A handler whose work is one fenced write per record, and the pruning of applied event ids."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from weir.committing import CommitEvent
+from weir.fencing.base import Fence, FenceUnavailableError, check_group, check_seconds
+from weir.logs import get_logger
+from weir.policy import NonRetryable
+from weir.records import Context, Handler, Partition, Record
+
+__all__ = ["FencePruner", "FencedHandler", "NoEpochError"]
+
+log = get_logger(__name__)
+
+ConnT = TypeVar("ConnT")
+
+
+class NoEpochError(NonRetryable, RuntimeError):
+    """A fenced handler got a record without an epoch: the consumer runs without a fence. Not
+    retried: the record goes to the final failure policy (by default the member stops)."""
+
+
+class FencedHandler(Handler, Generic[ConnT]):
+    """Runs ``write(conn, record)`` for each record through ``fence.apply``: in one database
+    transaction that checks the partition's epoch (``ctx.epoch``) and records the event id.
+
+    Give the consumer the same fence and group id, so that it acquires the epochs::
+
+        fence = SqliteFence("ledger.db")
+        handler = FencedHandler(fence, "ledger", apply_transfer)
+        GroupConsumer(handler, fence=fence, group_id="ledger", ...)
+
+    ``write`` gets the fence's connection inside its transaction and the record; it must not
+    commit or roll back. Pass it, or subclass and override ``write``. A replay (the record's
+    event id was applied before) does not call it. ``FencedError`` (another member owns the
+    partition now) propagates: the consumer treats the partition as lost. Other errors of
+    ``write`` propagate after the rollback and go through the failure policy like any
+    handler's; so does ``FenceUnavailableError`` (retrying it is safe: the event id makes a
+    write that did commit a no-op).
+
+    ``applied`` and ``replayed`` count this handler's calls that wrote and that were replays.
+    """
+
+    def __init__(
+        self,
+        fence: Fence[ConnT],
+        group_id: str,
+        write: Callable[[ConnT, Record], object] | None = None,
+    ) -> None:
+        if not isinstance(fence, Fence):
+            raise TypeError(
+                f"fence must be a weir.fencing fence (SqliteFence, PostgresFence), got "
+                f"{type(fence).__name__}"
+            )
+        self.group_id = check_group(group_id)
+        if write is None and type(self).write is FencedHandler.write:
+            raise TypeError("pass write=function(conn, record), or subclass and override write()")
+        if write is not None and not callable(write):
+            raise TypeError(f"write must be a callable taking (conn, record), got {write!r}")
+        self.fence = fence
+        self._write = write
+        self._lock = threading.Lock()
+        self.applied = 0
+        self.replayed = 0
+
+    def write(self, conn: ConnT, record: Record) -> object:
+        """The record's database writes, on ``conn`` inside the fenced transaction."""
+        assert self._write is not None
+        return self._write(conn, record)
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        self.apply(record, ctx)
+
+    def apply(self, record: Record, ctx: Context) -> bool:
+        """The fenced write of ``record``: True if it was written, False for a replay."""
+        epoch = ctx.epoch
+        if epoch is None:
+            raise NoEpochError(
+                f"{record.event_id}: no partition epoch in the handler's context: run the "
+                "consumer with the same fence, GroupConsumer(..., fence=fence)"
+            )
+        applied = self.fence.apply(
+            self.group_id, record, epoch, lambda conn: self.write(conn, record)
+        )
+        with self._lock:
+            if applied:
+                self.applied += 1
+            else:
+                self.replayed += 1
+        return applied
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.fence!r}, group_id={self.group_id!r})"
+
+
+class FencePruner:
+    """A commit listener that forgets the applied event ids below each confirmed commit.
+
+    ``consumer.add_commit_listener(FencePruner(fence, group_id))``: records below a committed
+    offset are never delivered to the group again, so their event ids are no longer needed,
+    and without pruning the applied-ids table grows by a row per record. Listeners run on the
+    consumer's owner thread, which must not wait for the database: the pruner only notes the
+    offset there, and a thread of its own prunes each partition at most once per
+    ``interval_s``. A failed prune is logged and tried again with the next round. The thread
+    ends when a round finds nothing to do (the next commit starts one again), when the fence
+    is closed (the consumer closes it when it stops), or at ``close()``.
+
+    A partition whose offsets are reset to an earlier position (``kafka-consumer-groups
+    --reset-offsets``) replays records whose event ids may have been pruned: they are applied
+    again. Replays that the group does on its own (rebalances, restarts, zombies) always start
+    at or above the committed offset.
+    """
+
+    def __init__(self, fence: Fence[object], group_id: str, *, interval_s: float = 5.0) -> None:
+        if not isinstance(fence, Fence):
+            raise TypeError(
+                f"fence must be a weir.fencing fence (SqliteFence, PostgresFence), got "
+                f"{type(fence).__name__}"
+            )
+        self.group_id = check_group(group_id)
+        interval = check_seconds("interval_s", interval_s)
+        assert interval is not None
+        self.interval_s = interval
+        self.fence = fence
+        self.pruned = 0
+        """Event ids removed so far."""
+        self._due: dict[Partition, int] = {}
+        self._done: dict[Partition, int] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, event: CommitEvent) -> None:
+        if not event.ok:
+            return
+        with self._cond:
+            if self._closed:
+                return
+            if event.offset > self._due.get(event.tp, self._done.get(event.tp, 0)):
+                self._due[event.tp] = event.offset
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="weir-fence-pruner", daemon=True
+                )
+                self._thread.start()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the pruning thread (what is not pruned yet stays until a later run prunes it)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def prune_now(self) -> int:
+        """Prune what is due now, on the calling thread; returns the event ids removed."""
+        with self._cond:
+            due, self._due = self._due, {}
+        removed = 0
+        for tp, offset in sorted(due.items()):
+            try:
+                n = self.fence.prune(self.group_id, tp, offset)
+            except FenceUnavailableError as exc:
+                log.warning("fence_prune_failed", tp=str(tp), offset=offset, error=str(exc))
+                with self._cond:
+                    if offset > self._due.get(tp, 0):
+                        self._due[tp] = offset
+                continue
+            removed += n
+            with self._cond:
+                self._done[tp] = max(offset, self._done.get(tp, 0))
+                self.pruned += n
+            log.debug("fence_pruned", tp=str(tp), below=offset, removed=n)
+        return removed
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed, self.interval_s)
+                if self._closed or not self._due:
+                    # Idle (the consumer stopped, or commits do not move): the next commit
+                    # starts a thread again. No thread outlives its consumer for long.
+                    self._thread = None
+                    return
+            try:
+                self.prune_now()
+            except RuntimeError as exc:
+                # The fence was closed (the consumer stopped): nothing more to prune with it.
+                log.debug("fence_pruner_stopped", reason=str(exc))
+                with self._cond:
+                    self._closed = True
+                    self._thread = None
+                return
+
+    def __enter__(self) -> FencePruner:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

@@ -1,0 +1,371 @@
+"""The fence on PostgreSQL (psycopg 3): one connection per thread, READ COMMITTED, row locks."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from weir.errors import FencedError
+from weir.fencing.base import (
+    DEFAULT_TABLE_PREFIX,
+    DEFAULT_TIMEOUT_S,
+    Fence,
+    FenceUnavailableError,
+    PerThread,
+    Using,
+    WriteProgress,
+    check_epoch,
+    check_group,
+    check_offset,
+    check_partition,
+    check_partitions,
+    check_prefix,
+    check_record,
+    check_seconds,
+    check_write,
+)
+from weir.logs import get_logger
+from weir.records import Partition, Record
+
+__all__ = ["PostgresFence"]
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S = 60.0
+_SHOWN_PARAMS = ("host", "hostaddr", "port", "dbname", "user")
+
+
+class PostgresFence(Fence[psycopg.Connection[Any]]):
+    """A fence whose epochs and applied event ids live in PostgreSQL.
+
+    ``conninfo`` is a libpq connection string or URI (empty: libpq's defaults and ``PG*``
+    environment variables), or a function returning a new ``psycopg.Connection``; either is
+    used once per thread. The fence sets its connections to autocommit (it issues BEGIN and
+    COMMIT itself) and READ COMMITTED.
+
+    A write locks its partition's epoch row ``FOR SHARE`` after the write function ran, checks
+    the epoch once more and commits: an ``acquire`` (an UPDATE of that row) waits for writes in
+    that short window and is seen by every later one, while writes of one partition still run
+    in parallel. The event id is claimed first, with ``INSERT … ON CONFLICT DO NOTHING``: two
+    transactions of the same record wait for each other, and only one applies.
+
+    Bounds: connecting, and each statement of ``acquire``, ``prune`` and the table set-up (lock
+    waits included) take at most ``timeout_s`` (libpq's ``connect_timeout`` rounds it up to
+    whole seconds, at least 2). ``idle_in_transaction_timeout_s`` is set on the fence's sessions
+    so that the server ends a transaction whose process stopped (a frozen member) and releases
+    its locks; None leaves the server's setting.
+    """
+
+    def __init__(
+        self,
+        conninfo: str | Callable[[], psycopg.Connection[Any]] = "",
+        *,
+        table_prefix: str = DEFAULT_TABLE_PREFIX,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        idle_in_transaction_timeout_s: float | None = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S,
+    ) -> None:
+        self._prefix = check_prefix(table_prefix)
+        timeout = check_seconds("timeout_s", timeout_s)
+        assert timeout is not None
+        self._timeout_ms = str(math.ceil(timeout * 1000))
+        self._timeout_s = timeout
+        idle = check_seconds(
+            "idle_in_transaction_timeout_s", idle_in_transaction_timeout_s, optional=True
+        )
+        self._idle_ms = None if idle is None else str(math.ceil(idle * 1000))
+        self._params: dict[str, Any] | None = None
+        self._factory: Callable[[], psycopg.Connection[Any]] | None = None
+        if isinstance(conninfo, str):
+            try:
+                params = conninfo_to_dict(conninfo)
+            except psycopg.ProgrammingError as exc:
+                raise ValueError(
+                    f"conninfo is not a valid PostgreSQL connection string: {exc}"
+                ) from None
+            params.setdefault("connect_timeout", max(2, math.ceil(timeout)))
+            params.setdefault("application_name", "weir-fence")
+            self._params = params
+        elif callable(conninfo):
+            self._factory = conninfo
+        else:
+            raise TypeError(
+                "conninfo must be a connection string or a function returning a "
+                f"psycopg.Connection, got {type(conninfo).__name__}"
+            )
+        self._epochs = f"{self._prefix}_epochs"
+        self._applied = f"{self._prefix}_applied"
+        self._conns = PerThread(repr(self), self._open, _close_quietly, _usable)
+        self._ready = False
+        self._ready_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        # Never the whole conninfo: it may hold a password.
+        if self._params is None:
+            where = "conninfo=<function>"
+        else:
+            shown = [f"{k}={self._params[k]}" for k in _SHOWN_PARAMS if k in self._params]
+            where = repr(" ".join(shown))
+        return f"PostgresFence({where}, table_prefix={self._prefix!r})"
+
+    # -- the Fence protocol --
+
+    def prepare(self) -> None:
+        with self._using("prepare()"):
+            pass
+
+    def acquire(self, group_id: str, partitions: Iterable[Partition]) -> dict[Partition, int]:
+        group = check_group(group_id)
+        wanted = check_partitions(partitions)
+        if not wanted:
+            return {}
+
+        def bump(conn: psycopg.Connection[Any]) -> dict[Partition, int]:
+            epochs: dict[Partition, int] = {}
+            with conn.transaction(), conn.cursor() as cur:
+                self._bound(conn)
+                # Sorted, one row after another: two acquirers lock overlapping rows in the same
+                # order. The UPDATE waits for writes holding the row FOR SHARE (lock_timeout).
+                cur.executemany(
+                    f"INSERT INTO {self._epochs} AS e (group_id, topic, partition, epoch) "
+                    "VALUES (%s, %s, %s, 1) ON CONFLICT (group_id, topic, partition) "
+                    "DO UPDATE SET epoch = e.epoch + 1 RETURNING epoch",
+                    [(group, tp.topic, tp.partition) for tp in wanted],
+                    returning=True,
+                )
+                for tp in wanted:
+                    row = cur.fetchone()
+                    assert row is not None
+                    epochs[tp] = int(row[0])
+                    cur.nextset()
+            return epochs
+
+        # A retry after a lost COMMIT may bump twice: harmless, epochs only have to grow.
+        epochs = self._run(f"acquire for group {group!r}", bump)
+        log.info("fence_acquired", group_id=group, epochs={str(k): v for k, v in epochs.items()})
+        return epochs
+
+    def apply(
+        self,
+        group_id: str,
+        record: Record,
+        epoch: int,
+        write: Callable[[psycopg.Connection[Any]], object],
+    ) -> bool:
+        group = check_group(group_id)
+        record = check_record(record)
+        held = check_epoch(epoch)
+        check_write(write)
+        tp = Partition(record.topic, record.partition)
+        key = {"g": group, "t": tp.topic, "p": tp.partition, "o": record.offset, "e": held}
+        progress = WriteProgress()
+
+        def fenced_write(conn: psycopg.Connection[Any]) -> bool:
+            applied = True
+            with conn.transaction():
+                # One round trip: read the epoch (no lock yet) and claim the event id if the
+                # epoch matches. A concurrent claim of the same id makes this wait for it.
+                row = conn.execute(
+                    f"WITH current AS (SELECT epoch FROM {self._epochs} "
+                    "WHERE group_id = %(g)s AND topic = %(t)s AND partition = %(p)s), "
+                    f"claimed AS (INSERT INTO {self._applied} "
+                    "(group_id, topic, partition, record_offset, epoch) "
+                    "SELECT %(g)s, %(t)s, %(p)s, %(o)s, %(e)s FROM current "
+                    "WHERE epoch = %(e)s ON CONFLICT DO NOTHING RETURNING 1) "
+                    "SELECT (SELECT epoch FROM current), EXISTS (SELECT FROM claimed)",
+                    key,
+                ).fetchone()
+                assert row is not None
+                self._check(group, tp, record, held, row[0])
+                if not row[1]:
+                    applied = False
+                    raise psycopg.Rollback
+                progress.called = progress.in_write = True
+                write(conn)
+                progress.in_write = False
+                # The check that counts: FOR SHARE conflicts with acquire's UPDATE, so from here
+                # to COMMIT no acquire can slip in, and one that committed first is seen.
+                row = conn.execute(
+                    f"SELECT epoch FROM {self._epochs} WHERE group_id = %(g)s "
+                    "AND topic = %(t)s AND partition = %(p)s FOR SHARE",
+                    key,
+                ).fetchone()
+                self._check(group, tp, record, held, None if row is None else row[0])
+            return applied
+
+        return self._run(f"write {record.event_id}", fenced_write, progress)
+
+    def prune(self, group_id: str, partition: Partition, before_offset: int) -> int:
+        group = check_group(group_id)
+        tp = check_partition(partition)
+        below = check_offset("before_offset", before_offset)
+
+        def delete(conn: psycopg.Connection[Any]) -> int:
+            with conn.transaction():
+                self._bound(conn)
+                cur = conn.execute(
+                    f"DELETE FROM {self._applied} WHERE group_id = %s AND topic = %s "
+                    "AND partition = %s AND record_offset < %s",
+                    (group, tp.topic, tp.partition, below),
+                )
+                return cur.rowcount
+
+        return self._run(f"prune {tp}", delete)
+
+    def close(self) -> None:
+        self._conns.close_all()
+
+    # -- internals --
+
+    @staticmethod
+    def _check(group: str, tp: Partition, record: Record, held: int, stored: int | None) -> None:
+        if stored != held:
+            log.warning(
+                "fenced_write_refused",
+                group_id=group,
+                event_id=record.event_id,
+                held=held,
+                stored=stored,
+            )
+            raise FencedError(group, tp, held, stored)
+
+    def _bound(self, conn: psycopg.Connection[Any]) -> None:
+        """Bound this transaction's statements and lock waits by timeout_s (reset at its end)."""
+        conn.execute(
+            "SELECT set_config('lock_timeout', %(ms)s, true), "
+            "set_config('statement_timeout', %(ms)s, true)",
+            {"ms": self._timeout_ms},
+        )
+
+    @contextlib.contextmanager
+    def _using(self, what: str) -> Iterator[psycopg.Connection[Any]]:
+        with Using(self._conns.slot(), what) as conn:
+            self._create_tables(conn)
+            yield conn
+
+    def _run(
+        self,
+        what: str,
+        op: Callable[[psycopg.Connection[Any]], T],
+        progress: WriteProgress | None = None,
+    ) -> T:
+        """``op(conn)`` on this thread's connection. The database's errors become
+        FenceUnavailableError, except those raised by a write function, which are the caller's.
+        A connection found dead before a write function ran (a server restart, an idle
+        connection dropped) is replaced once: nothing was changed through it."""
+        progress = progress or WriteProgress()
+        for attempt in (1, 2):
+            with self._using(what) as conn:
+                try:
+                    return op(conn)
+                except psycopg.Error as exc:
+                    if progress.in_write:
+                        raise
+                    if attempt == 1 and conn.broken and not progress.called:
+                        log.info(
+                            "fence_connection_replaced", what=what, reason="the connection was dead"
+                        )
+                        continue
+                    raise self._unavailable(what, exc, progress.called) from exc
+        raise AssertionError("unreachable")
+
+    def _unavailable(
+        self, what: str, exc: psycopg.Error, wrote: bool = False
+    ) -> FenceUnavailableError:
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            why = (
+                f"a row stayed locked for {self._timeout_s} s (a write of the previous owner "
+                "between its check and its commit?)"
+            )
+        elif isinstance(exc, psycopg.errors.QueryCanceled):
+            why = f"a statement ran over {self._timeout_s} s"
+        else:
+            why = "the database failed"
+        if wrote:
+            why += "; if the commit was lost on the way, the event id makes a retry safe"
+        return FenceUnavailableError(f"{self!r}: could not {what}: {why} ({exc})")
+
+    @contextlib.contextmanager
+    def _guard(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.Error as exc:
+            raise self._unavailable(what, exc) from exc
+
+    def _open(self) -> psycopg.Connection[Any]:
+        try:
+            if self._params is not None:
+                conn: psycopg.Connection[Any] = psycopg.Connection.connect(**self._params)
+            else:
+                assert self._factory is not None
+                conn = self._factory()
+        except psycopg.Error as exc:
+            raise FenceUnavailableError(f"{self!r}: could not connect: {exc}") from exc
+        if not isinstance(conn, psycopg.Connection):
+            raise TypeError(
+                f"the conninfo function must return a psycopg.Connection, got {type(conn).__name__}"
+            )
+        try:
+            # The fence's transactions are explicit (conn.transaction()); READ COMMITTED makes a
+            # lock wait end on the newest row version instead of a serialization failure.
+            conn.autocommit = True
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            if self._idle_ms is not None:
+                conn.execute(
+                    "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                    (self._idle_ms,),
+                )
+        except psycopg.Error as exc:
+            _close_quietly(conn)
+            raise FenceUnavailableError(f"{self!r}: could not set up the session: {exc}") from exc
+        return conn
+
+    def _create_tables(self, conn: psycopg.Connection[Any]) -> None:
+        if self._ready:
+            return
+        with self._ready_lock:
+            if self._ready:
+                return
+            with self._guard("create the fence tables"), conn.transaction():
+                self._bound(conn)
+                row = conn.execute(
+                    "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
+                    (self._epochs, self._applied),
+                ).fetchone()
+                # Existing tables need no CREATE privilege. Two members creating them at once
+                # take turns on an advisory lock: CREATE TABLE IF NOT EXISTS alone can fail on
+                # the catalog's unique index when it races another.
+                if row is None or not row[0]:
+                    conn.execute(
+                        "SELECT pg_advisory_xact_lock(%s)",
+                        (zlib.crc32(f"weir.fencing:{self._prefix}".encode()),),
+                    )
+                    conn.execute(
+                        f"CREATE TABLE IF NOT EXISTS {self._epochs} ("
+                        "group_id text NOT NULL, topic text NOT NULL, partition integer NOT NULL, "
+                        "epoch bigint NOT NULL, PRIMARY KEY (group_id, topic, partition))"
+                    )
+                    conn.execute(
+                        f"CREATE TABLE IF NOT EXISTS {self._applied} ("
+                        "group_id text NOT NULL, topic text NOT NULL, partition integer NOT NULL, "
+                        "record_offset bigint NOT NULL, epoch bigint NOT NULL, "
+                        "PRIMARY KEY (group_id, topic, partition, record_offset))"
+                    )
+            self._ready = True
+
+
+def _usable(conn: psycopg.Connection[Any]) -> bool:
+    return not conn.closed
+
+
+def _close_quietly(conn: psycopg.Connection[Any]) -> None:
+    with contextlib.suppress(psycopg.Error):
+        conn.close()

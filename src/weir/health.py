@@ -1,0 +1,102 @@
+"""Is the member healthy: liveness and readiness, for `GroupConsumer.health()` and Kubernetes.
+
+- **live**: the member has not failed, and its owner thread called the client within
+  `max_poll_interval_s` (past it, librdkafka has already given the member's partitions up). A
+  member that is not live should be restarted.
+- **ready**: live, running, joined (it received an assignment from the group, possibly empty,
+  and did not lose it since), and no partition stuck: a partition whose watermark has not moved
+  for `stuck_after_s` while records of it are in flight (a hung handler, a blocked failure
+  policy). A member that is not ready needs a look, not necessarily a restart.
+
+Computed on demand from what the owner thread last published plus the current time: asking is
+cheap and never touches the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from weir.lifecycle import Lifecycle, State
+from weir.records import Partition
+from weir.stats import ConsumerStats
+
+__all__ = ["Health", "check"]
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    live: bool
+    ready: bool
+    state: str
+    """The member's `State` value."""
+    reasons: tuple[str, ...]
+    """Why it is not live or not ready (empty when both hold)."""
+    poll_age_s: float | None
+    """Seconds since the owner thread last called the client (None before it first did)."""
+    stuck: tuple[Partition, ...] = ()
+    """Partitions whose watermark has stood still for `stuck_after_s` with work in flight."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "live": self.live,
+            "ready": self.ready,
+            "state": self.state,
+            "reasons": list(self.reasons),
+            "poll_age_s": None if self.poll_age_s is None else round(self.poll_age_s, 3),
+            "stuck": [str(tp) for tp in self.stuck],
+        }
+
+
+def check(
+    life: Lifecycle,
+    stats: ConsumerStats,
+    *,
+    max_poll_interval_s: float,
+    stuck_after_s: float,
+    now: float | None = None,
+) -> Health:
+    if now is None:
+        now = time.monotonic()
+    state = life.state
+    reasons: list[str] = []
+    live = True
+    polled = life.polled_at
+    poll_age = None if polled is None else max(0.0, now - polled)
+    if state is State.FAILED:
+        live = False
+        reasons.append(f"failed: {life.failure!r}")
+    elif state is State.STOPPED:
+        live = False
+        reasons.append("stopped")
+    elif poll_age is not None and poll_age > max_poll_interval_s:
+        live = False
+        reasons.append(
+            f"the owner thread has not polled for {poll_age:.1f} s "
+            f"(max_poll_interval_s {max_poll_interval_s:g})"
+        )
+    ready = live
+    if live and state is not State.RUNNING:
+        ready = False
+        reasons.append(f"not running ({state.value})")
+    if live and not life.joined:
+        ready = False
+        reasons.append("no assignment from the group yet")
+    stuck = _stuck(stats, stuck_after_s, now) if stats.running else ()
+    if stuck:
+        ready = False
+        reasons.append(
+            f"watermark stuck for {stuck_after_s:g} s or more with records in flight: "
+            + ", ".join(map(str, stuck))
+        )
+    return Health(live, ready, state.value, tuple(reasons), poll_age, stuck)
+
+
+def _stuck(stats: ConsumerStats, after: float, now: float) -> tuple[Partition, ...]:
+    """Partitions stalled at the snapshot and still, by now, for `after` seconds."""
+    since = max(0.0, now - stats.at)
+    return tuple(
+        p.tp
+        for p in stats.partitions
+        if (p.in_flight or p.read_ahead) and p.stalled_s > 0 and p.stalled_s + since >= after
+    )

@@ -1,0 +1,463 @@
+"""How far behind a consumer group is: its committed offsets against the partitions' log ends.
+
+Read with confluent-kafka's AdminClient, so it works for any group (weir's or not) and joins
+nothing. Used by ``weir lag`` / ``weir groups`` and by the test helper ``wait_for_committed``.
+
+Committed offsets of known partitions are read with a consumer that joins nothing when the admin
+client was made by ``admin_client`` (it keeps its configuration): librdkafka's admin
+ListConsumerGroupOffsets kills the process (SIGSEGV) when the coordinator answers
+NOT_COORDINATOR, as a group's coordinator may on first use after a broker start (librdkafka
+issue 5040: its OffsetFetch handler asks the client's consumer-group object, which an admin client
+has not, to look the coordinator up again). The consumer's own fetch retries that.
+Every call takes one deadline for all its requests: a broker that does not answer costs the
+caller ``timeout`` seconds, not one timeout per request.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
+
+TopicPartitionKey = tuple[str, int]
+
+
+def admin_client(config: Mapping[str, Any]) -> AdminClient:
+    """An AdminClient for the functions here that keeps ``config``, so that committed offsets
+    of known partitions are read with a consumer (see the module's doc)."""
+    from confluent_kafka.admin import AdminClient
+
+    class _ConfiguredAdmin(AdminClient):
+        def __init__(self, config: Mapping[str, Any]) -> None:
+            super().__init__(dict(config))
+            self.weir_client_config = dict(config)
+
+    return _ConfiguredAdmin(config)
+
+
+# librdkafka's "nobody answered" codes: a timeout, a refused or dropped connection, no broker up,
+# an address that does not resolve.
+_UNREACHABLE = frozenset({"_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_RESOLVE"})
+
+
+class LagError(Exception):
+    """The lag could not be read; the message says why, for a person."""
+
+
+class BrokerUnreachableError(LagError):
+    """No broker answered within the timeout; ``reason`` is librdkafka's word for it."""
+
+    def __init__(self, timeout: float, reason: str = "") -> None:
+        self.timeout = timeout
+        self.reason = reason or "no answer"
+        super().__init__(f"no broker answered within {timeout:g} s ({self.reason})")
+
+
+class GroupNotFoundError(LagError):
+    """The group has no members and no committed offsets: Kafka does not know it."""
+
+
+class TopicNotFoundError(LagError):
+    """A topic asked for does not exist."""
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    """One partition as the group sees it. ``committed`` is None when the group committed
+    nothing there; ``log_start``/``log_end`` are None when the partition's leader did not answer."""
+
+    topic: str
+    partition: int
+    committed: int | None
+    log_start: int | None
+    log_end: int | None
+    member_id: str | None = None
+    client_id: str | None = None
+    host: str | None = None
+
+    @property
+    def lag(self) -> int | None:
+        """Records between the committed offset and the log end; from the log start when the
+        group never committed here (what a consumer with auto.offset.reset=earliest would read)."""
+        if self.log_end is None:
+            return None
+        if self.committed is not None:
+            return self.log_end - self.committed
+        if self.log_start is None:
+            return None
+        return self.log_end - self.log_start
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """A group's state and the lag of every partition of every topic it consumes."""
+
+    group_id: str
+    state: str
+    group_type: str
+    simple: bool
+    members: int
+    partitions: tuple[PartitionLag, ...]
+
+    @property
+    def total_lag(self) -> int:
+        return sum(p.lag or 0 for p in self.partitions)
+
+    def topic_lag(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for p in self.partitions:
+            totals[p.topic] = totals.get(p.topic, 0) + (p.lag or 0)
+        return totals
+
+    @property
+    def hottest(self) -> PartitionLag | None:
+        """The partition with the largest lag, if any partition lags at all."""
+        lagging = [p for p in self.partitions if (p.lag or 0) > 0]
+        return max(lagging, key=lambda p: p.lag or 0, default=None)
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+class _Deadline:
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._end = time.monotonic() + timeout
+
+    def remaining(self) -> float:
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise BrokerUnreachableError(self.timeout)
+        return left
+
+
+def group_lag(
+    admin: AdminClient,
+    group_id: str,
+    *,
+    topics: Sequence[str] | None = None,
+    timeout: float = 10.0,
+) -> GroupLag:
+    """The lag of ``group_id`` on ``topics`` (default: every topic it committed to or is assigned).
+
+    Every partition of those topics is listed, also those the group never committed to.
+    Raises ``GroupNotFoundError`` for a group Kafka does not know, ``TopicNotFoundError`` for a
+    missing topic in ``topics``, ``BrokerUnreachableError`` when nothing answers in ``timeout``.
+    """
+    deadline = _Deadline(timeout)
+    lags = _groups_lag(admin, [group_id], topics, deadline)
+    lag = lags[group_id]
+    if (
+        lag.state in ("dead", "unknown")
+        and lag.members == 0
+        and not any(p.committed is not None for p in lag.partitions)
+    ):
+        raise GroupNotFoundError(
+            f"group {group_id!r} does not exist: no members and no committed offsets"
+        )
+    return lag
+
+
+def all_groups_lag(admin: AdminClient, *, timeout: float = 10.0) -> list[GroupLag]:
+    """Every group the cluster knows, with its lag, sorted by group id."""
+    deadline = _Deadline(timeout)
+    listing = _result(admin.list_consumer_groups(request_timeout=deadline.remaining()), deadline)
+    errors = list(listing.errors or ())
+    if errors and not listing.valid:
+        raise _as_lag_error(errors[0], deadline)
+    ids = sorted(group.group_id for group in listing.valid)
+    if not ids:
+        return []
+    lags = _groups_lag(admin, ids, None, deadline)
+    return [lags[group_id] for group_id in ids]
+
+
+def committed_offsets(
+    admin: AdminClient,
+    group_id: str,
+    partitions: Iterable[TopicPartitionKey] | None = None,
+    *,
+    timeout: float = 10.0,
+) -> dict[TopicPartitionKey, int | None]:
+    """The group's committed offsets (None: nothing committed), for ``partitions`` or for every
+    partition the group committed to."""
+    return _committed(admin, [group_id], partitions, _Deadline(timeout))[group_id]
+
+
+def log_end_offsets(
+    admin: AdminClient, partitions: Iterable[TopicPartitionKey], *, timeout: float = 10.0
+) -> dict[TopicPartitionKey, int]:
+    """Each partition's log end offset (the high watermark)."""
+    ends = _log_offsets(admin, list(partitions), _offset_spec("latest"), _Deadline(timeout))
+    return {key: value for key, value in ends.items() if value is not None}
+
+
+def topic_partitions(
+    admin: AdminClient, topic: str, *, timeout: float = 10.0
+) -> list[TopicPartitionKey]:
+    """Every partition of ``topic``; ``TopicNotFoundError`` if it does not exist."""
+    return _partitions(admin, [topic], _Deadline(timeout))[topic]
+
+
+def _groups_lag(
+    admin: AdminClient,
+    group_ids: list[str],
+    topics: Sequence[str] | None,
+    deadline: _Deadline,
+) -> dict[str, GroupLag]:
+    descriptions = _describe(admin, group_ids, deadline)
+    committed = _committed(admin, group_ids, None, deadline)
+    owners: dict[str, dict[TopicPartitionKey, Any]] = {
+        group_id: {
+            (tp.topic, tp.partition): member
+            for member in description.members
+            for tp in member.assignment.topic_partitions
+        }
+        for group_id, description in descriptions.items()
+    }
+    wanted: dict[str, list[str]] = {}
+    for group_id in group_ids:
+        if topics is not None:
+            wanted[group_id] = list(dict.fromkeys(topics))
+        else:
+            touched = {topic for topic, _ in committed[group_id]} | {
+                topic for topic, _ in owners[group_id]
+            }
+            wanted[group_id] = sorted(touched)
+    all_topics = sorted({topic for names in wanted.values() for topic in names})
+    # A topic the group committed to may have been deleted since: only asked-for topics must exist.
+    partitions = _partitions(admin, all_topics, deadline, missing_ok=topics is None)
+    every = sorted({key for names in partitions.values() for key in names})
+    ends = _log_offsets(admin, every, _offset_spec("latest"), deadline)
+    starts = _log_offsets(admin, every, _offset_spec("earliest"), deadline)
+
+    lags: dict[str, GroupLag] = {}
+    for group_id in group_ids:
+        description = descriptions[group_id]
+        keys = [key for topic in wanted[group_id] for key in partitions.get(topic, [])]
+        # Committed offsets of deleted topics still show, with unknown log offsets.
+        if topics is None:
+            keys += [key for key in committed[group_id] if key[0] not in partitions]
+        rows = []
+        for key in sorted(set(keys)):
+            owner = owners[group_id].get(key)
+            rows.append(
+                PartitionLag(
+                    topic=key[0],
+                    partition=key[1],
+                    committed=committed[group_id].get(key),
+                    log_start=starts.get(key),
+                    log_end=ends.get(key),
+                    member_id=owner.member_id if owner is not None else None,
+                    client_id=owner.client_id if owner is not None else None,
+                    host=owner.host if owner is not None else None,
+                )
+            )
+        lags[group_id] = GroupLag(
+            group_id=group_id,
+            state=_enum_name(getattr(description, "state", None)),
+            group_type=_enum_name(getattr(description, "type", None)),
+            simple=bool(description.is_simple_consumer_group),
+            members=len(description.members),
+            partitions=tuple(rows),
+        )
+    return lags
+
+
+def _describe(admin: AdminClient, group_ids: list[str], deadline: _Deadline) -> dict[str, Any]:
+    futures = admin.describe_consumer_groups(group_ids, request_timeout=deadline.remaining())
+    found: dict[str, Any] = {}
+    for group_id, future in futures.items():
+        try:
+            found[group_id] = _result(future, deadline)
+        except LagError as exc:
+            if _code(exc.__cause__) == "GROUP_ID_NOT_FOUND":
+                raise GroupNotFoundError(f"group {group_id!r} does not exist") from exc
+            raise
+    return found
+
+
+def _committed(
+    admin: AdminClient,
+    group_ids: list[str],
+    partitions: Iterable[TopicPartitionKey] | None,
+    deadline: _Deadline,
+) -> dict[str, dict[TopicPartitionKey, int | None]]:
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    asked = None if partitions is None else [TopicPartition(t, p) for t, p in partitions]
+    config = getattr(admin, "weir_client_config", None)
+    if asked is not None and config is not None:
+        return {g: _committed_by_consumer(config, g, asked, deadline) for g in group_ids}
+    # The API takes one group per request: send them all, then collect.
+    futures = {
+        group_id: admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group_id, asked)],
+            request_timeout=deadline.remaining(),
+        )[group_id]
+        for group_id in group_ids
+    }
+    out: dict[str, dict[TopicPartitionKey, int | None]] = {}
+    for group_id, future in futures.items():
+        out[group_id] = _offsets_of(_result(future, deadline).topic_partitions or ())
+    return out
+
+
+def _committed_by_consumer(
+    config: Mapping[str, Any], group_id: str, asked: list[Any], deadline: _Deadline
+) -> dict[TopicPartitionKey, int | None]:
+    """The group's committed offsets of ``asked``, read by a consumer that never subscribes
+    (it joins nothing). read_uncommitted: the broker answers with the last committed offset
+    at once instead of waiting while a transaction holds a newer one."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "isolation.level": "read_uncommitted",
+        }
+    )
+    try:
+        found = consumer.committed(asked, timeout=deadline.remaining())
+    except Exception as exc:
+        raise _as_lag_error(exc, deadline) from exc
+    finally:
+        consumer.close()
+    return _offsets_of(found)
+
+
+def _offsets_of(found: Iterable[Any]) -> dict[TopicPartitionKey, int | None]:
+    """Committed offsets as read (None: nothing committed); a partition's error raises."""
+    offsets: dict[TopicPartitionKey, int | None] = {}
+    for tp in found:
+        if tp.error is not None:
+            raise LagError(f"committed offset of {tp.topic}[{tp.partition}]: {tp.error}")
+        offsets[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
+    return offsets
+
+
+def _partitions(
+    admin: AdminClient, topics: list[str], deadline: _Deadline, *, missing_ok: bool = False
+) -> dict[str, list[TopicPartitionKey]]:
+    if not topics:
+        return {}
+    try:
+        metadata = admin.list_topics(timeout=deadline.remaining())
+    except Exception as exc:
+        raise _as_lag_error(exc, deadline) from exc
+    out: dict[str, list[TopicPartitionKey]] = {}
+    for topic in topics:
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None:
+            if missing_ok:
+                continue
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        out[topic] = [(topic, p) for p in sorted(found.partitions)]
+    return out
+
+
+def _log_offsets(
+    admin: AdminClient, keys: list[TopicPartitionKey], spec: Any, deadline: _Deadline
+) -> dict[TopicPartitionKey, int | None]:
+    from confluent_kafka import TopicPartition
+
+    if not keys:
+        return {}
+    futures = admin.list_offsets(
+        {TopicPartition(t, p): spec for t, p in keys}, request_timeout=deadline.remaining()
+    )
+    out: dict[TopicPartitionKey, int | None] = {}
+    for tp, future in futures.items():
+        try:
+            out[(tp.topic, tp.partition)] = _result(future, deadline).offset
+        except BrokerUnreachableError:
+            raise
+        except LagError:
+            out[(tp.topic, tp.partition)] = None  # e.g. no leader right now: shown as unknown
+    return out
+
+
+def _offset_spec(which: str) -> Any:
+    from confluent_kafka.admin import OffsetSpec
+
+    if which == "latest":
+        return OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    return OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+
+
+def _result(future: concurrent.futures.Future[Any], deadline: _Deadline) -> Any:
+    try:
+        # The request carries the timeout; the extra second lets its own error arrive first.
+        return future.result(timeout=deadline.remaining() + 1.0)
+    except concurrent.futures.TimeoutError as exc:
+        raise BrokerUnreachableError(deadline.timeout) from exc
+    except Exception as exc:
+        raise _as_lag_error(exc, deadline) from exc
+
+
+def _as_lag_error(exc: Any, deadline: _Deadline) -> LagError:
+    if isinstance(exc, LagError):
+        return exc
+    code = _code(exc)
+    error = exc.args[0] if isinstance(exc, Exception) and exc.args else exc
+    text = str(error.str()) if hasattr(error, "str") else str(error)
+    if code in _UNREACHABLE:
+        return BrokerUnreachableError(deadline.timeout, text)
+    return LagError(f"{code or type(exc).__name__}: {text}")
+
+
+def _code(exc: Any) -> str | None:
+    """The KafkaError code name of a KafkaException (or KafkaError), else None."""
+    error = exc.args[0] if isinstance(exc, Exception) and exc.args else exc
+    name = getattr(error, "name", None)
+    return str(name()) if callable(name) else None
+
+
+def _enum_name(value: Any) -> str:
+    name = getattr(value, "name", None)
+    return str(name).lower() if name is not None else "unknown"
+
+
+def lag_as_dict(lag: GroupLag) -> dict[str, Any]:
+    """A JSON-ready view with stable keys (absent values are null, never missing)."""
+    hottest = lag.hottest
+    return {
+        "group": lag.group_id,
+        "state": lag.state,
+        "type": lag.group_type,
+        "simple": lag.simple,
+        "members": lag.members,
+        "total_lag": lag.total_lag,
+        "topics": lag.topic_lag(),
+        "hottest": None
+        if hottest is None
+        else {"topic": hottest.topic, "partition": hottest.partition, "lag": hottest.lag},
+        "partitions": [
+            {
+                "topic": p.topic,
+                "partition": p.partition,
+                "committed": p.committed,
+                "log_start": p.log_start,
+                "log_end": p.log_end,
+                "lag": p.lag,
+                "member_id": p.member_id,
+                "client_id": p.client_id,
+                "host": p.host,
+            }
+            for p in lag.partitions
+        ],
+    }
+
+
+def committed_as_text(offsets: Mapping[int, int | None]) -> str:
+    """``{0: 5, 1: -}``: a committed-offset map for messages ("-" for nothing committed)."""
+    return (
+        "{" + ", ".join(f"{p}: {'-' if o is None else o}" for p, o in sorted(offsets.items())) + "}"
+    )

@@ -1,0 +1,145 @@
+"""Deserializers for record keys and values: plain callables from bytes to whatever the
+handler wants, run on the worker right before the handler.
+
+A deserializer that raises makes the record fail with `DeserializationError`, which goes to the
+final failure policy without retries (the bytes will not change); a dead letter keeps the raw
+bytes. The handler reads `record.deserialized_key` / `record.deserialized_value`; `key` and
+`value` stay the raw bytes.
+
+Built in: `json_deserializer()` and `pydantic_deserializer(Model)`. Avro, Protobuf and JSON
+Schema through a schema registry: wrap one of confluent-kafka's schema-registry deserializers
+with `schema_registry_deserializer` (docs/failures.md shows how; it needs
+`pip install "confluent-kafka[avro,schemaregistry]"` or the protobuf/json extras).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from weir.errors import DeserializationError
+from weir.records import Context, Handler, Partition, Record
+
+__all__ = [
+    "AsyncDeserializingHandler",
+    "Deserializer",
+    "DeserializingHandler",
+    "json_deserializer",
+    "pydantic_deserializer",
+    "schema_registry_deserializer",
+]
+
+Deserializer = Callable[[bytes | None], Any]
+"""Raw bytes (None for a null key or value) to the object the handler reads."""
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def json_deserializer(*, allow_null: bool = True) -> Deserializer:
+    """UTF-8 JSON to Python objects; a null key or value stays None unless `allow_null` is
+    False (then it is a failure)."""
+
+    def deserialize(data: bytes | None) -> Any:
+        if data is None:
+            if allow_null:
+                return None
+            raise ValueError("null where JSON was expected")
+        return json.loads(data)
+
+    return deserialize
+
+
+def pydantic_deserializer(model: type[M]) -> Callable[[bytes | None], M]:
+    """JSON validated into `model` (pydantic v2); a null is a failure."""
+
+    def deserialize(data: bytes | None) -> M:
+        if data is None:
+            raise ValueError(f"null where a {model.__name__} was expected")
+        return model.model_validate_json(data)
+
+    return deserialize
+
+
+def schema_registry_deserializer(
+    deserializer: Callable[[bytes | None, Any], Any], topic: str, field: str = "value"
+) -> Deserializer:
+    """Adapt a confluent-kafka schema-registry deserializer (AvroDeserializer,
+    ProtobufDeserializer, JSONDeserializer: called with the bytes and a SerializationContext)
+    for records of `topic`. Use a mapping of topic to deserializer for several topics."""
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    ctx = SerializationContext(topic, MessageField.KEY if field == "key" else MessageField.VALUE)
+    return lambda data: deserializer(data, ctx)
+
+
+Deserializers = Deserializer | Mapping[str, Deserializer]
+
+
+def _for_topic(d: Deserializers | None, topic: str) -> Deserializer | None:
+    if d is None or callable(d):
+        return d
+    return d.get(topic)
+
+
+class DeserializingHandler(Handler):
+    """Runs the deserializers, then the application's handler (whose hooks it passes on)."""
+
+    def __init__(
+        self,
+        inner: Handler,
+        key: Deserializers | None = None,
+        value: Deserializers | None = None,
+    ) -> None:
+        self.inner = inner
+        self._key = key
+        self._value = value
+
+    def _deserialize(self, record: Record) -> None:
+        kd = _for_topic(self._key, record.topic)
+        vd = _for_topic(self._value, record.topic)
+        if kd is not None:
+            try:
+                record._dkey = kd(record.key)
+            except Exception as exc:
+                raise DeserializationError(record, "key", exc) from exc
+        if vd is not None:
+            try:
+                record._dvalue = vd(record.value)
+            except Exception as exc:
+                raise DeserializationError(record, "value", exc) from exc
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        self._deserialize(record)
+        handle: Callable[[Record, Context], object] = self.inner.handle
+        result = handle(record, ctx)
+        if result is not None:
+            from weir.workers import _refuse_awaitable
+
+            _refuse_awaitable(handle, result)
+
+    def on_assigned(self, partitions: Sequence[Partition]) -> None:
+        self.inner.on_assigned(partitions)
+
+    def on_revoked(self, partitions: Sequence[Partition]) -> None:
+        self.inner.on_revoked(partitions)
+
+    def on_lost(self, partitions: Sequence[Partition]) -> None:
+        self.inner.on_lost(partitions)
+
+    def on_shutdown(self) -> None:
+        self.inner.on_shutdown()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r})"
+
+
+class AsyncDeserializingHandler(DeserializingHandler):
+    """The same, for an async handler: deserializes, then awaits it."""
+
+    async def handle(self, record: Record, ctx: Context) -> None:  # type: ignore[override]
+        self._deserialize(record)
+        handle: Callable[[Record, Context], Awaitable[object]] = self.inner.handle  # type: ignore[assignment]
+        await handle(record, ctx)

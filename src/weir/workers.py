@@ -1,0 +1,310 @@
+"""Who runs tasks: a pool of worker threads that hands every task back on one queue.
+
+The owner thread submits tasks and reads `completions`; workers only run handlers. A worker
+checks its assignment's fence before each record, so the rest of a task whose partition was
+revoked or lost comes back `FENCED` without running. A worker stuck in a handler past a hand-off
+is replaced, so a hung call never takes capacity from the partitions that are still owned.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Collection, Hashable
+from typing import Protocol
+
+from weir.errors import FencedError
+from weir.logs import get_logger
+from weir.records import Context, Handler, Output, Record, _FunctionHandler
+from weir.tasks import DONE, FAILED, HELD, Assignment, Task
+
+__all__ = ["AwaitableReturned", "Completions", "Progress", "ThreadWorkers", "Workers"]
+
+log = get_logger(__name__)
+
+LaneOf = Callable[[Record], Hashable]
+
+
+class Progress(list[Task]):
+    """Concurrent workers' notice that these tasks, still running, finished more records (listed
+    in `Task.done`): the owner settles them and frees the lanes they are done with. A task is
+    never named in a notice after the task itself came back."""
+
+    __slots__ = ()
+
+
+class Completions(Protocol):
+    """The queue tasks come back on (owner side): each task once, when it ended; with concurrent
+    workers also `Progress` notices."""
+
+    def get(self, block: bool = ..., timeout: float | None = ...) -> Task | Progress: ...
+    def get_nowait(self) -> Task | Progress: ...
+
+
+class Workers(Protocol):
+    """Runs the tasks the owner submits and hands each back once on `completions`."""
+
+    @property
+    def completions(self) -> Completions: ...
+    @property
+    def slots(self) -> int:
+        """How many tasks run at once."""
+        ...
+
+    @property
+    def concurrent(self) -> bool:
+        """False: a worker runs a task's records one after another, counting them in
+        `Task.finished`. True: a task's lanes run at once, its records finish in any order and
+        are listed in `Task.done`, with `Progress` notices on `completions` (an event loop)."""
+        ...
+
+    @property
+    def replaced(self) -> int:
+        """Workers replaced because their handler call outlived a hand-off."""
+        ...
+
+    def start(self) -> None: ...
+    def submit(self, task: Task) -> None: ...
+    def abandon(self, assignments: Collection[Assignment]) -> int:
+        """These assignments were given up on (revoke past its budget, lost): their running
+        handler calls no longer count as capacity. Returns how many were replaced."""
+        ...
+
+    def stop(self, timeout: float) -> bool:
+        """Ask every worker to exit; True if all did within `timeout`. Never blocks longer."""
+        ...
+
+
+class AwaitableReturned(TypeError):
+    """A thread handler returned a coroutine (or another awaitable): its work never ran."""
+
+
+def _refuse_awaitable(fn: Callable[..., object], result: object) -> None:
+    """A handler that returns an awaitable did not do its work: the coroutine body never ran.
+    Counting the record finished would commit it unprocessed, so it is a failure."""
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()  # no "coroutine was never awaited" warning on top of the error
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise AwaitableReturned(
+            f"handler {name} returned {type(result).__name__} instead of doing its work: "
+            "a thread handler must not be a coroutine function (use an async handler)"
+        )
+
+
+class _Slot:
+    """One worker thread: the task it runs now, and whether it leaves after that task."""
+
+    __slots__ = ("retired", "since", "task", "thread")
+
+    def __init__(self) -> None:
+        self.task: Task | None = None
+        self.since = 0.0
+        self.retired = False
+        self.thread: threading.Thread | None = None
+
+
+class ThreadWorkers:
+    """`count` worker threads feeding one completion queue."""
+
+    concurrent = False
+
+    def __init__(
+        self, handler: Handler, count: int, lane_of: LaneOf | None, *, outputs: bool = False
+    ) -> None:
+        self._handler = handler
+        self._outputs = outputs  # handlers may produce (a transactional member)
+        self._fn = handler._fn if type(handler) is _FunctionHandler else None
+        self._lane_of = lane_of
+        self._count = count
+        self._ready: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[Task] = queue.SimpleQueue()
+        self._slots: list[_Slot] = []
+        self._names = itertools.count()
+        self._started = False
+        self._replaced = 0
+
+    @property
+    def completions(self) -> queue.SimpleQueue[Task]:
+        return self._done
+
+    @property
+    def slots(self) -> int:
+        return self._count
+
+    @property
+    def replaced(self) -> int:
+        return self._replaced
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            for _ in range(self._count):
+                self._spawn()
+
+    def submit(self, task: Task) -> None:
+        self._ready.put(task)
+
+    def abandon(self, assignments: Collection[Assignment]) -> int:
+        """A replacement thread starts for every worker running a task of these assignments;
+        the stuck one leaves once its call returns (if ever)."""
+        n = 0
+        now = time.perf_counter()
+        for slot in list(self._slots):
+            task = slot.task
+            if slot.retired or task is None or task.assignment not in assignments:
+                continue
+            slot.retired = True
+            self._slots.remove(slot)
+            rec = task.records[0]
+            log.warning(
+                "worker_replaced",
+                tp=str(task.assignment.tp),
+                first_offset=rec.offset,
+                records=len(task.records),
+                running_s=round(now - slot.since, 3),
+                reason="its handler call outlived the partition's hand-off",
+            )
+            self._spawn()
+            n += 1
+        self._replaced += n
+        return n
+
+    def stop(self, timeout: float) -> bool:
+        slots = list(self._slots)
+        for _ in slots:
+            self._ready.put(None)
+        deadline = time.monotonic() + timeout
+        for slot in slots:
+            t = slot.thread
+            if t is not None and t.is_alive():
+                t.join(max(0.0, deadline - time.monotonic()))
+        return not any(s.thread is not None and s.thread.is_alive() for s in slots)
+
+    def _spawn(self) -> None:
+        slot = _Slot()
+        slot.thread = threading.Thread(
+            target=self._work, args=(slot,), name=f"weir-worker-{next(self._names)}", daemon=True
+        )
+        self._slots.append(slot)
+        slot.thread.start()
+
+    # -- worker threads --------------------------------------------------------------------
+
+    def _work(self, slot: _Slot) -> None:
+        ready = self._ready
+        done = self._done.put
+        clock = time.perf_counter
+        fn = self._fn
+        handle: Callable[[Record, Context], object] = self._handler.handle
+        while not slot.retired:
+            task = ready.get()
+            if task is None:
+                return
+            slot.task = task
+            recs = task.records
+            # The records are taken one by one from an iterator the owner may empty (`Task.it`):
+            # next() and list() on a list iterator are each atomic under the GIL, so a record
+            # the owner moves to another worker is never run here.
+            task.it = it = iter(recs)
+            # Every loop counts its finished records in `task.finished` as they finish: a
+            # plain store, read by the owner when it wakes (long tasks, `Task.report`) and
+            # before a hand-off commit, so records finished ahead of a slow task-mate count.
+            task.started = slot.since = t0 = clock()
+            a = task.assignment
+            i = 0
+            try:
+                if fn is not None and not task.report:
+                    # The common fast case (a plain function, no progress to count) gets a loop
+                    # of its own: it runs once per record.
+                    for rec in it:
+                        if not a.dispatching:
+                            break
+                        result = fn(rec)
+                        if result is not None:
+                            _refuse_awaitable(fn, result)
+                        i += 1
+                        task.finished = i
+                else:
+                    token, cancel, attempts, epoch = a.token, a.cancel, a.attempts, a.epoch
+                    outputs = self._outputs
+                    for rec in it:
+                        if not a.dispatching:
+                            break
+                        if fn is not None:
+                            result = fn(rec)
+                        else:
+                            attempt = attempts.get(rec.offset, 1) if attempts else 1
+                            out: list[Output] | None = [] if outputs else None
+                            ctx = Context(token, attempt, rec.event_id, cancel, epoch, out)
+                            result = handle(rec, ctx)
+                            if out:
+                                if task.outputs is None:
+                                    task.outputs = {}
+                                task.outputs[i] = out
+                        if result is not None:
+                            _refuse_awaitable(fn or handle, result)
+                        i += 1
+                        task.finished = i
+            except BaseException as exc:
+                self._after_failure(task, i, exc)
+            else:
+                if i < len(recs):
+                    task.outcomes = bytearray(b"\x01" * i + bytes(len(recs) - i))  # rest FENCED
+            task.seconds = clock() - t0
+            slot.task = None
+            done(task)
+
+    def _after_failure(self, task: Task, index: int, exc: BaseException) -> None:
+        """Record a failure and run the rest of the task one record at a time: records of the
+        failed lane are held back, every other lane goes on."""
+        recs = task.records
+        out = task.outcomes = bytearray(len(recs))
+        out[:index] = b"\x01" * index
+        out[index] = FAILED
+        task.errors = {index: exc}
+        a = task.assignment
+        if isinstance(exc, FencedError):
+            # Another member owns the partition now: no worker runs another record of this
+            # assignment (tasks already handed out included), before the owner hears of it.
+            a.dispatching = False
+            return  # the rest stay FENCED
+        lane_of = self._lane_of
+        held = set() if lane_of is None else {lane_of(recs[index])}
+        handle: Callable[[Record, Context], object] = self._handler.handle
+        it = task.it if task.it is not None else iter(recs[index + 1 :])
+        for j, rec in enumerate(it, index + 1):
+            if not a.dispatching:
+                break  # the rest stay FENCED
+            if lane_of is not None and lane_of(rec) in held:
+                out[j] = HELD
+                continue
+            try:
+                produced: list[Output] | None = None
+                if self._fn is not None:
+                    result = self._fn(rec)
+                else:
+                    attempt = a.attempts.get(rec.offset, 1) if a.attempts else 1
+                    produced = [] if self._outputs else None
+                    ctx = Context(a.token, attempt, rec.event_id, a.cancel, a.epoch, produced)
+                    result = handle(rec, ctx)
+                if result is not None:
+                    _refuse_awaitable(self._fn or handle, result)
+                if produced:
+                    if task.outputs is None:
+                        task.outputs = {}
+                    task.outputs[j] = produced
+            except BaseException as e:
+                out[j] = FAILED
+                task.errors[j] = e
+                if isinstance(e, FencedError):
+                    a.dispatching = False  # as above
+                    break
+                if lane_of is not None:
+                    held.add(lane_of(rec))
+            else:
+                out[j] = DONE
