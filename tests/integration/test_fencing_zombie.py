@@ -375,10 +375,16 @@ def test_sqlite_a_write_frozen_inside_its_transaction_commits_before_the_new_own
 ) -> None:
     """SQLite's one write lock, held by the frozen process: B's acquire waits for it, so A's
     write of the held record is not late. It commits with A's epoch, before B's, and B's
-    replay of it is a no-op."""
+    replay of it is a no-op.
+
+    Cooperative-sticky, not range: B has the records after the held one still to apply when A
+    resumes, and A, back from its expired session, rejoins the group at once. Range gives the
+    one partition to whichever member id sorts first: when that was A and B was slow (1 run in
+    10 on a loaded machine), A took the partition back with a newer epoch and applied the rest,
+    and B never finished. Sticky keeps it with B, its owner."""
     db = Database("sqlite", str(tmp_path / "ledger.db"), "z")
     db.create()
-    out = run_zombie(kafka_bootstrap, make_topic(1), tmp_path, db, "inside")
+    out = run_zombie(kafka_bootstrap, make_topic(1), tmp_path, db, "inside", "cooperative")
     evs, old = out.events, out.zombie_epoch
     held = next(e for e in attempts(evs, "A") if e["o"] == HOLD)
     assert (held["epoch"], held["outcome"]) == (old, "applied")
