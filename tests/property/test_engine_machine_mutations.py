@@ -1,0 +1,222 @@
+"""The engine state machine catches deliberate bugs: each test plants one in the engine and
+runs a machine of test_engine_machine.py, unchanged, which must fail on the invariant named.
+
+Every mutation is a monkeypatch of one small engine function: a change of behaviour a user would
+notice (a record lost or run again, a commit the member must not make, two records of a key at
+once, a budget that drifts until the consumer stalls or overruns its capacity). The runs are
+derandomized, with no example database and no shrinking: each test fails the same way every
+time, at its first failing example. The control tests run the unmutated machines under the very
+same settings and must pass, so a failure is the planted bug's.
+
+Two tiers. The default one holds the bugs the machines find within a few dozen examples whatever
+the seed. The `slow` one holds those they find only after hundreds: a revoke or lost that lands
+while a handler is finishing (the `finish_soon` rule right before `revoke` or `lose`), and
+two tasks of one key both taken while in flight; it runs them, and its controls, with a larger
+bound.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Hashable
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+
+# The machines, and the fixture that runs the engine on machine time: autouse, so imported here
+# it applies to this module's tests as it does to the machines' own.
+from tests.property.test_engine_machine import (
+    ConcurrentEngineMachine,
+    EngineMachine,
+    _machine_time,  # noqa: F401
+)
+
+from weir.budget import Budget
+from weir.engine import Engine
+from weir.offsetmap import FinishedMap
+from weir.ownership import PartitionState
+from weir.records import Partition, Record
+from weir.scheduling import Scheduler, _Lane
+from weir.tasks import Assignment
+from weir.tracking import BatchProgress
+
+Machine = type[RuleBasedStateMachine]
+
+
+def _settings(examples: int) -> settings:
+    """Fixed bounds, not WEIR_MACHINE_EXAMPLES / WEIR_MACHINE_STEPS: the same runs everywhere.
+    A mutant stops at its first failing example; only the controls run all of them."""
+    return settings(
+        max_examples=examples,
+        stateful_step_count=40,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        report_multiple_bugs=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+FAST = _settings(150)
+SLOW = _settings(1500)
+
+
+def _caught(machine: Machine, invariant: str, run: settings = FAST) -> None:
+    """The machine fails on an assertion whose message matches `invariant`. The machine's
+    teardown may raise in turn after a rule failed half-way (it finishes tasks the failed rule
+    left behind): the assertion is then the context of what propagates."""
+    with pytest.raises(Exception) as info:
+        run_state_machine_as_test(machine, settings=run)
+    error: BaseException | None = info.value
+    while error is not None and not isinstance(error, AssertionError):
+        error = error.__context__
+    assert error is not None, f"no invariant failed: {info.value!r}"
+    assert re.search(invariant, str(error)), f"another invariant failed: {error}"
+
+
+# -- controls ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("machine", [EngineMachine, ConcurrentEngineMachine])
+def test_unmutated_engine_passes(machine: Machine) -> None:
+    """Control: the engine as it is passes both machines under the default tier's settings."""
+    run_state_machine_as_test(machine, settings=FAST)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("machine", [EngineMachine, ConcurrentEngineMachine])
+def test_unmutated_engine_passes_long(machine: Machine) -> None:
+    """Control: the engine as it is passes both machines under the slow tier's settings."""
+    run_state_machine_as_test(machine, settings=SLOW)
+
+
+# -- mutants the machines find at once -----------------------------------------------------
+
+
+def test_catches_first_unfinished_off_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug: `BatchProgress._advance` looks for the first unfinished record from one past the
+    cursor, so when a later record of the batch finishes first the cursor jumps over the
+    unfinished record it was on, and the watermark passes it: committed, then lost in a crash.
+    Caught by: no commit passes an unfinished delivered offset (`_check_commits`); the
+    tracking/budget agreement of `budget_holds` catches it too in some runs."""
+
+    def advance(self: BatchProgress) -> None:
+        i = self._done.find(0, self._cursor + 1)  # the bug: + 1
+        self._cursor = len(self._done) if i < 0 else i
+
+    monkeypatch.setattr(BatchProgress, "_advance", advance)
+    _caught(EngineMachine, r"commit \d+ on .* passes unhandled offset \d+|unfinished tracked")
+
+
+def test_catches_budget_kept_on_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug: `Budget.close` drops a revoked or lost partition without taking its records and
+    bytes out of the totals: each rebalance with work in flight leaks capacity, until the
+    consumer stays paused for good.
+    Caught by: the budget's invariants (`budget_holds` -> `Budget.check`: the totals are the
+    sums of the owned partitions' counts)."""
+
+    def close(self: Budget, tp: Partition) -> None:
+        pb = self.parts.pop(tp, None)
+        if pb is None:
+            return
+        # the bug: no `self.records -= pb.records` and `self.bytes -= pb.bytes + pb.ahead_bytes`
+        self._resume.discard(tp)
+        self._blocked.discard(pb)
+        self._starved.discard(pb)
+
+    monkeypatch.setattr(Budget, "close", close)
+    _caught(EngineMachine, r"budget records \d+ != partitions' \d+")
+
+
+def test_catches_late_completion_credited_to_new_assignment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bug: `Engine._owner_of` finds a returning task's partition by name, not by assignment,
+    so a task of a revoked or lost assignment that comes back late is settled against the
+    partition's new assignment: the new assignment's budget is released for records it never
+    ran (it then overruns its capacity, or goes negative).
+    Caught by: the budget's invariants (`budget_holds`: tracking's unfinished records equal
+    the budget's, and `Budget.check`'s counts are never negative)."""
+
+    def owner_of(self: Engine, a: Assignment) -> PartitionState | None:
+        return self.own.partitions.get(a.tp)  # the bug: no `st.assignment is a` check
+
+    monkeypatch.setattr(Engine, "_owner_of", owner_of)
+    _caught(EngineMachine, r"negative counts|\d+ unfinished tracked, \d+ \+ \d+ in the budget")
+
+
+def test_catches_offset_map_read_off_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug: a restored offset map is read as if its flags began one past the committed offset
+    (which is never finished): each flag lands on the next offset, so a new owner skips an
+    unfinished record that follows a finished one, and that record is never handled.
+    Caught by: a restored map skips only records handled before (the machine's
+    `finished_before` check on every restart). The concurrent machine finds it soonest."""
+
+    def is_finished(self: FinishedMap, offset: int) -> bool:
+        i = offset - self.base - 1  # the bug: - 1
+        return 0 <= i < self.covered and self.flags[i] == 1
+
+    monkeypatch.setattr(FinishedMap, "is_finished", is_finished)
+    _caught(ConcurrentEngineMachine, r"map skips unhandled")
+
+
+# -- mutants the machines find after hundreds of examples ---------------------------------
+
+
+@pytest.mark.slow
+def test_catches_busy_key_dispatched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug: key mode's intake (`Scheduler._submit_keys`) does not see which keys are busy, so
+    a new record of a key that a task holds goes out at once in a task of its own: two records
+    of one key run at the same time, and may finish out of order.
+    Caught by: key order holds (`_check_no_conflict` when the second task is taken while the
+    first runs; `_check_order` when they run out of order)."""
+    submit_keys = Scheduler._submit_keys
+
+    def blind(
+        self: Scheduler,
+        assignment: Assignment,
+        lanes: dict[Hashable, _Lane | list[Hashable]],
+        batch: BatchProgress,
+        records: list[Record],
+    ) -> None:
+        submit_keys(self, assignment, {}, batch, records)  # the bug: {} for the busy lanes
+
+    monkeypatch.setattr(Scheduler, "_submit_keys", blind)
+    _caught(
+        ConcurrentEngineMachine,
+        r"would run .* while .* runs them|lane .* ran \d+ after \d+",
+        SLOW,
+    )
+
+
+@pytest.mark.slow
+def test_catches_lost_served_as_revoke(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug: partitions lost are handed off like revoked ones (what the client does when no
+    `on_lost` is registered): the engine waits for their handlers and commits their
+    watermark, over the commits of the member that owns them now.
+    Caught by: lost never commits (`_check_commits`: no commit on a partition lost and not
+    assigned again; `lose`: none inside on_lost). Only a record that finishes during the lost
+    callback leaves something new to commit, hence the many examples."""
+    monkeypatch.setattr(Engine, "_on_lost", Engine._on_revoke)
+    _caught(
+        ConcurrentEngineMachine,
+        r"commit on .* after it was lost|committed inside on_lost",
+        SLOW,
+    )
+
+
+@pytest.mark.slow
+def test_catches_revoke_without_drain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug: a revoke commits at once instead of waiting (up to `revoke_timeout_s`) for the
+    handlers still running on its partitions: records that finish a moment later are left
+    out of the hand-off commit, and the next owner runs them again.
+    Caught by: a revoke's commit equals the watermark (`_check_revoke`: it includes what
+    finished within the revoke's budget)."""
+
+    def drain_until(self: Engine, deadline: float, assignments: list[Assignment]) -> None:
+        self._settle_started(assignments)  # the bug: no waiting before it
+
+    monkeypatch.setattr(Engine, "_drain_until", drain_until)
+    _caught(EngineMachine, r"revoke of .* did not wait for", SLOW)
