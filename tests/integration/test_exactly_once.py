@@ -739,3 +739,36 @@ def test_an_idle_member_commits_no_transaction(
         assert len(events) == before, f"{len(events) - before} commit events while idle"
     report = check_outputs(kafka_bootstrap, src, out)
     assert report.exactly_once, report.summary()
+
+
+def test_a_transaction_ends_after_its_record_count_well_before_its_interval(
+    kafka_bootstrap: str, make_topic: TopicFactory
+) -> None:
+    """`transaction_max_records` is a boundary of its own: with a 60 s interval, transactions
+    of 10 records commit one after another (the member would otherwise sit on 35 finished
+    records for a minute), each holding at least its 10."""
+    src, out = make_topic(1), make_topic(1)
+    produce(kafka_bootstrap, src, _inputs(35))
+    group = _group()
+    events: list[CommitEvent] = []
+    gc = member(
+        Transform(out, sleep_s=0.01),
+        kafka_bootstrap,
+        group,
+        [src],
+        ordering="partition",
+        workers=1,
+        transactional_id=f"{group}-a",
+        transaction_interval_s=60.0,
+        transaction_max_records=10,
+    )
+    gc.add_commit_listener(events.append)
+    with gc:
+        wait_for_committed(kafka_bootstrap, group, src, [30], timeout=15)
+        wait_until(lambda: len([e for e in events if e.ok]) >= 3, 5, "three commit events")
+        offsets = [e.offset for e in events if e.ok]
+    assert len(offsets) >= 3, offsets
+    steps = [b - a for a, b in zip([0, *offsets], offsets, strict=False)]
+    assert all(step >= 10 for step in steps), steps
+    report = check_outputs(kafka_bootstrap, src, out)
+    assert report.exactly_once, report.summary()

@@ -27,6 +27,7 @@ from confluent_kafka.admin import (
 from tests import waiting
 from weir import (
     Context,
+    DeadLetterError,
     FailurePolicy,
     GroupConsumer,
     Handler,
@@ -975,3 +976,81 @@ def test_a_regex_topics_missing_dead_letter_topic_blocks_when_creation_is_off(
         time.sleep(0.5)
         assert committed_now(kafka_bootstrap, group, topic, 1)[0] == 2
     assert not topic_exists(kafka_bootstrap, f"{topic}.dlq"), "created although creation is off"
+
+
+def test_a_missing_dead_letter_topic_that_may_not_be_created_fails_the_start(
+    kafka_bootstrap: str, make_topic: TopicFactory
+) -> None:
+    """A subscribed topic's dead-letter topic is checked when the member starts: missing, with
+    creation off, is a `DeadLetterError` naming both topics before any record is handed to a
+    handler, so nothing is committed and nothing is created."""
+    topic = make_topic(1)
+    produce(kafka_bootstrap, topic, [(b"k", b"v%d" % i) for i in range(5)])
+    group = _group()
+    h = Recorder({(0, 2)})
+    policy = FailurePolicy(
+        retry=fast_retry(attempts=1), final="dead_letter", create_dead_letter_topic=False
+    )
+    gc = member(h, kafka_bootstrap, group, [topic], failure=policy)
+    gc.start()
+    with pytest.raises(DeadLetterError) as info:
+        gc.join(WAIT)
+    assert f"dead-letter topic '{topic}.dlq' of '{topic}' does not exist" in str(info.value)
+    assert "create_dead_letter_topic=False" in str(info.value)
+    assert h.snapshot() == []
+    assert committed_now(kafka_bootstrap, group, topic, 1) == {0: -1001}
+    assert not topic_exists(kafka_bootstrap, f"{topic}.dlq")
+
+
+class LongError(Handler):
+    """Fails offset 2 of every topic with a 5,000-character message, on every attempt."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.done: set[tuple[str, int]] = set()
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        if record.offset == 2:
+            raise Poisoned("poison " + "x" * 4_993)
+        with self.lock:
+            self.done.add((record.topic, record.offset))
+
+
+def test_a_topics_own_policy_applies_to_its_records_and_cuts_the_dead_letters_message(
+    kafka_bootstrap: str, make_topic: TopicFactory, cleanup_topics: list[str]
+) -> None:
+    """The consumer's policy blocks; `failure_by_topic` dead-letters one topic's failures
+    instead, with the exception message cut to that policy's `max_error_chars`. The same
+    failing offset in both topics: the plain one blocks at it, the other writes it to its
+    dead-letter topic and commits to its end."""
+    plain, special = make_topic(1), make_topic(1)
+    cleanup_topics.append(f"{special}.dlq")
+    for topic in (plain, special):
+        produce(kafka_bootstrap, topic, [(b"k", b"v%d" % i) for i in range(5)])
+    group = _group()
+    h = LongError()
+    block = FailurePolicy(retry=fast_retry(attempts=1), final="block", block_retry_s=60.0)
+    letter = FailurePolicy(retry=fast_retry(attempts=2), final="dead_letter", max_error_chars=40)
+    gc = member(
+        h,
+        kafka_bootstrap,
+        group,
+        [plain, special],
+        ordering="partition",
+        failure=block,
+        failure_by_topic={special: letter},
+    )
+    with running(gc):
+        wait_for_committed(kafka_bootstrap, group, special, "end", timeout=WAIT)
+        wait_until(lambda: gc.stats().blocked == (Partition(plain, 0),), "the plain one blocked")
+        assert committed_now(kafka_bootstrap, group, plain, 1) == {0: 2}
+        assert gc.stats().dead_lettered == 1
+    [dead] = consume_all(kafka_bootstrap, f"{special}.dlq", expected=1)
+    headers = {name: (v or b"").decode() for name, v in dead.headers}
+    assert (headers["weir.dlq.topic"], headers["weir.dlq.offset"]) == (special, "2")
+    assert headers["weir.dlq.attempts"] == "2"
+    message = headers["weir.dlq.message"]
+    assert len(message) == 40 and message == "poison " + "x" * 32 + "…", message
+    assert h.done >= {(t, o) for t in (plain, special) for o in (0, 1)}
+    assert (special, 3) in h.done and (plain, 3) not in h.done
+    assert not topic_exists(kafka_bootstrap, f"{plain}.dlq"), "the blocking topic has none"

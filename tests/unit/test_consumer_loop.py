@@ -577,7 +577,7 @@ def test_revoke_honours_its_budget_when_a_handler_is_stuck(launch: Launch) -> No
 
 
 def test_a_reassigned_partition_waits_for_the_previous_assignments_running_call(
-    launch: Launch,
+    launch: Launch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A handler stuck past revoke_timeout_s, then its partition assigned back to the same
     member: the landed code started a second call on the same record (same key) while the first
@@ -608,6 +608,9 @@ def test_a_reassigned_partition_waits_for_the_previous_assignments_running_call(
         # The only worker is stuck in the old call: P1 runs on its replacement.
         wait_until(lambda: len(probe.started_offsets(P1)) == 20, "P1 processed")
         wait_until(lambda: gc.stats().workers_replaced == 1, "the stuck worker replaced")
+        [replaced] = [e for e in events(caplog) if e["event"] == "worker_replaced"]
+        assert (replaced["tp"], replaced["first_offset"]) == (f"{TOPIC}[0]", 0), replaced
+        assert [r.levelno for r in caplog.records if r.name == "weir.workers"] == [logging.WARNING]
         assert calls == [1], "the record ran again while its first call was still running"
         assert probe.max_running_by[(TOPIC, 0, b"A")] == 1
         second = fake.script_revoke([P0])
@@ -1601,6 +1604,42 @@ def test_a_fatal_callback_still_drains_commits_and_closes(launch: Launch) -> Non
     assert 10 in offsets_committed(fake, P0)
     names = fake.call_names()
     assert names[-1] == "close" and "unsubscribe" in names
+
+
+def test_revoke_and_lost_hooks_that_raise_are_logged_with_their_partitions_and_counted(
+    launch: Launch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """on_revoked and on_lost run after the hand-off is done (the revoke's commit, the lost
+    partition's fence): a hook that raises is logged once each, with the hook and its
+    partitions, counted, and the member goes on consuming (callback_errors="log")."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(5))
+    fake.produce_many(TOPIC, 1, range(5))
+    fake.script_assign([P0, P1])
+
+    class Hooked(Probe):
+        def on_revoked(self, partitions: Sequence[Partition]) -> None:
+            raise RuntimeError("revoke hook bug")
+
+        def on_lost(self, partitions: Sequence[Partition]) -> None:
+            raise RuntimeError("lost hook bug")
+
+    probe = Hooked()
+    gc = launch(probe, fake)
+    wait_until(lambda: probe.finished_count() == 10, "all processed")
+    assert fake.script_revoke([P0]).done.wait(WAIT)
+    assert fake.script_lost([P1]).done.wait(WAIT)
+    assert 5 in offsets_committed(fake, P0), "the revoke committed before its hook raised"
+    fake.script_assign([P0])
+    fake.produce_many(TOPIC, 0, range(5, 8))
+    wait_until(lambda: 8 in offsets_committed(fake, P0), "the member goes on after both")
+    assert gc.state is State.RUNNING
+    failed = {e["hook_name"]: e for e in events(caplog) if e["event"] == "callback_failed"}
+    assert set(failed) == {"on_revoked", "on_lost"}, failed
+    assert failed["on_revoked"]["partitions"] == [f"{TOPIC}[0]"]
+    assert failed["on_lost"]["partitions"] == [f"{TOPIC}[1]"]
+    assert not failed["on_lost"]["stops_member"]
+    wait_until(lambda: gc.stats().callback_failures == 2, "both counted")
 
 
 def test_a_listener_added_after_start_is_called(launch: Launch) -> None:

@@ -224,6 +224,23 @@ def test_only_the_configured_exception_types_are_retried(launch: Launch) -> None
     assert len(h.calls) == 1
 
 
+def test_backoff_grows_by_its_multiplier_up_to_its_cap_and_jitter_only_shortens_it() -> None:
+    """Attempt n waits min(backoff_max_s, backoff_initial_s * multiplier ** (n - 2)), less up to
+    `jitter` of itself: records that failed together spread out, and none waits longer than
+    the cap."""
+    retry = RetryPolicy(
+        backoff_initial_s=0.1, backoff_multiplier=3.0, backoff_max_s=2.0, jitter=0.25
+    )
+    no_draw = [retry.delay(n, 0.0) for n in range(2, 7)]
+    assert no_draw == pytest.approx([0.1, 0.3, 0.9, 2.0, 2.0])
+    for n, full in zip(range(2, 7), no_draw, strict=True):
+        for draw in (0.0, 0.3, 0.999):
+            assert retry.delay(n, draw) == pytest.approx(full * (1 - 0.25 * draw))
+        assert 0.75 * full < retry.delay(n, 0.999) <= full
+    steady = RetryPolicy(backoff_initial_s=0.5, backoff_max_s=0.5, jitter=0.0)
+    assert {steady.delay(n, 0.7) for n in range(2, 10)} == {0.5}
+
+
 def test_max_elapsed_ends_retries_before_max_attempts(launch: Launch) -> None:
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(1))

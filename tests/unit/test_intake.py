@@ -198,6 +198,22 @@ def test_a_record_is_immutable() -> None:
     assert rec.offset == 4 and rec.headers == (("h", b"xy"),)
 
 
+def test_a_record_is_no_sequence() -> None:
+    """Regression: `Record` was a tuple subclass, so `len(record)` was 7, iterating it yielded the
+    engine's internals (the client's message among them) and `sorted()` of two records compared
+    those internals, raising a TypeError only when the first fields tied. A record is a plain
+    object: no length, no items, no order of its own; sort by a field."""
+    first, second = runs_of([msg(4), msg(5)], lambda e, m: None)[0].records
+    assert not isinstance(first, tuple)
+    with pytest.raises(TypeError):
+        len(first)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        iter(first)  # type: ignore[call-overload]
+    with pytest.raises(TypeError):
+        sorted([second, first])  # type: ignore[type-var]
+    assert sorted([second, first], key=lambda r: r.offset) == [first, second]
+
+
 def test_a_delivered_record_pickles_copies_and_compares_by_its_fields() -> None:
     (rec,) = runs_of([msg(4, headers=[("h", b"xy")], leader_epoch=2)], lambda e, m: None)[0].records
     for twin in (pickle.loads(pickle.dumps(rec)), copy.copy(rec), copy.deepcopy(rec)):

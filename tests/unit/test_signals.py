@@ -1,4 +1,5 @@
-"""SIGTERM on a member that `run()`s on the main thread, as a service's entry point does."""
+"""SIGTERM on a member that `run()`s on the main thread, as a service's entry point does, and a
+second signal during its drain."""
 
 from __future__ import annotations
 
@@ -51,14 +52,11 @@ def slow_signal_line() -> Iterator[None]:
     logger.setLevel(level)
 
 
-@pytest.mark.timeout(30)
-@pytest.mark.usefixtures("slow_signal_line")
-def test_sigterm_stops_a_member_waiting_for_a_handler_that_runs_until_cancelled() -> None:
-    """The owner waits for completions, none come (the one running handler returns only when
-    cancelled), and SIGTERM arrives on the main thread, whose handler outlasts the wait. The
-    member stops within its shutdown budget. (On Python 3.10-3.12 the interrupted
-    SimpleQueue.get went on waiting with a negative timeout, forever: run() never returned;
-    seen on the broker as a member that ignored SIGTERM.)"""
+def member_on_the_main_thread(
+    shutdown_timeout_s: float,
+) -> tuple[FakeConsumer, UntilCancelled, GroupConsumer, int]:
+    """A member on the fake whose offset 0 runs until cancelled, and the main thread's id, to
+    send it signals (skipped where the test does not run on the main thread)."""
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals are delivered to the main thread only")
     fake = FakeConsumer()
@@ -72,11 +70,23 @@ def test_sigterm_stops_a_member_waiting_for_a_handler_that_runs_until_cancelled(
         group_id="g",
         topics=[TOPIC],
         poll_timeout_s=0.01,
-        shutdown_timeout_s=0.5,
+        shutdown_timeout_s=shutdown_timeout_s,
         startup_timeout_s=1.0,
     )
     main = threading.main_thread().ident
     assert main is not None
+    return fake, handler, gc, main
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.usefixtures("slow_signal_line")
+def test_sigterm_stops_a_member_waiting_for_a_handler_that_runs_until_cancelled() -> None:
+    """The owner waits for completions, none come (the one running handler returns only when
+    cancelled), and SIGTERM arrives on the main thread, whose handler outlasts the wait. The
+    member stops within its shutdown budget. (On Python 3.10-3.12 the interrupted
+    SimpleQueue.get went on waiting with a negative timeout, forever: run() never returned;
+    seen on the broker as a member that ignored SIGTERM.)"""
+    fake, handler, gc, main = member_on_the_main_thread(shutdown_timeout_s=0.5)
     sent: list[float] = []
 
     def terminate() -> None:
@@ -90,4 +100,50 @@ def test_sigterm_stops_a_member_waiting_for_a_handler_that_runs_until_cancelled(
     took = time.monotonic() - sent[0]
     assert took < 3.0, f"run() returned {took:.1f} s after SIGTERM"
     assert handler.cancelled.wait(2)
+    assert fake.closed
+
+
+class LogEvents(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if isinstance(record.msg, dict):
+            self.events.append(str(record.msg.get("event")))
+
+
+@pytest.mark.timeout(30)
+def test_a_second_signal_during_the_drain_skips_the_rest_of_it() -> None:
+    """SIGTERM starts a drain with a 20 s budget that a handler running until cancelled would
+    use up; SIGINT on top of it (Ctrl-C after `kill`, or a second Ctrl-C) cuts the drain short:
+    the running record is cancelled, the watermark below it committed and the client closed,
+    at once. (Before, repeated signals waited out the whole budget.)"""
+    fake, handler, gc, main = member_on_the_main_thread(shutdown_timeout_s=20.0)
+    sent: list[float] = []
+
+    def interrupt_twice() -> None:
+        if handler.running.wait(10):
+            time.sleep(0.2)
+            signal.pthread_kill(main, signal.SIGTERM)
+            time.sleep(0.5)  # the drain is under way, waiting for offset 0
+            sent.append(time.monotonic())
+            signal.pthread_kill(main, signal.SIGINT)
+
+    logger = logging.getLogger("weir")
+    events, level = LogEvents(), logger.level
+    logger.addHandler(events)
+    logger.setLevel(logging.INFO)
+    try:
+        threading.Thread(target=interrupt_twice, daemon=True).start()
+        gc.run()
+    finally:
+        logger.removeHandler(events)
+        logger.setLevel(level)
+    took = time.monotonic() - sent[0]
+    assert took < 3.0, f"run() returned {took:.1f} s after the second signal"
+    assert handler.cancelled.wait(2)
+    assert "shutdown_hurried" in events.events, events.events
+    assert "shutdown_budget_exceeded" not in events.events
+    assert fake.commits_for((TOPIC, 0))[-1][0] == 0  # the watermark: offset 0 never finished
     assert fake.closed
