@@ -56,6 +56,13 @@ class Transactions:
         self._logger = logger
         self._producer: TransactionalProducer | None = None
         self._timeout = cfg.transaction_timeout_s
+        # Ending a transaction waits on the coordinator, which may first have to finish writing
+        # the markers of the one before (CONCURRENT_TRANSACTIONS while it does) or time the
+        # transaction out itself: a commit or abort that timed out is retried past the
+        # transaction timeout, as librdkafka asks ("retry call to resume"), rather than taken
+        # for a fatal error on a slow broker. Half of max.poll.interval at most: the owner does
+        # not poll meanwhile.
+        self._end_timeout = max(self._timeout, min(3 * self._timeout, cfg.max_poll_interval_s / 2))
         self.open = False
         self.records = 0  # records marked finished in the open transaction
         self.outputs = 0  # outputs written into it
@@ -185,7 +192,7 @@ class Transactions:
                 self._retrying(
                     lambda t: self.producer.send_offsets_to_transaction(tps, group_metadata, t)
                 )
-            self._retrying(lambda t: self.producer.commit_transaction(t))
+            self._retrying(lambda t: self.producer.commit_transaction(t), self._end_timeout)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.txn_requires_abort():
@@ -208,7 +215,7 @@ class Transactions:
         if self.fatal is not None:
             raise self.fatal
         try:
-            self._retrying(lambda t: self.producer.abort_transaction(t))
+            self._retrying(lambda t: self.producer.abort_transaction(t), self._end_timeout)
         except KafkaException as exc:
             raise self._fatal("transaction abort failed", exc) from exc
         self.aborted += 1
@@ -236,11 +243,11 @@ class Transactions:
         if self._producer is not None:
             self._producer.flush(max(0.0, timeout))
 
-    def _retrying(self, call: Callable[[float], object]) -> None:
+    def _retrying(self, call: Callable[[float], object], within: float | None = None) -> None:
         """A transactional call (given its timeout), retried while the client says the error
-        is retriable (as librdkafka's transactional API asks), within the transaction
-        timeout."""
-        deadline = time.monotonic() + self._timeout
+        is retriable (as librdkafka's transactional API asks), within `within` seconds (the
+        transaction timeout by default)."""
+        deadline = time.monotonic() + (self._timeout if within is None else within)
         while True:
             try:
                 call(max(0.1, deadline - time.monotonic()))
