@@ -751,8 +751,9 @@ def test_a_transaction_ends_after_its_record_count_well_before_its_interval(
     produce(kafka_bootstrap, src, _inputs(35))
     group = _group()
     events: list[CommitEvent] = []
+    calls = Calls()
     gc = member(
-        Transform(out, sleep_s=0.01),
+        Transform(out, sleep_s=0.01, before=calls),
         kafka_bootstrap,
         group,
         [src],
@@ -767,8 +768,12 @@ def test_a_transaction_ends_after_its_record_count_well_before_its_interval(
         wait_for_committed(kafka_bootstrap, group, src, [30], timeout=15)
         wait_until(lambda: len([e for e in events if e.ok]) >= 3, 5, "three commit events")
         offsets = [e.offset for e in events if e.ok]
+        # The last five stay in the open transaction until the stop commits it: handled first,
+        # so that the stop has nothing left to drop.
+        wait_until(lambda: sum(calls.count.values()) >= 35, 10, "every record handled")
     assert len(offsets) >= 3, offsets
     steps = [b - a for a, b in zip([0, *offsets], offsets, strict=False)]
     assert all(step >= 10 for step in steps), steps
+    assert wait_for_committed(kafka_bootstrap, group, src, "end", timeout=10) == {0: 35}
     report = check_outputs(kafka_bootstrap, src, out)
     assert report.exactly_once, report.summary()
