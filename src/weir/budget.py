@@ -102,6 +102,10 @@ class Budget:
         self._starved: set[PartitionBudget] = set()  # read-ahead the capacity held back
         self._size_for = -1
         self._size = 1
+        # Records above the capacity that a partition brought back when it ran again: its parked
+        # records count at once, on top of what the others took meanwhile. The budget is full
+        # until they are finished; no registration adds to them.
+        self.unparked = 0
 
     # -- membership ----------------------------------------------------------------------
 
@@ -119,6 +123,7 @@ class Budget:
         self._resume.discard(tp)
         self._blocked.discard(pb)
         self._starved.discard(pb)
+        self._settle_unparked()
 
     # -- records -------------------------------------------------------------------------
 
@@ -146,6 +151,8 @@ class Budget:
         pb.bytes -= nbytes
         self.records -= count
         self.bytes -= nbytes
+        if self.unparked:
+            self._settle_unparked()
         if pb.ahead or pb.over_share:
             self._refill(pb)
 
@@ -183,7 +190,11 @@ class Budget:
             return False
         pb.blocked = False
         self._blocked.discard(pb)
+        self.unparked = max(0, self.live - self._flow.capacity_records)
         return True
+
+    def _settle_unparked(self) -> None:
+        self.unparked = max(0, min(self.unparked, self.live - self._flow.capacity_records))
 
     @property
     def live(self) -> int:
@@ -440,7 +451,10 @@ class Budget:
                 raise AssertionError(f"{pb.assignment.tp}: read-ahead counts drifted")
             if pb.records < 0 or pb.bytes < 0:
                 raise AssertionError(f"{pb.assignment.tp}: negative counts")
-        if self.live > self._flow.capacity_records:
-            raise AssertionError(f"{self.live} records in flight (not parked) > capacity")
+        if self.live > self._flow.capacity_records + self.unparked:
+            raise AssertionError(
+                f"{self.live} records in flight (not parked) > capacity"
+                + (f" + {self.unparked} brought back by an unblock" if self.unparked else "")
+            )
         if self._blocked != {pb for pb in parts if pb.blocked}:
             raise AssertionError("the parked partitions are not the blocked ones")

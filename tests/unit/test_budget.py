@@ -349,6 +349,38 @@ def test_a_blocked_partitions_records_are_parked_out_of_the_marks() -> None:
     assert d.update() == "throttled", "counted again once unblocked"
 
 
+def test_a_partition_that_runs_again_brings_its_parked_records_back_on_top_of_the_capacity() -> (
+    None
+):
+    """Found by the engine state machine (a CI run): a hot key's retry parked its partition, the
+    others filled the capacity meanwhile, and the retry's success unblocked it: 13 records in
+    flight with a capacity of 12, which `check` refused although it is the bound flow-control.md
+    promises (the capacity for the others, the parked records on top). The budget is full until
+    the records brought back are finished, and nothing registered adds to them."""
+    d = Driver(records_cfg(), partitions=2, ordering="unordered")
+    b = d.budget
+    p1 = Partition(TOPIC, 1)
+    d.add(8, tp=p1)
+    assert b.block(p1)
+    d.add(10)
+    d.add(10)
+    assert b.live == 20 and b.records == 28
+    assert b.unblock(p1)
+    b.check()
+    assert (b.live, b.unparked) == (28, 8)
+    pause, _ = b.end_turn()
+    assert b.full and sorted(pause) == [P0, p1], "paused at the capacity until they finish"
+    assert b.fetch_size() == 1
+    d.remove(5)
+    assert b.unparked == 3
+    d.remove(10)
+    assert (b.live, b.unparked) == (13, 0)
+    d.add(7)
+    assert b.live == 20
+    d.add(3)
+    assert b.live == 20, "beyond the capacity: read ahead, not in flight"
+
+
 def test_shared_budget_counts_throttle_at_the_capacity_and_lift_below_the_pause_mark() -> None:
     """While partitions hold shares of the record budget, each with its own marks, the count
     marks move up: throttle at the capacity, lift below the pause mark (with the usual marks
