@@ -250,7 +250,10 @@ def test_max_elapsed_ends_retries_before_max_attempts(launch: Launch) -> None:
     gc = launch(h, fake, failure=FailurePolicy(retry=retry))
     with pytest.raises(HandlerError):
         gc.join(WAIT)
-    assert 3 <= len(h.calls) <= 5, h.calls
+    # Attempts 0.1 s apart, none scheduled past 0.35 s after the first failure: 4 on time, at
+    # most 5, and on a loaded machine (a retry that runs late leaves less time) at least 2.
+    assert 2 <= len(h.calls) <= 5, h.calls
+    assert [attempt for _, _, attempt in h.calls] == list(range(1, len(h.calls) + 1))
 
 
 # -- block, retry_now, skip ---------------------------------------------------------------------
@@ -520,7 +523,8 @@ def test_a_slow_record_gives_the_rest_of_its_task_to_other_workers(
         others = set(range(300, 340)) - {slow} - (same_key if ordering == "key" else set())
         t0 = time.monotonic()
         wait_until(lambda: others <= set(h.offsets_done(0)), "the rest of the slow task's records")
-        assert time.monotonic() - t0 < 2.0
+        # Well before the slow record is released (WAIT, 10 s), with room for a loaded machine.
+        assert time.monotonic() - t0 < 5.0
         assert slow not in h.offsets_done(0)
         if ordering == "key":
             assert not same_key & set(h.offsets_done(0)), "a later record of the slow key ran"
