@@ -391,7 +391,10 @@ class Engine:
                 log.exception("close_failed")
             self._repeats.flush()  # close() served the last of the client's errors and lines
             if self.txn is not None:
-                self.txn.close(deadline - time.monotonic())
+                try:
+                    self.txn.close(deadline - time.monotonic())
+                except Exception:  # the steps after it (the workers' stop) must still run
+                    log.exception("transactions_close_failed")
             if self.fence is not None:
                 try:
                     self.fence.close()

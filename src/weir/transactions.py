@@ -240,8 +240,16 @@ class Transactions:
         return self.fatal
 
     def close(self, timeout: float) -> None:
-        if self._producer is not None:
-            self._producer.flush(max(0.0, timeout))
+        """The member stopped: deliver what the producer still holds, and let it go."""
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        try:
+            producer.flush(max(0.0, timeout))
+        except KafkaException as exc:
+            # A producer with a fatal error (fenced) raises it from flush: it delivers nothing
+            # more, and its open transaction is the coordinator's to abort.
+            log.debug("transactional_flush_failed", error=_text(exc))
 
     def _retrying(self, call: Callable[[float], object], within: float | None = None) -> None:
         """A transactional call (given its timeout), retried while the client says the error

@@ -337,8 +337,14 @@ def test_a_member_started_with_the_same_transactional_id_fences_the_old_one(
     produce(kafka_bootstrap, src, _inputs(1000))
     group = _group()
     first = Calls()
+    shut_down = threading.Event()
+
+    class Fenced(Transform):
+        def on_shutdown(self) -> None:
+            shut_down.set()
+
     old = member(
-        Transform(out, sleep_s=0.002, before=first),
+        Fenced(out, sleep_s=0.002, before=first),
         kafka_bootstrap,
         group,
         [src],
@@ -361,9 +367,18 @@ def test_a_member_started_with_the_same_transactional_id_fences_the_old_one(
         with new:
             with pytest.raises(TransactionError, match="fenced"):
                 old.join(30)
+            # Its shutdown ran to the end: the fenced producer's flush raised the fence again,
+            # which skipped the rest of the shutdown (the hook, the workers' and the watermark
+            # refresher's stop: their threads and client were left running for good).
+            assert shut_down.is_set(), "the fenced member's shutdown stopped half-way"
             wait_for_committed(kafka_bootstrap, group, src, "end", timeout=60)
     finally:
         old.stop()
+    wait_until(
+        lambda: not [t for t in threading.enumerate() if t.name.startswith("weir-")],
+        10,
+        "the stopped members' threads to end",
+    )
     report = check_outputs(kafka_bootstrap, src, out)
     assert report.exactly_once, report.summary()
 

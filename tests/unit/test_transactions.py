@@ -152,3 +152,30 @@ def test_the_bound_is_half_of_max_poll_interval_when_that_is_shorter() -> None:
     with pytest.raises(TransactionError):
         txn.abort()
     assert 1.0 <= time.monotonic() - started < 1.9
+
+
+class FencedProducer(SlowCoordinator):
+    """A producer a newer one with the same transactional_id fenced: its flush raises the
+    fatal error again, as librdkafka's does."""
+
+    def __init__(self) -> None:
+        super().__init__(busy_s=0.0)
+        self.flushes = 0
+
+    def flush(self, timeout: float = -1) -> int:
+        self.flushes += 1
+        raise KafkaException(
+            KafkaError(KafkaError._FENCED, "Producer fenced by newer instance", fatal=True)
+        )
+
+
+def test_closing_a_fenced_producer_does_not_raise_and_lets_it_go() -> None:
+    """Regression: close() raised the fence from the producer's flush, which ended the
+    member's shutdown before its hook, its workers' stop and the watermark refresher's stop
+    (threads and a client left running). Now it logs the error and forgets the producer."""
+    producer = FencedProducer()
+    txn = transactions(producer)
+    txn.close(1.0)
+    assert producer.flushes == 1
+    txn.close(1.0)
+    assert producer.flushes == 1, "a second close does not use the producer again"
