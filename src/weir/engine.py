@@ -66,7 +66,7 @@ from weir.scheduling import Scheduler, lane_of
 from weir.stats import ConsumerStats, PartitionStats
 from weir.tasks import DONE, FAILED, FENCED, Assignment, Task
 from weir.tracking import BatchProgress
-from weir.transactions import TransactionError, Transactions
+from weir.transactions import Outcome, TransactionError, Transactions
 from weir.watermarks import WatermarkRefresher
 from weir.workers import Progress, ThreadWorkers, Workers
 
@@ -172,6 +172,7 @@ class Engine:
                 cfg,
                 cast(TransactionalProducerFactory, producer_factory or _producer),
                 logger=ClientLog(self._repeats),
+                interrupt=life.hurry,
             )
             if transactional
             else None
@@ -453,7 +454,9 @@ class Engine:
         if self._await_start:
             self._start_awaiting()
         if self.txn is not None:
-            if self.txn.due(now):
+            if not self.txn.ready:
+                self.txn.recover(now)  # a replaced producer: its partitions wait meanwhile
+            elif self.txn.due(now):
                 self._commit_transaction(())
                 self._publish(running=True)
         elif self.committer.due(now):
@@ -822,6 +825,10 @@ class Engine:
         assert txn is not None
         if txn.fatal is not None and not self.life.should_run:
             return {}  # the member stops with it: nothing can be committed any more
+        if not txn.ready:
+            # The producer is being replaced: every owned partition was rewound then and waits
+            # for its committed offset; nothing was marked finished since.
+            return {}
         commits = self.commits
         commits.catch_up_positions()
         offsets = {tp: off for tp, off in commits.committable().items() if off is not None}
@@ -842,7 +849,8 @@ class Engine:
             # fences before it joins the group, so its join is what started this hand-off).
             txn.opened_at = time.monotonic()
             return {}
-        if txn.commit(offsets, metadata, self.client.consumer_group_metadata()):
+        outcome = txn.commit(offsets, metadata, self.client.consumer_group_metadata())
+        if outcome is Outcome.COMMITTED:
             now = time.monotonic()
             for tp, off in offsets.items():
                 self._txn_committed[tp] = (off, metadata.get(tp) or None)
@@ -850,17 +858,22 @@ class Engine:
             for tp, off in offsets.items():
                 self.committer.result(tp, off, None, sync=True)
             return offsets
-        self._rewind([tp for tp in self.own.partitions if tp not in gone])
+        staying = [tp for tp in self.own.partitions if tp not in gone]
+        self._rewind(staying, reread=outcome is Outcome.UNKNOWN)
         return {}
 
-    def _rewind(self, tps: list[Partition]) -> None:
+    def _rewind(self, tps: list[Partition], *, reread: bool = False) -> None:
         """After an aborted transaction: these partitions start over locally, and their
         records are dropped until the client is back at their committed offsets. The committed
         offset map comes back with the offset: the records it lists had their outputs
-        committed, and must not run again."""
+        committed, and must not run again. `reread`: the commit's fate is unknown (the
+        producer was replaced during it), so the committed offsets are read from the broker
+        again, once the new producer has resolved that transaction."""
         for a in self.own.reset(tps):
             self.failures.forget([a])
             tp = a.tp
+            if reread:
+                self._txn_committed.pop(tp, None)
             known = self._txn_committed.get(tp)
             if known is None:
                 self._await_start[tp] = None  # read it from the broker
@@ -888,7 +901,11 @@ class Engine:
 
     def _start_awaiting(self) -> None:
         """Transactional mode, owner loop: partitions waiting for their start offset. Those
-        whose committed offset is known are sought there; the others are read again."""
+        whose committed offset is known are sought there; the others are read again. Not while
+        the producer is being replaced: its init resolves the transaction that was open, whose
+        offsets are the ones to read, and no record may run without a transaction."""
+        if self.txn is not None and not self.txn.ready:
+            return
         unknown = [tp for tp, off in self._await_start.items() if off is None]
         now = time.monotonic()
         if unknown and now >= self._next_start_read:
@@ -927,9 +944,16 @@ class Engine:
             try:
                 fn(client, tps)
             except TransactionError as exc:
-                # A fence found by the hand-off commit: already logged (transaction_fatal), an
-                # expected way for a member to stop, not a fault of weir's callback.
-                log.warning("rebalance_callback_fenced", callback=fn.__name__, error=str(exc))
+                # Found by the hand-off commit and logged there (transaction_fatal); a fence is
+                # an expected way for a member to stop, not a fault of weir's callback.
+                log.warning(
+                    "rebalance_callback_fenced"
+                    if exc.fenced
+                    else "rebalance_callback_transaction_failed",
+                    callback=fn.__name__,
+                    step=exc.step,
+                    error=str(exc),
+                )
                 self.life.fail(exc)
             except BaseException as exc:
                 log.exception("rebalance_callback_failed", callback=fn.__name__)

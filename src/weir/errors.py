@@ -13,6 +13,7 @@ __all__ = [
     "HandlerError",
     "KafkaFatalError",
     "OffsetResetError",
+    "TransactionError",
     "WeirError",
 ]
 
@@ -112,3 +113,17 @@ class DeserializationError(NonRetryable, WeirError):
         self.record = record
         self.field = field
         self.__cause__ = cause
+
+
+class TransactionError(WeirError):
+    """The transactional producer failed in a way the member cannot ride out: it was fenced (a
+    newer producer with the same transactional id, or a newer group generation), or the
+    broker refused it for good (for example its authorization). The member stops; nothing of
+    its open transaction is committed. `step` names the call that failed ("adding the offsets
+    to the transaction", "committing the transaction", ...), `fenced` says whether it was a
+    fence."""
+
+    def __init__(self, message: str, *, step: str = "", fenced: bool = False) -> None:
+        super().__init__(message)
+        self.step = step
+        self.fenced = fenced
