@@ -35,6 +35,10 @@ __all__ = ["GroupConsumer"]
 
 log = get_logger(__name__)
 
+# How long run() waits on the owner thread at a time: signal handlers run between the waits as
+# well as inside them, so this only bounds how late a missed wake-up could be noticed.
+_JOIN_SLICE = 0.5
+
 
 class GroupConsumer:
     """A consumer-group member that processes records on worker threads and commits only
@@ -147,16 +151,40 @@ class GroupConsumer:
     # -- public API ------------------------------------------------------------------------
 
     def run(self, *, handle_signals: bool = True) -> None:
-        """Run the member on this thread until `stop()`, a signal, or a failure (re-raised).
+        """Run the member until `stop()`, a signal, or a failure (re-raised); blocks.
 
         With `handle_signals` (and on the main thread) SIGINT and SIGTERM stop the member
         gracefully: drain, commit, leave the group. A second signal hurries the stop: the rest
         of the drain is skipped, the finished watermark committed, the client closed. The
-        previous handlers are restored when `run()` returns.
+        previous handlers are restored when `run()` returns. Without them, a KeyboardInterrupt
+        stops the member the same way and is raised once it has stopped.
+
+        The owner loop runs on a thread of its own (`weir-owner`) while this thread waits for
+        it: Python runs signal handlers on the main thread only, between bytecodes, so a
+        handler must never wait for the owner to come back from a client call.
         """
         self._refuse_on_loop("run()")
         self._life.begin()
-        self._run(handle_signals)
+        restore = self._install_signals() if handle_signals else None
+        try:
+            thread = self._spawn_owner()
+            self._wait_for(thread)
+        finally:
+            if restore is not None:
+                restore()
+        if self._life.failure is not None:
+            raise self._life.failure
+
+    def _wait_for(self, thread: threading.Thread) -> None:
+        """Wait for the owner thread, interruptibly: signal handlers run during the wait. An
+        exception raised here (a KeyboardInterrupt with no handler of weir's) stops the member
+        as a failure would, and the wait goes on until it has stopped."""
+        while thread.is_alive():
+            try:
+                thread.join(_JOIN_SLICE)
+            except BaseException as exc:
+                self._life.fail(exc)  # the first failure wins
+                self._life.request_stop()  # a second request hurries the stop
 
     def _refuse_on_loop(self, call: str) -> None:
         """A blocking call on the thread of the event loop the handlers run on would stop that
@@ -174,10 +202,9 @@ class GroupConsumer:
                 "`async with consumer:` instead"
             )
 
-    def _run(self, handle_signals: bool) -> None:
-        restore = self._install_signals() if handle_signals else None
+    def _spawn_owner(self) -> threading.Thread:
         try:
-            Engine(
+            engine = Engine(
                 self.config,
                 self._handler,
                 self._factory,
@@ -186,25 +213,26 @@ class GroupConsumer:
                 producer_factory=self._producer_factory,
                 fence=self._fence,
                 loop=self._loop,
-            ).run()
-        finally:
-            if restore is not None:
-                restore()
-        if self._life.failure is not None:
-            raise self._life.failure
-
-    def start(self) -> GroupConsumer:
-        """Run the member on a background owner thread; pair with `stop()` and `join()`."""
-        self._life.begin()
+            )
+        except BaseException as exc:
+            self._life.fail(exc)
+            self._life.end()
+            raise
 
         def target() -> None:
             try:
-                self._run(handle_signals=False)
+                engine.run()  # its failures land in the lifecycle
             except BaseException as exc:
                 self._life.fail(exc)
 
         self._thread = threading.Thread(target=target, name="weir-owner", daemon=True)
         self._thread.start()
+        return self._thread
+
+    def start(self) -> GroupConsumer:
+        """Run the member on a background owner thread; pair with `stop()` and `join()`."""
+        self._life.begin()
+        self._spawn_owner()
         return self
 
     def stop(self) -> None:

@@ -12,9 +12,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import queue
-import signal
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import groupby
@@ -105,11 +102,6 @@ _PUBLISH_EVERY = 1.0
 _STARTUP_SLICE = 0.25
 # How many of the client's distinct errors a BrokerUnreachableError names.
 _CAUSES = 3
-# Python 3.10-3.12: a SimpleQueue.get(timeout=...) interrupted by a signal whose handler runs
-# past the timeout goes on waiting with a negative timeout, which means forever (3.13 fixed
-# it). run() waits for completions on the main thread, where SIGTERM's handler runs: a stop
-# with a handler that waits for cancellation hung until SIGKILL, without its final commit.
-_MASK_WAITS = sys.version_info < (3, 13) and hasattr(signal, "pthread_sigmask")
 
 
 class Engine:
@@ -196,8 +188,6 @@ class Engine:
         self._client: ConsumerClient | None = None
         # What the client's errors said while start() waited for a broker (None after).
         self._startup_causes: dict[str, None] | None = None
-        # Signals held back while the owner waits for completions (see _MASK_WAITS).
-        self._held_signals: frozenset[int] = frozenset()
         self.metrics = Metrics()
         # How often the high watermarks are read by a client of their own (None: not at all).
         self._refresh_s = cfg.watermark_refresh_s if refresh_watermarks else None
@@ -230,8 +220,6 @@ class Engine:
     def run(self) -> None:
         """Start, turn until stopped or failed, shut down. Failures land in `life.failure`."""
         life = self.life
-        if _MASK_WAITS and threading.current_thread() is threading.main_thread():
-            self._held_signals = _python_handled_signals()
         try:
             self.start()
             while life.should_run:
@@ -544,18 +532,10 @@ class Engine:
             wait = _REPORT_WAIT
         n = 0
         try:
-            if wait <= 0:
-                t = q.get_nowait()
-            elif self._held_signals:
-                # Another thread takes these signals meanwhile (Python runs the handler here,
-                # after the wait), or they arrive when the mask is restored.
-                held = signal.pthread_sigmask(signal.SIG_BLOCK, self._held_signals)
-                try:
-                    t = q.get(timeout=wait)
-                finally:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, held)
-            else:
-                t = q.get(timeout=wait)
+            # Never on the main thread (`GroupConsumer` runs the engine on a thread of its
+            # own), where a signal could interrupt this wait (Python 3.10-3.12 then waited
+            # forever with a negative timeout).
+            t = q.get_nowait() if wait <= 0 else q.get(timeout=wait)
             while True:
                 if isinstance(t, Progress):
                     for p in t:
@@ -1356,19 +1336,6 @@ class Engine:
         except KafkaException:
             return None, None
         return (low if low >= 0 else None), (high if high >= 0 else None)
-
-
-def _python_handled_signals() -> frozenset[int]:
-    """The signals with a Python handler now (weir's SIGINT and SIGTERM, the application's)."""
-    out = set()
-    for s in signal.valid_signals():
-        try:
-            handler = signal.getsignal(s)
-        except (OSError, ValueError):  # not one Python may handle
-            continue
-        if callable(handler):
-            out.add(int(s))
-    return frozenset(out)
 
 
 def _producer(conf: dict[str, Any]) -> ProducerClient:

@@ -10,8 +10,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from tests.scripted_producer import NativeHang, Producers, Scripted
 
 from weir import Context, GroupConsumer, Handler, Record
+from weir.lifecycle import State
 from weir.testing.fake import FakeConsumer
 
 TOPIC = "t"
@@ -147,3 +149,81 @@ def test_a_second_signal_during_the_drain_skips_the_rest_of_it() -> None:
     assert "shutdown_budget_exceeded" not in events.events
     assert fake.commits_for((TOPIC, 0))[-1][0] == 0  # the watermark: offset 0 never finished
     assert fake.closed
+
+
+class Nothing(Handler):
+    def handle(self, record: Record, ctx: Context) -> None:
+        pass
+
+
+class Timed(logging.Handler):
+    """When each of weir's events was logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: dict[str, float] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if isinstance(record.msg, dict):
+            self.at.setdefault(str(record.msg.get("event")), time.monotonic())
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_is_handled_while_the_owner_is_inside_a_client_call_that_never_returns() -> None:
+    """Regression (broker restart): a transactional member's commit waited in librdkafka with
+    no deadline, and SIGTERM did nothing: the owner ran on the main thread, where Python runs
+    signal handlers only between bytecodes. Here the commit waits in native code that no
+    signal interrupts. The handler must run at once (the owner runs on a thread of its own),
+    and the member must stop by itself: the commit is abandoned at weir's deadline, the
+    producer replaced, and the stop drains, commits and closes. (Before the fix the handler
+    ran only when the test released the wait, 6 s later.)"""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are delivered to the main thread only")
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3))
+    fake.script_assign([(TOPIC, 0)])
+    hang = NativeHang()
+    stuck = Scripted(commit=[hang])
+    gc = GroupConsumer(
+        Nothing(),
+        consumer_factory=fake.factory,
+        producer_factory=Producers(stuck),
+        bootstrap_servers="fake:9092",
+        group_id="g",
+        topics=[TOPIC],
+        poll_timeout_s=0.01,
+        startup_timeout_s=1.0,
+        transactional_id="t-1",
+        transaction_timeout_s=1.0,
+    )
+    main = threading.main_thread().ident
+    assert main is not None
+    sent: list[float] = []
+
+    def terminate() -> None:
+        deadline = time.monotonic() + 10
+        while "commit" not in stuck.calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # the owner waits inside the commit by now
+        sent.append(time.monotonic())
+        signal.pthread_kill(main, signal.SIGTERM)
+        time.sleep(6.0)
+        hang.release()  # lets a member that could not take the signal go on (the old code)
+
+    logger = logging.getLogger("weir")
+    timed, level = Timed(), logger.level
+    logger.addHandler(timed)
+    logger.setLevel(logging.INFO)
+    try:
+        threading.Thread(target=terminate, daemon=True).start()
+        gc.run()
+        stopped = time.monotonic()
+    finally:
+        logger.removeHandler(timed)
+        logger.setLevel(level)
+        hang.release()
+    handled = timed.at["signal_received"] - sent[0]
+    assert handled < 0.5, f"the signal was handled {handled:.1f} s after it was sent"
+    assert stopped - sent[0] < 8.0
+    assert gc.state is State.STOPPED, gc.failure
+    assert "transactional_producer_replaced" in timed.at
