@@ -89,6 +89,16 @@ class CommitPath:
                 send = {}
         self.sent(send, metadata, now, sync=False)
 
+    def send_offsets(self, offsets: Mapping[Partition, int], now: float) -> None:
+        """Commit these offsets as they are, asynchronously (a partition's start position,
+        `weir.starts`); the results come to `on_commit`."""
+        try:
+            self._client().commit(offsets=offsets_to_commit(offsets), asynchronous=True)
+        except KafkaException as exc:
+            log.warning("commit_request_failed", error=str(exc))
+            return
+        self.sent(offsets, {}, now, sync=False)
+
     def send_sync(self, committable: Mapping[Partition, int | None]) -> dict[Partition, int]:
         """A hand-off commit (revoke, shutdown): the watermark of these partitions, with their
         offset maps; returns what was sent."""

@@ -18,8 +18,6 @@ from itertools import groupby
 from typing import Any, cast
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
     KafkaError,
     KafkaException,
     TopicPartition,
@@ -60,6 +58,7 @@ from weir.ownership import Ownership, PartitionState
 from weir.records import Handler, Partition, Record, is_async_handler, offset_of, size_of
 from weir.replay import ReplayMaps
 from weir.scheduling import Scheduler, lane_of
+from weir.starts import Starts
 from weir.stats import ConsumerStats, PartitionStats
 from weir.tasks import DONE, FAILED, FENCED, Assignment, Task
 from weir.tracking import BatchProgress
@@ -88,13 +87,6 @@ _REPORT_AFTER = 0.05
 # requires, not the unrelated records packed behind it. Longer than a lane task's 40 ms, which
 # would only be cut into more hand-offs.
 _MOVE_AFTER = 0.1
-# The longest a new assignment waits for its committed offsets (and their offset maps; stats
-# show them as the group's committed offsets until this member commits).
-_COMMITTED_TIMEOUT = 5.0
-# Transactional mode: partitions whose committed offsets could not be read at the assignment are
-# read again from the loop this often, each read waiting at most this long.
-_START_READ_EVERY = 0.5
-_START_READ_TIMEOUT = 0.2
 # Stats are published at every commit, and at least this often.
 _PUBLISH_EVERY = 1.0
 # While waiting for a broker at start, the longest metadata request before the client's queue is
@@ -169,15 +161,16 @@ class Engine:
             if transactional
             else None
         )
-        # Transactional mode: partitions whose start offset is not known yet (the committed
-        # offsets could not be read in the assignment), and partitions to seek after a rewind:
-        # their records are dropped until then (`_register_run`).
-        self._await_start: dict[Partition, int | None] = {}
-        # ... and what the group has committed for each owned partition, offset and metadata (its
-        # offset map), as read at the assignment or sent in a committed transaction: where a
-        # rewind starts, and which records above it it must not run again.
-        self._txn_committed: dict[Partition, tuple[int, str | None]] = {}
-        self._next_start_read = 0.0
+        txn = self.txn
+        self.starts = Starts(
+            cfg.auto_offset_reset,
+            cfg.revoke_timeout_s,
+            lambda: self.client,
+            self.commits,
+            self.committer,
+            self.replay,
+            ready=None if txn is None else lambda: txn.ready,
+        )
         self.fence = fence
         self.paused: set[Partition] = set()  # paused in the client, as weir asked it
         self._last_poll = 0.0
@@ -439,8 +432,9 @@ class Engine:
         if failures.turn(now):
             self.scheduler.dispatch()  # retries due now go out this turn, not after a poll
         self._serve_requests()
-        if self._await_start:
-            self._start_awaiting()
+        if self.starts.pending:
+            sought = self.starts.turn(now)
+            self._resume([tp for tp in sought if self._paused_for_start(tp)])
         if self.txn is not None:
             if not self.txn.ready:
                 self.txn.recover(now)  # a replaced producer: its partitions wait meanwhile
@@ -494,8 +488,8 @@ class Engine:
         and must pause."""
         if st is None or not st.assignment.dispatching:
             return False  # fetched before a revoke or lost: the next owner reads them again
-        if self._await_start and st.assignment.tp in self._await_start:
-            return False  # fetched before its start offset is known: read again from there
+        if self.starts.pending and self.starts.holds(st.assignment.tp):
+            return False  # fetched before its start was sought: read again from there
         offsets = run.offsets
         tp = st.assignment.tp
         try:
@@ -818,7 +812,7 @@ class Engine:
             txn.empty
             and not gone
             and all(
-                self._txn_committed.get(tp) == (off, metadata.get(tp) or None)
+                self.starts.committed.get(tp) == (off, metadata.get(tp) or None)
                 for tp, off in offsets.items()
             )
         ):
@@ -833,7 +827,7 @@ class Engine:
         if outcome is Outcome.COMMITTED:
             now = time.monotonic()
             for tp, off in offsets.items():
-                self._txn_committed[tp] = (off, metadata.get(tp) or None)
+                self.starts.committed[tp] = (off, metadata.get(tp) or None)
             commits.sent(offsets, metadata, now, sync=True)
             for tp, off in offsets.items():
                 self.committer.result(tp, off, None, sync=True)
@@ -851,65 +845,11 @@ class Engine:
         again, once the new producer has resolved that transaction."""
         for a in self.own.reset(tps):
             self.failures.forget([a])
-            tp = a.tp
-            if reread:
-                self._txn_committed.pop(tp, None)
-            known = self._txn_committed.get(tp)
-            if known is None:
-                self._await_start[tp] = None  # read it from the broker
-            else:
-                self._restart_at(tp, known)
+            self.starts.rewind(a.tp, reread=reread)
 
-    def _restart_at(self, tp: Partition, committed: tuple[int, str | None]) -> None:
-        """Start `tp` over at its committed offset (a seek from the loop), skipping what its
-        committed offset map lists."""
-        self._txn_committed[tp] = committed
-        self._await_start[tp] = self._start_offset(committed[0])
-        if self.replay.enabled:
-            self.replay.forget([tp])
-            self.replay.restore({tp: committed})
-
-    def _start_offset(self, committed: int) -> int:
-        """Where a partition starts: its committed offset, or where auto_offset_reset says
-        when there is none."""
-        if committed >= 0:
-            return committed
-        reset = self.cfg.auto_offset_reset
-        if reset == "error":
-            return committed  # the client reports it (_AUTO_OFFSET_RESET)
-        return OFFSET_BEGINNING if reset == "earliest" else OFFSET_END
-
-    def _start_awaiting(self) -> None:
-        """Transactional mode, owner loop: partitions waiting for their start offset. Those
-        whose committed offset is known are sought there; the others are read again. Not while
-        the producer is being replaced: its init resolves the transaction that was open, whose
-        offsets are the ones to read, and no record may run without a transaction."""
-        if self.txn is not None and not self.txn.ready:
-            return
-        unknown = [tp for tp, off in self._await_start.items() if off is None]
-        now = time.monotonic()
-        if unknown and now >= self._next_start_read:
-            # A read that waits (a killed member's open transaction holds the offsets until it
-            # times out) blocks the loop: not more often than this.
-            self._next_start_read = now + _START_READ_EVERY
-            found = self._read_committed(unknown, timeout=_START_READ_TIMEOUT, again=True)
-            for tp, committed in found.items():
-                if tp in self._await_start:
-                    self._restart_at(tp, committed)
-        for tp, off in list(self._await_start.items()):
-            if off is None or tp not in self.own.partitions:
-                if tp not in self.own.partitions:
-                    del self._await_start[tp]
-                continue
-            del self._await_start[tp]
-            try:
-                self.client.seek(TopicPartition(tp.topic, tp.partition, off))
-            except KafkaException as exc:
-                log.warning("seek_failed", tp=str(tp), offset=off, error=str(exc))
-                self._await_start[tp] = None  # read it again
-                continue
-            if tp in self.paused and self.budget.pause_reason(tp) is None:
-                self._resume([tp])
+    def _paused_for_start(self, tp: Partition) -> bool:
+        """Sought to its start: paused for that alone (not for the budget), so resume it."""
+        return tp in self.paused and self.budget.pause_reason(tp) is None
 
     def _emit_commit(self, event: CommitEvent) -> None:
         self.metrics.commit_result(event)
@@ -962,59 +902,27 @@ class Engine:
 
     def _assign(self, client: Any, tps: list[TopicPartition], began: float) -> None:
         parts = [Partition(t.topic, t.partition) for t in tps]
-        committed: dict[Partition, tuple[int, str | None]] | None = None
-        if self.txn is not None and tps:
-            # Exactly-once: start each partition exactly at its committed offset, read here (it
-            # waits for an open transaction of a killed member). librdkafka's own fetch can
-            # fall back to auto.offset.reset when the assignment changes while that fetch
-            # waits (UNSTABLE_OFFSET_COMMIT), which replays or skips input.
-            committed = self._read_committed(parts)
-            # A partition whose committed offset could not be read yet starts paused at a
-            # placeholder (nothing is read there: its records are dropped until the seek to its
-            # committed offset, `_start_awaiting`), never at librdkafka's own fetch.
-            tps = [
-                TopicPartition(
-                    t.topic,
-                    t.partition,
-                    self._start_offset(committed[p][0]) if p in committed else OFFSET_END,
-                )
-                for t, p in zip(tps, parts, strict=True)
-            ]
         if tps:
-            # Assign here rather than after the callback so the pause state set below applies
-            # to partitions that are really assigned.
+            # Every partition at an explicit offset: its committed one, read here, never
+            # librdkafka's own fetch (`weir.starts`). Assign here rather than after the
+            # callback so the pause state set below applies to partitions really assigned.
+            at = self.starts.assign(parts)
             if self.cfg.incremental:
-                client.incremental_assign(tps)
+                client.incremental_assign(at)
             else:
-                client.assign(tps)
-        self.own.assign(
-            parts, self._set_paused, lambda added: self._prepare(added, committed, began)
-        )
+                client.assign(at)
+        self.own.assign(parts, self._set_paused, lambda added: self._prepare(added, began))
 
-    def _prepare(
-        self,
-        added: list[Partition],
-        committed: dict[Partition, tuple[int, str | None]] | None,
-        began: float,
-    ) -> None:
-        """New partitions, before `on_assigned` and before their first record: start offsets
-        not read yet (transactional mode), fence epochs, offset maps, their metrics."""
+    def _prepare(self, added: list[Partition], began: float) -> None:
+        """New partitions, before `on_assigned` and before their first record: those whose
+        start is not settled yet paused, fence epochs, offset maps, their metrics."""
         self.metrics.assigned(added, began)
-        if committed is not None:
-            for tp in added:
-                if tp in committed:
-                    self._txn_committed[tp] = committed[tp]
-            # Offsets that could not be read: paused, read again from the owner loop.
-            unknown = [tp for tp in added if tp not in committed]
-            for tp in unknown:
-                self._await_start[tp] = None
-            self._set_paused(unknown, True, reason="start_offset_unknown")
-        else:
-            # For the offset maps, and for stats: the group's committed offset until this
-            # member commits.
-            committed = self._read_committed(added)
+        self._set_paused(self.starts.paused(added), True, reason="start_offset_unknown")
+        known = self.starts.committed
+        committed = {tp: known[tp] for tp in added if tp in known}
+        # For stats: the group's committed offset until this member commits.
         self.metrics.group_committed(
-            {tp: (off if off >= 0 else None) for tp, (off, _) in committed.items() if tp in added}
+            {tp: (off if off >= 0 else None) for tp, (off, _) in committed.items()}
         )
         if self.fence is not None:
             self._acquire_epochs(added)
@@ -1030,36 +938,13 @@ class Engine:
             self.own.partitions[tp].assignment.epoch = epochs[tp]
         log.info("fence_epochs_acquired", epochs={str(tp): epochs[tp] for tp in added})
 
-    def _read_committed(
-        self, tps: Sequence[Partition], timeout: float | None = None, *, again: bool = False
-    ) -> dict[Partition, tuple[int, str | None]]:
-        """The group's committed offsets and metadata of `tps`, from the broker (it waits for
-        an open transaction's offsets), bounded in time; {} when the read fails (a warning, or
-        a debug line when it is read `again` from the loop: the first failure warned)."""
-        if timeout is None:
-            timeout = min(_COMMITTED_TIMEOUT, self.cfg.revoke_timeout_s)
-        try:
-            found = self.client.committed(topic_partitions(tps), timeout=timeout)
-        except KafkaException as exc:
-            parts = [str(t) for t in tps]
-            if again:
-                log.debug("committed_reread_failed", partitions=parts, error=str(exc))
-            else:
-                log.warning("committed_read_failed", partitions=parts, error=str(exc))
-            return {}
-        return {
-            Partition(r.topic, r.partition): (r.offset, r.metadata)
-            for r in found
-            if r.error is None
-        }
-
     def _on_revoke(self, client: Any, tps: list[TopicPartition]) -> None:
         self.metrics.rebalance_began(time.monotonic())
         gone = self._assignments_of(tps)
         parts = [Partition(t.topic, t.partition) for t in tps]
         self.own.revoke(parts, self._drain_until, self._commit_sync)
         self._left(gone, parts)
-        self._forget_starts(tps)
+        self.starts.forget(parts)
         self.paused.difference_update(parts)
 
     def _on_lost(self, client: Any, tps: list[TopicPartition]) -> None:
@@ -1069,7 +954,7 @@ class Engine:
         parts = [Partition(t.topic, t.partition) for t in tps]
         self.own.lost(parts)
         self._left(gone, parts)
-        self._forget_starts(tps)
+        self.starts.forget(parts)
         if self.txn is not None and gone:
             # The open transaction holds outputs of the lost partitions, whose offsets this
             # member may no longer commit: abort it, and start the others over.
@@ -1089,12 +974,6 @@ class Engine:
         self.commits.forget_unowned()
         if self._watermarks is not None:
             self._watermarks.track(self.own.partitions)
-
-    def _forget_starts(self, tps: list[TopicPartition]) -> None:
-        for t in tps:
-            tp = Partition(t.topic, t.partition)
-            self._await_start.pop(tp, None)
-            self._txn_committed.pop(tp, None)
 
     def _assignments_of(self, tps: list[TopicPartition]) -> list[Assignment]:
         parts = self.own.partitions
@@ -1263,7 +1142,11 @@ class Engine:
                     committable=committable,
                     committed=committed,
                     paused=tp in self.paused,
-                    pause_reason=budget.pause_reason(tp) if tp in self.paused else None,
+                    pause_reason=(
+                        budget.pause_reason(tp) or self.starts.pause_reason(tp)
+                        if tp in self.paused
+                        else None
+                    ),
                     read_ahead=ahead,
                     offset_map_bytes=self.replay.sizes.get(tp, 0),
                     position=position,

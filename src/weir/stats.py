@@ -82,7 +82,9 @@ class PartitionStats:
     here, or the read failed)."""
     paused: bool
     """The client is not fetching this partition (see `pause_reason`)."""
-    pause_reason: Literal["capacity", "share", "blocked"] | None = None
+    pause_reason: (
+        Literal["capacity", "share", "blocked", "start_offset_unknown", "start_committing"] | None
+    ) = None
     read_ahead: int = 0
     """Records read ahead of the partition's share of the budget (flow-control.md): registered,
     so the watermark waits for them, but not yet in the lanes."""

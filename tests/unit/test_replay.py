@@ -109,7 +109,11 @@ def member() -> Iterator[Member]:
             "startup_timeout_s": 1.0,
             **overrides,
         }
-        factory = fake.factory if isinstance(fake, FakeConsumer) else fake
+        factory: Callable[[dict[str, Any]], FakeConsumer] = (
+            fake.factory if isinstance(fake, FakeConsumer) else fake
+        )
+        if isinstance(fake, FakeConsumer):
+            fake.given_committed()  # a group that ran before: no start commits in the log
         gc = GroupConsumer(handler, consumer_factory=factory, **settings)
         started.append(gc)
         gc.start()

@@ -266,6 +266,8 @@ class FakeConsumer:
         self.commits: list[CommitCall] = []
         self.pause_calls: list[tuple[str, tuple[TP, ...]]] = []
         self.seeks: list[tuple[TP, int]] = []
+        self.assigned_at: list[dict[TP, int]] = []
+        """The offset each assign call asked for, per partition (-1001: the committed one)."""
         self._pending_results: list[tuple[CommitCall, KafkaError | None]] = []
         self._scheduled_results: deque[tuple[int, KafkaError | None]] = deque()
         self.hold_commit_results = False
@@ -451,6 +453,21 @@ class FakeConsumer:
     def pending_commit_seqs(self) -> list[int]:
         with self._lock:
             return [c.seq for c, _ in self._pending_results]
+
+    def given_committed(self, offsets: Mapping[TPLike, int] | None = None) -> None:
+        """Set up the group as having committed these offsets before this member started (no
+        commit call is recorded). With no argument: the first offset of every partition that
+        holds records and has nothing committed yet, a group that starts where the log does."""
+        with self._lock:
+            store = self._broker._offsets.setdefault(self._group_key(), {})
+            if offsets is None:
+                offsets = {
+                    tp: offs[0]
+                    for tp, offs in self._broker._log_offsets.items()
+                    if offs and tp not in store
+                }
+            for tp, offset in offsets.items():
+                store[_tp(tp)] = (offset, None)
 
     def rewind(self, tp: TPLike, offset: int) -> None:
         """Move the read position back (as an offset reset or seek would)."""
@@ -770,6 +787,7 @@ class FakeConsumer:
         with self._cond:
             self._wrong_family(False)
             self._assign_called = True
+            self.assigned_at.append({_tp(p): p.offset for p in partitions})
             self._replace([_tp(p) for p in partitions], {_tp(p): p.offset for p in partitions})
             self._cond.notify_all()
 
@@ -784,6 +802,7 @@ class FakeConsumer:
                         KafkaError(KafkaError._INVALID_ARG, f"{_tp(p)} is already assigned")
                     )
             self._assign_called = True
+            self.assigned_at.append({_tp(p): p.offset for p in partitions})
             self._add([_tp(p) for p in partitions], {_tp(p): p.offset for p in partitions})
             self._cond.notify_all()
 
@@ -868,6 +887,37 @@ class FakeConsumer:
             if self._read_committed and high:
                 high = self._broker._stable_end(tp)
             return (low, high)
+
+    def offsets_for_times(
+        self, partitions: list[TopicPartition], timeout: float = -1
+    ) -> list[TopicPartition]:
+        """Per partition: the first offset whose timestamp is at or after `offset` (a time in
+        ms), or the log's start for OFFSET_BEGINNING (-2) and its end (the last stable offset
+        under read_committed) for OFFSET_END (-1), as a ListOffsets request answers; -1 where
+        no record is that late."""
+        self._check_open()
+        out = []
+        with self._lock:
+            for p in partitions:
+                tp = _tp(p)
+                low, high = self._broker.watermarks(*tp)
+                if self._read_committed and high:
+                    high = self._broker._stable_end(tp)
+                if p.offset == OFFSET_BEGINNING:
+                    found = low
+                elif p.offset == OFFSET_END:
+                    found = high
+                else:
+                    found = next(
+                        (
+                            m.offset() or 0
+                            for m in self._broker._logs.get(tp, [])
+                            if not m._control and m.timestamp()[1] >= p.offset
+                        ),
+                        -1,
+                    )
+                out.append(TopicPartition(p.topic, p.partition, found))
+        return out
 
     def memberid(self) -> str:
         if self._scripted:

@@ -1,0 +1,286 @@
+"""Where each owned partition starts reading, in every mode: one path, and never librdkafka's own.
+
+librdkafka's committed-offset fetch for an assigned partition can leave it silent (an
+OffsetFetch error it does not retry while the assignment changes) or fall back to
+`auto.offset.reset` (UNSTABLE_OFFSET_COMMIT while the assignment changes: committed input read
+again, or skipped). So weir reads the committed offsets itself in the assign callback and
+assigns every partition at an explicit offset. A partition whose start is not settled in the
+callback is assigned paused at a placeholder it never reads from (its records are dropped until
+it is sought, `holds`) and settled from the owner loop (`turn`):
+
+- **read**: its committed offset could not be read in time: read again every 0.5 s, each read
+  bounded, so the other partitions keep going;
+- **resolve**: nothing is committed: where `auto_offset_reset` resolves to (the log's start or
+  end, one ListOffsets request for all such partitions) ...
+- **confirm**: ... is committed at once, and the partition waits until the broker confirmed it.
+  A member that joins at `latest`, handles some records and dies before its first commit would
+  otherwise leave its successor to resolve `latest` again, past the records it never finished;
+- **seek**: the offset is known: the client is sought there and the partition resumed.
+
+An aborted transaction rewinds partitions through the same states (`rewind`). With
+`auto_offset_reset="error"` and nothing committed the partition is left to librdkafka, which
+reports it (`OffsetResetError`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, KafkaException
+from confluent_kafka import TopicPartition as TP
+
+from weir.client import ConsumerClient, topic_partitions
+from weir.commits import CommitPath
+from weir.committing import Committer
+from weir.logs import get_logger
+from weir.records import Partition
+from weir.replay import ReplayMaps
+
+__all__ = ["Committed", "Starts"]
+
+log = get_logger(__name__)
+
+StartPause = Literal["start_offset_unknown", "start_committing"]
+
+Committed = tuple[int, str | None]
+"""A partition's committed offset (negative: none) and its metadata (the offset map)."""
+
+# The longest the assign callback waits for the committed offsets.
+_COMMITTED_TIMEOUT = 5.0
+# From the owner loop: partitions whose start is not settled are read (or resolved) again this
+# often, each request waiting at most this long.
+_AGAIN_EVERY = 0.5
+_AGAIN_TIMEOUT = 0.2
+# A start commit whose result did not come (or failed) is sent again after this long.
+_RESEND_AFTER = 1.0
+
+
+class Wait(enum.Enum):
+    """What a partition's start waits for."""
+
+    READ = "read"
+    RESOLVE = "resolve"
+    CONFIRM = "confirm"
+    SEEK = "seek"
+
+
+class _Pending:
+    __slots__ = ("offset", "sent_at", "wait")
+
+    def __init__(self, wait: Wait, offset: int | None = None) -> None:
+        self.wait = wait
+        self.offset = offset
+        self.sent_at = 0.0
+
+
+class Starts:
+    """Owner thread only."""
+
+    def __init__(
+        self,
+        auto_offset_reset: str,
+        revoke_timeout_s: float,
+        client: Callable[[], ConsumerClient],
+        commits: CommitPath,
+        committer: Committer,
+        replay: ReplayMaps,
+        ready: Callable[[], bool] | None = None,
+    ) -> None:
+        self._reset = auto_offset_reset
+        self._callback_timeout = min(_COMMITTED_TIMEOUT, revoke_timeout_s)
+        self._client = client
+        self._commits = commits
+        self._committer = committer
+        self._replay = replay
+        # Whether a partition may be sought now (a transactional member: not while its
+        # producer is being replaced, whose init resolves the transaction that was open).
+        self._ready = ready or _always
+        # What the group has committed for each owned partition as this member knows it: read
+        # at the assignment, or sent in a committed transaction. Where a rewind starts, and
+        # which records above it must not run again (its offset map).
+        self.committed: dict[Partition, Committed] = {}
+        self.pending: dict[Partition, _Pending] = {}
+        self._next_read = 0.0
+        self._next_resolve = 0.0
+
+    # -- the assign callback ---------------------------------------------------------------
+
+    def assign(self, tps: Sequence[Partition]) -> list[TP]:
+        """In the assign callback: the committed offsets of `tps`, read now (waiting for a
+        transaction that holds them, within a bound), and each partition at the explicit offset
+        to assign it at. Partitions not settled here start paused (`paused`)."""
+        found = self.read(tps, self._callback_timeout)
+        out = []
+        for tp in tps:
+            committed = found.get(tp)
+            if committed is None:
+                self.pending[tp] = _Pending(Wait.READ)
+                out.append(TP(tp.topic, tp.partition, OFFSET_END))  # a placeholder
+                continue
+            self.committed[tp] = committed
+            self.pending.pop(tp, None)
+            offset = self._offset_of(tp, committed[0])
+            out.append(TP(tp.topic, tp.partition, OFFSET_END if offset is None else offset))
+        return out
+
+    def paused(self, added: Iterable[Partition]) -> list[Partition]:
+        """Of partitions just added, those whose start waits: the engine pauses them."""
+        return [tp for tp in added if tp in self.pending]
+
+    def _offset_of(self, tp: Partition, committed: int) -> int | None:
+        """Where a partition with this committed offset starts (None: resolve and commit the
+        reset position first)."""
+        if committed >= 0:
+            return committed
+        if self._reset == "error":
+            return OFFSET_STORED  # librdkafka's fetch finds nothing and reports it
+        self.pending[tp] = _Pending(Wait.RESOLVE)
+        return None
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def read(
+        self, tps: Sequence[Partition], timeout: float, *, again: bool = False
+    ) -> dict[Partition, Committed]:
+        """The group's committed offsets and metadata of `tps`, from the broker (it waits for
+        an open transaction's offsets), bounded in time; what could not be read is left out
+        (a warning, or a debug line when it is read `again` from the loop)."""
+        if not tps:
+            return {}
+        try:
+            found = self._client().committed(topic_partitions(tps), timeout=timeout)
+        except KafkaException as exc:
+            parts = [str(t) for t in tps]
+            if again:
+                log.debug("committed_reread_failed", partitions=parts, error=str(exc))
+            else:
+                log.warning("committed_read_failed", partitions=parts, error=str(exc))
+            return {}
+        return {
+            Partition(r.topic, r.partition): (r.offset, r.metadata)
+            for r in found
+            if r.error is None
+        }
+
+    # -- the owner loop --------------------------------------------------------------------
+
+    def holds(self, tp: Partition) -> bool:
+        """Records of `tp` are dropped: it was fetched before its start was sought."""
+        return tp in self.pending
+
+    def pause_reason(self, tp: Partition) -> StartPause | None:
+        p = self.pending.get(tp)
+        if p is None:
+            return None
+        return "start_committing" if p.wait is Wait.CONFIRM else "start_offset_unknown"
+
+    def turn(self, now: float) -> list[Partition]:
+        """Move each waiting partition's start on by what can be done now; returns the
+        partitions sought to their start (the engine resumes them)."""
+        if not self.pending or not self._ready():
+            return []
+        waiting = {w: [tp for tp, p in self.pending.items() if p.wait is w] for w in Wait}
+        if waiting[Wait.READ] and now >= self._next_read:
+            # A read that waits (a killed member's open transaction holds the offsets until
+            # it times out) blocks the loop: not more often than this.
+            self._next_read = now + _AGAIN_EVERY
+            for tp, committed in self.read(waiting[Wait.READ], _AGAIN_TIMEOUT, again=True).items():
+                self.restart_at(tp, committed)
+        if waiting[Wait.RESOLVE] and now >= self._next_resolve:
+            self._next_resolve = now + _AGAIN_EVERY
+            self._resolve(waiting[Wait.RESOLVE], now)
+        for tp in waiting[Wait.CONFIRM]:
+            self._confirm(tp, now)
+        sought = []
+        client = self._client()
+        for tp, p in list(self.pending.items()):
+            if p.wait is not Wait.SEEK:
+                continue
+            assert p.offset is not None
+            try:
+                client.seek(TP(tp.topic, tp.partition, p.offset))
+            except KafkaException as exc:
+                log.warning("seek_failed", tp=str(tp), offset=p.offset, error=str(exc))
+                self.pending[tp] = _Pending(Wait.READ)  # read it again
+                continue
+            del self.pending[tp]
+            sought.append(tp)
+        return sought
+
+    def _resolve(self, tps: list[Partition], now: float) -> None:
+        """Where `auto_offset_reset` puts partitions with nothing committed (the log's start or
+        end now), committed at once."""
+        spec = OFFSET_BEGINNING if self._reset == "earliest" else OFFSET_END
+        try:
+            found = self._client().offsets_for_times(
+                [TP(tp.topic, tp.partition, spec) for tp in tps], timeout=_AGAIN_TIMEOUT
+            )
+        except KafkaException as exc:
+            log.debug("reset_resolve_failed", partitions=[str(t) for t in tps], error=str(exc))
+            return
+        resolved = {
+            Partition(r.topic, r.partition): r.offset
+            for r in found
+            if r.error is None and r.offset >= 0
+        }
+        for tp, offset in resolved.items():
+            if tp in self.pending:
+                self.pending[tp] = _Pending(Wait.CONFIRM, offset)
+        if resolved:
+            log.info(
+                "start_offsets_reset",
+                reset=self._reset,
+                offsets={str(tp): off for tp, off in resolved.items()},
+            )
+            self._send(resolved, now)
+
+    def _confirm(self, tp: Partition, now: float) -> None:
+        p = self.pending[tp]
+        assert p.offset is not None
+        confirmed = self._committer.confirmed(tp)
+        if confirmed is not None and confirmed >= p.offset:
+            self.committed[tp] = (p.offset, None)
+            self.pending[tp] = _Pending(Wait.SEEK, p.offset)
+        elif now - p.sent_at >= _RESEND_AFTER:
+            # Failed (the committer forgot it) or no answer yet: once more.
+            self._send({tp: p.offset}, now)
+
+    def _send(self, offsets: Mapping[Partition, int], now: float) -> None:
+        for tp in offsets:
+            self.pending[tp].sent_at = now
+        self._commits.send_offsets(offsets, now)
+
+    # -- rewinds and hand-offs -------------------------------------------------------------
+
+    def restart_at(self, tp: Partition, committed: Committed) -> None:
+        """Start `tp` over at its committed offset (a seek from the loop), skipping what its
+        committed offset map lists."""
+        self.committed[tp] = committed
+        offset = self._offset_of(tp, committed[0])
+        if offset is not None:
+            self.pending[tp] = _Pending(Wait.SEEK, offset)
+        if self._replay.enabled:
+            self._replay.forget([tp])
+            self._replay.restore({tp: committed})
+
+    def rewind(self, tp: Partition, *, reread: bool) -> None:
+        """After an aborted transaction: `tp` starts over at its committed offset, read from the
+        broker again when `reread` (the commit's fate was unknown) or not known."""
+        if reread:
+            self.committed.pop(tp, None)
+        known = self.committed.get(tp)
+        if known is None:
+            self.pending[tp] = _Pending(Wait.READ)
+        else:
+            self.restart_at(tp, known)
+
+    def forget(self, tps: Iterable[Partition]) -> None:
+        for tp in tps:
+            self.pending.pop(tp, None)
+            self.committed.pop(tp, None)
+
+
+def _always() -> bool:
+    return True

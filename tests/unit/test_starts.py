@@ -1,0 +1,204 @@
+"""Where a new partition starts (`weir.starts`), on the fake: every partition at an explicit
+offset, the reset position of a partition with nothing committed committed before its first
+record, and committed offsets that could not be read read again from the loop."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from tests.waiting import wait_until
+
+from weir import GroupConsumer, Record
+from weir.config import ConsumerSettings
+from weir.testing import FakeBroker, FakeConsumer
+
+TOPIC = "t"
+P0 = (TOPIC, 0)
+WAIT = 10.0
+
+SETTINGS: ConsumerSettings = {
+    "bootstrap_servers": "fake:9092",
+    "group_id": "g",
+    "topics": [TOPIC],
+    "poll_timeout_s": 0.01,
+    "commit_interval_s": 60.0,
+    "commit_every": 1_000_000,
+    "startup_timeout_s": 1.0,
+    "shutdown_timeout_s": 2.0,
+    "workers": 2,
+    "ordering": "partition",
+}
+
+
+class Handled:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.offsets: list[int] = []
+        self.first_at: float | None = None
+
+    def __call__(self, record: Record) -> None:
+        with self.lock:
+            if self.first_at is None:
+                self.first_at = time.monotonic()
+            self.offsets.append(record.offset)
+
+
+def run(
+    members: list[GroupConsumer], fake: FakeConsumer, handler: Handled, **settings: Any
+) -> GroupConsumer:
+    gc = GroupConsumer(handler, consumer_factory=fake.factory, **{**SETTINGS, **settings})
+    members.append(gc)
+    gc.start()
+    assert gc.wait_started(WAIT)
+    return gc
+
+
+def pause_reason(gc: GroupConsumer) -> object:
+    parts = gc.stats().partitions
+    return parts[0].pause_reason if parts else "unassigned"
+
+
+@pytest.mark.parametrize(("reset", "start"), [("latest", 50), ("earliest", 0)])
+def test_the_reset_position_is_committed_before_the_first_record(
+    members: list[GroupConsumer], reset: str, start: int
+) -> None:
+    """Nothing committed: weir resolves auto_offset_reset itself and commits that position at
+    once. While the broker has not confirmed it, the partition stays paused and no record is
+    handed out; once confirmed, the partition starts exactly there."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(50))
+    fake.script_assign([P0])
+    fake.hold_commit_results = True
+    handled = Handled()
+    gc = run(members, fake, handled, auto_offset_reset=reset)
+    wait_until(lambda: bool(fake.commit_log()), "the start commit")
+    (first,) = fake.commit_log()
+    assert first.offsets == {P0: start} and first.asynchronous
+    fake.produce_many(TOPIC, 0, range(50, 60))
+    wait_until(lambda: pause_reason(gc) == "start_committing", "the stats to say why")
+    time.sleep(0.3)
+    assert handled.offsets == [], "nothing runs before the start is confirmed"
+    assert P0 in fake.paused
+    fake.deliver_commit_results([(first.seq, None)])
+    fake.hold_commit_results = False
+    wait_until(lambda: len(handled.offsets) == 60 - start, "the records from the start on")
+    assert handled.offsets == list(range(start, 60))
+
+
+def test_a_start_commit_that_fails_is_sent_again_and_nothing_runs_meanwhile(
+    members: list[GroupConsumer],
+) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(5))
+    fake.script_assign([P0])
+    fake.fail_next_commits(count=2)
+    handled = Handled()
+    run(members, fake, handled, auto_offset_reset="latest")
+    wait_until(lambda: len(fake.commit_log()) >= 3, "the start commit sent three times")
+    fake.produce_many(TOPIC, 0, range(5, 8))
+    wait_until(lambda: len(handled.offsets) == 3, "the records after the start")
+    assert handled.offsets == [5, 6, 7]
+    assert [c.offsets for c in fake.commit_log()[:3]] == [{P0: 5}] * 3
+
+
+def test_a_committed_offset_is_assigned_explicitly_with_no_start_commit(
+    members: list[GroupConsumer],
+) -> None:
+    """A committed offset is where the partition is assigned, in the assign call itself (never
+    librdkafka's own fetch), and nothing is committed for it at the start."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(10))
+    fake.given_committed({P0: 4})
+    fake.script_assign([P0])
+    handled = Handled()
+    run(members, fake, handled, auto_offset_reset="latest")
+    wait_until(lambda: len(handled.offsets) == 6, "offsets 4-9")
+    assert handled.offsets == list(range(4, 10))
+    assert fake.assigned_at == [{P0: 4}], "assigned at the offset weir read, not -1001"
+    assert fake.commit_log() == []
+
+
+class Flaky:
+    """`committed()` that fails (a coordinator that moved) the first `failures` times."""
+
+    def __init__(self, fake: FakeConsumer, failures: int) -> None:
+        self.real = fake.committed
+        self.failures = failures
+        self.calls = 0
+
+    def __call__(self, partitions: list[TopicPartition], timeout: float = -1) -> Any:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise KafkaException(
+                KafkaError(KafkaError.NOT_COORDINATOR, "Failed to get committed offsets")
+            )
+        return self.real(partitions, timeout)
+
+
+def test_committed_offsets_that_cannot_be_read_are_read_again_from_the_loop(
+    members: list[GroupConsumer],
+) -> None:
+    """librdkafka never retries an OffsetFetch that met NOT_COORDINATOR, and the partition stays
+    assigned and silent. weir reads the offsets itself: the partition waits paused and is read
+    again (every 0.5 s) until it can start at its committed offset."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(10))
+    fake.given_committed({P0: 7})
+    flaky = Flaky(fake, failures=3)
+    fake.committed = flaky  # type: ignore[assignment]
+    fake.script_assign([P0])
+    handled = Handled()
+    gc = run(members, fake, handled)
+    wait_until(lambda: pause_reason(gc) == "start_offset_unknown", "the stats to say why")
+    wait_until(lambda: len(handled.offsets) == 3, "offsets 7-9", timeout=WAIT)
+    assert handled.offsets == [7, 8, 9]
+    assert flaky.calls >= 4
+
+
+def test_a_member_that_dies_before_its_first_commit_leaves_its_start_committed() -> None:
+    """Regression (issue 23.2): member A joins a new group at the log end (`latest`), is handed
+    100 records, handles 28 and goes (here: its session expires, so it commits nothing more)
+    before its first commit. Member B used to find nothing committed, reset to `latest` again
+    and skip the other 72. Now A committed where it started, and B starts there."""
+    broker = FakeBroker()
+    broker.create_topic(TOPIC, 1)
+    for i in range(50):
+        broker.produce(TOPIC, value=f"old-{i}", partition=0)
+    settings: ConsumerSettings = {**SETTINGS, "auto_offset_reset": "latest"}
+    gate = threading.Event()
+    a_handled = Handled()
+
+    def a_handle(record: Record) -> None:
+        if len(a_handled.offsets) >= 28:
+            gate.wait(WAIT)
+            return
+        a_handled(record)
+
+    a = GroupConsumer(a_handle, consumer_factory=broker.consumer_factory, **settings)
+    b_handled = Handled()
+    b = GroupConsumer(b_handled, consumer_factory=broker.consumer_factory, **settings)
+    a.start()
+    try:
+        wait_until(
+            lambda: any(p.paused is False for p in a.stats().partitions), "A to start fetching"
+        )
+        for i in range(100):
+            broker.produce(TOPIC, value=f"new-{i}", partition=0)
+        wait_until(lambda: len(a_handled.offsets) == 28, "A's 28 records")
+        broker.expire(broker.consumers[0])  # A is gone without another commit
+        b.start()
+        wait_until(lambda: len(b_handled.offsets) >= 100, "B's records", timeout=WAIT)
+        assert b_handled.offsets[:100] == list(range(50, 150))
+    finally:
+        gate.set()
+        for gc in (a, b):
+            gc.stop()
+        for gc in (a, b):
+            with contextlib.suppress(Exception):
+                gc.join(WAIT)
+    assert a_handled.offsets == list(range(50, 78))
