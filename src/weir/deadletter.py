@@ -9,6 +9,8 @@ the member runs makes the write fail, and the partition blocks rather than skips
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -56,6 +58,10 @@ _SHARED_PREFIXES = (
     "resolve.",
     "client.dns",
 )
+# With no write pending the producer is still served this often: its log lines (a broker
+# outage) reach the logger within a second, without a call that lets go of the interpreter
+# lock at every turn of the owner loop.
+_SERVE_EVERY_S = 1.0
 
 
 def shared_settings(cfg: ConsumerConfig, logger: object | None = None) -> dict[str, Any]:
@@ -96,11 +102,13 @@ class DeadLetters:
         self._checked: set[str] = set()
         self.pending = 0
         self.written = 0
+        self._next_serve = 0.0
+        self._closed = False
 
     def producer_config(self) -> dict[str, Any]:
         cfg = self._cfg
-        client = cfg.librdkafka_config()
-        conf: dict[str, Any] = {k: v for k, v in client.items() if k.startswith(_SHARED_PREFIXES)}
+        # The member's logger too: its librdkafka lines go to weir.librdkafka, not stderr.
+        conf = shared_settings(cfg, self._logger)
         timeout_ms = max(1, round(cfg.failure.dead_letter_timeout_s * 1000))
         conf.update(
             {
@@ -181,11 +189,18 @@ class DeadLetters:
 
     def _create(self, topics: Mapping[str, int], timeout: float) -> None:
         from confluent_kafka.admin import AdminClient
-        from confluent_kafka.cimpl import NewTopic
 
         conf = shared_settings(self._cfg, self._logger)
         conf["bootstrap.servers"] = self._cfg.bootstrap_servers
         admin = (self._admin_factory or AdminClient)(conf)
+        try:
+            self._create_with(admin, topics, timeout)
+        finally:
+            admin.poll(0)  # an admin client hands its log lines over in poll() only
+
+    def _create_with(self, admin: Any, topics: Mapping[str, int], timeout: float) -> None:
+        from confluent_kafka.cimpl import NewTopic
+
         futures = admin.create_topics(
             [NewTopic(t, num_partitions=n, replication_factor=-1) for t, n in topics.items()],
             operation_timeout=timeout,
@@ -245,6 +260,8 @@ class DeadLetters:
         headers = [*record.headers, *((k, v.encode()) for k, v in extra.items())]
 
         def delivered(err: KafkaError | None, msg: Any) -> None:
+            if self._closed:
+                return  # served by close(): the member has stopped, its commit is done
             self.pending -= 1
             if err is None:
                 self.written += 1
@@ -262,15 +279,27 @@ class DeadLetters:
         self.pending += 1
 
     def poll(self) -> None:
-        """Serve delivery results (owner thread, every turn)."""
-        if self.pending and self._producer is not None:
-            self._producer.poll(0)
+        """Serve delivery results (owner thread, every turn) and the producer's log lines
+        (librdkafka queues them until the producer is polled)."""
+        producer = self._producer
+        if producer is None:
+            return
+        now = time.monotonic()
+        if self.pending or now >= self._next_serve:
+            self._next_serve = now + _SERVE_EVERY_S
+            producer.poll(0)
 
     def close(self) -> None:
         """The member stopped: let the producer go now, not whenever the garbage collector
         breaks the engine's reference cycles (until then it kept its broker connections and
-        threads). Writes still pending are dropped: the final commit stayed below them."""
-        self._producer = None
+        threads). Writes still pending are dropped: the final commit stayed below them. The
+        log lines it still holds are handed over first."""
+        producer, self._producer = self._producer, None
+        self._closed = True
+        if producer is not None:
+            # Best effort: the shutdown steps after this one must run whatever it raises.
+            with contextlib.suppress(Exception):
+                producer.poll(0)
 
     def flush(self, timeout: float) -> int:
         """Wait up to `timeout` for pending writes; returns how many are still pending."""

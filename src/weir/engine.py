@@ -389,7 +389,6 @@ class Engine:
                 client.close()
             except Exception:
                 log.exception("close_failed")
-            self._repeats.flush()  # close() served the last of the client's errors and lines
             if self.txn is not None:
                 try:
                     self.txn.close(deadline - time.monotonic())
@@ -402,6 +401,8 @@ class Engine:
                     log.exception("fence_close_failed")
             if self.failures.dead_letters is not None:
                 self.failures.dead_letters.close()
+            # The closes served the last of the clients' errors and lines.
+            self._repeats.flush()
             hook = self.handler.on_shutdown
             hook_s = max(1.0, deadline - time.monotonic())
             self.callbacks.call(
