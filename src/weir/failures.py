@@ -63,6 +63,9 @@ class Failed:
     failed_at: float = 0.0  # when the last attempt failed: time.time(), for the dead letter
     parked: bool = False  # its partition is paused and parked until it is done with
     final: bool = False  # the final policy applied: a blocked record that fails stays blocked
+    # Blocked once, it blocks its partition until it is done with: while it runs again and while
+    # its dead letter is written again too (its `state` then says "running", "dead_letter").
+    blocking: bool = False
 
 
 Finish = Callable[[Failed], None]
@@ -207,7 +210,9 @@ class Failures:
         return sum(1 for f in self._failed.values() if f.state in ("retry", "blocked"))
 
     def blocked(self) -> list[Partition]:
-        return sorted({f.assignment.tp for f in self._failed.values() if f.state == "blocked"})
+        """Partitions a blocked record holds: it has not succeeded, been dead-lettered or
+        skipped since it blocked."""
+        return sorted({f.assignment.tp for f in self._failed.values() if f.blocking})
 
     # -- from the operator (through the engine's request queue) ------------------------------
 
@@ -312,6 +317,7 @@ class Failures:
     def _block(self, f: Failed, policy: FailurePolicy, now: float, *, reason: str) -> None:
         first = f.state != "blocked"
         f.state = "blocked"
+        f.blocking = True
         self._at(f, now + policy.block_retry_s)
         tp = f.assignment.tp
         self._park(f)
