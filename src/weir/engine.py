@@ -103,6 +103,9 @@ _PUBLISH_EVERY = 1.0
 # While waiting for a broker at start, the longest metadata request before the client's queue is
 # served: its errors and log lines are handled within this long of happening.
 _STARTUP_SLICE = 0.25
+# While every broker is reported down: the longest the owner waits for one to answer, once a
+# second (`Lifecycle.broker_probe_due`).
+_PROBE_WAIT = 0.25
 # How many of the client's distinct errors a BrokerUnreachableError names.
 _CAUSES = 3
 # Python 3.10-3.12: a SimpleQueue.get(timeout=...) interrupted by a signal whose handler runs
@@ -451,6 +454,8 @@ class Engine:
         if failures.turn(now):
             self.scheduler.dispatch()  # retries due now go out this turn, not after a poll
         self._serve_requests()
+        if self.life.broker_probe_due(now):
+            self._probe_brokers()
         if self._await_start:
             self._start_awaiting()
         if self.txn is not None:
@@ -473,6 +478,20 @@ class Engine:
         self._set_paused(pause, True, reason="capacity")
         self._set_paused(blocked, True, reason="blocked")
         self._resume(resume)
+
+    def _probe_brokers(self) -> None:
+        """Every broker was reported down, and librdkafka never reports that one is back: does
+        one answer a metadata request now (waiting at most `_PROBE_WAIT`)? For one topic, an
+        owned or a named one: a small answer."""
+        owned = next(iter(self.own.partitions), None)
+        named = (t for t in self.cfg.topics if not t.startswith("^"))
+        topic = owned.topic if owned is not None else next(named, None)
+        try:
+            self.client.list_topics(topic, timeout=_PROBE_WAIT)
+        except KafkaException:
+            return
+        down = self.life.broker_answered(time.monotonic())
+        log.info("brokers_reachable", down_s=round(down, 1))
 
     def _serve_requests(self) -> None:
         """The operator's `retry_now` and `skip`, sent from other threads."""
@@ -1181,6 +1200,7 @@ class Engine:
             log.error("kafka_fatal_error", code=err.name(), error=text)
             self.life.fail(KafkaFatalError(str(err)))
         elif code == KafkaError._ALL_BROKERS_DOWN:
+            self.life.brokers_down(time.monotonic())
             if self._first("all_brokers_down", err):
                 log.error("all_brokers_down", code=err.name(), error=text)
         elif self._first("kafka_error", err):
