@@ -49,6 +49,7 @@ class Overrides(TypedDict, total=False):
     failure: FailurePolicy
     failure_by_topic: Mapping[str, FailurePolicy]
     stuck_after_s: float
+    broker_down_unready_s: float | None
     watermark_refresh_s: float | None
     callback_errors: Literal["log", "stop"]
     kafka: Mapping[str, KafkaValue | SecretStr]

@@ -568,6 +568,12 @@ class ConsumerConfig(BaseModel):
     # Readiness: a partition whose watermark has not moved for this long while records of it are
     # in flight is stuck, and the member not ready (a hung handler, a blocked partition).
     stuck_after_s: float = Field(60.0, gt=0, strict=True, allow_inf_nan=False)
+    # Readiness: once the client reported every broker down, the member is not ready after this
+    # long without a broker answering, and ready again at the first answer (the owner asks for
+    # metadata once a second meanwhile). None: an outage leaves readiness alone.
+    broker_down_unready_s: float | None = Field(
+        10.0, ge=1, le=3600, strict=True, allow_inf_nan=False
+    )
     # How often the high watermarks of the owned partitions are read from their leaders, by a
     # client of its own on a thread of its own, so lag stays right while a partition is not
     # fetched (paused, or throttled with the client's queue full). None: only the client's own
@@ -893,6 +899,7 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "failure": FailurePolicy,
         "failure_by_topic": Mapping[str, FailurePolicy],
         "stuck_after_s": float,
+        "broker_down_unready_s": float | None,
         "watermark_refresh_s": float | None,
         "callback_errors": Literal["log", "stop"],
         "kafka": Mapping[str, KafkaValue | SecretStr],

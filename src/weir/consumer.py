@@ -271,6 +271,7 @@ class GroupConsumer:
             self._life.stats,
             max_poll_interval_s=c.max_poll_interval_s,
             stuck_after_s=c.stuck_after_s,
+            broker_down_unready_s=c.broker_down_unready_s,
         )
 
     def add_commit_listener(self, listener: Callable[[CommitEvent], None]) -> None:

@@ -4,13 +4,18 @@ The record's original key, value and headers go to the dead-letter topic (`<topi
 configured), with headers saying where it came from and why (`HEADERS`). The producer is
 idempotent with `acks=all`, owned by the owner thread (its delivery callbacks are served by
 `poll`/`flush` there), and never creates topics by itself: a dead-letter topic deleted while
-the member runs makes the write fail, and the partition blocks rather than skips.
+the member runs makes the write fail, and the partition blocks rather than skips. A dead-letter
+topic weir creates takes its source topic's largest record (`max.message.bytes`), and a dead
+letter refused as too large says so, with its size and the topic's limit (`WriteFailure`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import contextlib
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -19,9 +24,17 @@ from weir.client import ProducerClient, ProducerFactory
 from weir.config import ConsumerConfig
 from weir.errors import WeirError
 from weir.logs import get_logger
-from weir.records import Record
+from weir.policy import FailurePolicy
+from weir.records import Record, header_bytes
 
-__all__ = ["HEADERS", "DeadLetterError", "DeadLetters", "shared_settings"]
+__all__ = [
+    "HEADERS",
+    "DeadLetterError",
+    "DeadLetters",
+    "WriteFailure",
+    "header_room",
+    "shared_settings",
+]
 
 log = get_logger(__name__)
 
@@ -56,6 +69,19 @@ _SHARED_PREFIXES = (
     "resolve.",
     "client.dns",
 )
+# With no write pending the producer is still served this often: its log lines (a broker
+# outage) reach the logger within a second, without a call that lets go of the interpreter
+# lock at every turn of the owner loop.
+_SERVE_EVERY_S = 1.0
+# librdkafka's largest `message.max.bytes` for the producer (its default is 1,000,000): the
+# producer refuses no dead letter itself, the broker holds each to its topic's max.message.bytes.
+_PRODUCER_MAX_BYTES = 1_000_000_000
+# What weir's headers add to a record, besides the exception's message and the group id: their
+# names, the numbers, the source topic's name (249 bytes at most), the exception's type, framing.
+_HEADER_ROOM_BYTES = 2048
+# The longest the owner waits for a topic's configuration when a dead letter was too large.
+_DESCRIBE_TIMEOUT_S = 5.0
+_MAX_BYTES = "max.message.bytes"
 
 
 def shared_settings(cfg: ConsumerConfig, logger: object | None = None) -> dict[str, Any]:
@@ -68,8 +94,43 @@ def shared_settings(cfg: ConsumerConfig, logger: object | None = None) -> dict[s
     return conf
 
 
-Result = Callable[[str | None], None]
-"""Called on the owner thread with None once the broker confirmed the write, else the error."""
+def header_room(cfg: ConsumerConfig, policy: FailurePolicy) -> int:
+    """The most bytes weir's headers add to a dead letter: the message, cut to
+    `max_error_chars` (up to 4 UTF-8 bytes a character), the group id, and the rest."""
+    return _HEADER_ROOM_BYTES + len(cfg.group_id.encode()) + 4 * policy.max_error_chars
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFailure:
+    """Why a dead letter was not written."""
+
+    error: str
+    """What the client or the broker said."""
+    size: int | None = None
+    """Set when it was refused as too large: the dead letter's bytes (key, value, headers)."""
+    limit: int | None = None
+    """... and its topic's max.message.bytes (None: it could not be read)."""
+
+    @property
+    def reason(self) -> str:
+        if self.size is None:
+            return "dead-letter write failed"
+        limit = "could not be read" if self.limit is None else f"is {self.limit}"
+        return (
+            f"dead letter too large: {self.size} bytes, the dead-letter topic's "
+            f"max.message.bytes {limit}"
+        )
+
+    @property
+    def fields(self) -> dict[str, object]:
+        """Log fields of a dead letter refused as too large (none otherwise)."""
+        if self.size is None:
+            return {}
+        return {"dead_letter_bytes": self.size, "max_message_bytes": self.limit}
+
+
+Result = Callable[[WriteFailure | None], None]
+"""Called on the owner thread with None once the broker confirmed the write, else why not."""
 
 
 class DeadLetterError(WeirError):
@@ -96,11 +157,16 @@ class DeadLetters:
         self._checked: set[str] = set()
         self.pending = 0
         self.written = 0
+        self._next_serve = 0.0
+        self._closed = False
+        # Delivery results, kept by the producer's callback and handed on once its poll returned
+        # (a dead letter too large for its topic asks an admin client for the topic's limit).
+        self._results: list[tuple[Result, FailurePolicy, str, int, KafkaError | None]] = []
 
     def producer_config(self) -> dict[str, Any]:
         cfg = self._cfg
-        client = cfg.librdkafka_config()
-        conf: dict[str, Any] = {k: v for k, v in client.items() if k.startswith(_SHARED_PREFIXES)}
+        # The member's logger too: its librdkafka lines go to weir.librdkafka, not stderr.
+        conf = shared_settings(cfg, self._logger)
         timeout_ms = max(1, round(cfg.failure.dead_letter_timeout_s * 1000))
         conf.update(
             {
@@ -110,6 +176,7 @@ class DeadLetters:
                 # A dead letter is one record, written when a record gave up: no batching wait.
                 "linger.ms": 0,
                 "message.timeout.ms": timeout_ms,
+                "message.max.bytes": _PRODUCER_MAX_BYTES,
                 "request.timeout.ms": min(30_000, timeout_ms),
                 # A deleted dead-letter topic must fail the write (the partition blocks), not
                 # come back with the broker's default settings.
@@ -120,10 +187,10 @@ class DeadLetters:
 
     def start(self, topics: Iterable[str], partitions: Mapping[str, int]) -> None:
         """Build the producer and make sure the dead-letter topics of `topics` exist: created
-        with their source topic's partition count when allowed, else a `DeadLetterError`."""
+        when allowed (`_create`), else a `DeadLetterError`."""
         self._producer = self._factory(self.producer_config())
         timeout = self._cfg.startup_timeout_s
-        missing: dict[str, int] = {}
+        missing: dict[str, list[str]] = {}  # dead-letter topic: its source topics
         for topic in topics:
             policy = self._cfg.policy_for(topic)
             dlq = policy.dead_letter_for(topic)
@@ -135,29 +202,29 @@ class DeadLetters:
                     f"dead-letter topic {dlq!r} of {topic!r} does not exist "
                     "(create_dead_letter_topic=False)"
                 )
-            missing[dlq] = partitions.get(topic, 1)
+            missing.setdefault(dlq, []).append(topic)
         if missing:
-            self._create(missing, timeout)
+            self._create(missing, partitions, timeout)
             self._checked.update(missing)
 
-    def _ensure(self, source: str, dlq: str) -> str | None:
+    def _ensure(self, source: str, dlq: str) -> WriteFailure | None:
         """Make sure of a dead-letter topic not checked at start (that of a topic a regex
         subscription matched) before its first dead letter: without it, the producer (which
         never creates topics) would time out on every write, and the partition block for good.
         Blocks the owner thread, once per topic, for a metadata request and, if needed, a topic
-        creation, within `dead_letter_timeout_s`. Returns the error, or None."""
+        creation, within `dead_letter_timeout_s`. Returns the failure, or None."""
         policy = self._cfg.policy_for(source)
         timeout = self._cfg.failure.dead_letter_timeout_s
         try:
             if not self._exists(dlq, timeout):
                 if not policy.create_dead_letter_topic:
-                    return (
+                    return WriteFailure(
                         f"dead-letter topic {dlq!r} of {source!r} does not exist "
                         "(create_dead_letter_topic=False)"
                     )
-                self._create({dlq: self._partitions(source, timeout)}, timeout)
+                self._create({dlq: [source]}, {source: self._partitions(source, timeout)}, timeout)
         except DeadLetterError as exc:
-            return str(exc)
+            return WriteFailure(str(exc))
         self._checked.add(dlq)
         return None
 
@@ -179,34 +246,67 @@ class DeadLetters:
             return 1
         return len(found.partitions) if found is not None and found.partitions else 1
 
-    def _create(self, topics: Mapping[str, int], timeout: float) -> None:
+    @contextlib.contextmanager
+    def _admin(self) -> Iterator[Any]:
+        """An admin client of the member's cluster, its log lines handed over when done."""
         from confluent_kafka.admin import AdminClient
-        from confluent_kafka.cimpl import NewTopic
 
         conf = shared_settings(self._cfg, self._logger)
         conf["bootstrap.servers"] = self._cfg.bootstrap_servers
         admin = (self._admin_factory or AdminClient)(conf)
-        futures = admin.create_topics(
-            [NewTopic(t, num_partitions=n, replication_factor=-1) for t, n in topics.items()],
-            operation_timeout=timeout,
-            request_timeout=timeout,
-        )
-        for topic, future in futures.items():
-            try:
-                future.result(timeout=timeout)
-            except FutureTimeout:
-                raise DeadLetterError(
-                    f"dead-letter topic {topic!r} is missing and was not created within "
-                    f"{timeout:g}s"
-                ) from None
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                    continue
-                raise DeadLetterError(
-                    f"dead-letter topic {topic!r} is missing and could not be created: {exc}"
-                ) from exc
-            log.info("dead_letter_topic_created", topic=topic, partitions=topics[topic])
+        try:
+            yield admin
+        finally:
+            admin.poll(0)  # an admin client hands its log lines over in poll() only
+
+    def _create(
+        self, topics: Mapping[str, Collection[str]], partitions: Mapping[str, int], timeout: float
+    ) -> None:
+        """Create the dead-letter topics `topics` (each with its source topics): with their
+        sources' partition count (the largest), and a max.message.bytes of their sources' (the
+        largest) plus room for weir's headers, so that every record of a source fits as a dead
+        letter. The broker's defaults for the rest (replication too)."""
+        with self._admin() as admin:
+            sources = {s for ss in topics.values() for s in ss}
+            limits, unread = _max_message_bytes(admin, sources, timeout)
+            new = [self._new_topic(t, ss, partitions, limits, unread) for t, ss in topics.items()]
+            futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
+            for new_topic in new:
+                if _created(new_topic.topic, futures[new_topic.topic], timeout):
+                    limit = new_topic.config.get(_MAX_BYTES)
+                    log.info(
+                        "dead_letter_topic_created",
+                        topic=new_topic.topic,
+                        partitions=new_topic.num_partitions,
+                        max_message_bytes=None if limit is None else int(limit),
+                    )
+
+    def _new_topic(
+        self,
+        topic: str,
+        sources: Collection[str],
+        partitions: Mapping[str, int],
+        limits: Mapping[str, int],
+        unread: Mapping[str, str],
+    ) -> Any:
+        from confluent_kafka.cimpl import NewTopic
+
+        config = {}
+        known = [limits[s] for s in sources if s in limits]
+        if known:
+            room = max(header_room(self._cfg, self._cfg.policy_for(s)) for s in sources)
+            config[_MAX_BYTES] = str(max(known) + room)
+        for source in sorted(s for s in sources if s in unread):
+            # Created with the broker's default then: a larger record of the source blocks its
+            # partition when it is dead-lettered (and says so).
+            log.warning(
+                "dead_letter_topic_limit_unknown",
+                topic=topic,
+                source=source,
+                error=unread[source],
+            )
+        count = max(partitions.get(s, 1) for s in sources)
+        return NewTopic(topic, num_partitions=count, replication_factor=-1, config=config)
 
     def send(
         self,
@@ -217,7 +317,7 @@ class DeadLetters:
         done: Result,
     ) -> None:
         """Write `record` to its dead-letter topic (`failed_at`: when its last attempt failed,
-        `time.time()`); `done` gets the outcome on a later `poll` (or at once, with the error,
+        `time.time()`); `done` gets the outcome on a later `poll` (or at once, with the failure,
         if the client refused the write)."""
         assert self._producer is not None, "start() first"
         policy = self._cfg.policy_for(record.topic)
@@ -242,39 +342,131 @@ class DeadLetters:
             "weir.dlq.group": self._cfg.group_id,
             "weir.dlq.failed_at": str(int(failed_at * 1000)),
         }
-        headers = [*record.headers, *((k, v.encode()) for k, v in extra.items())]
+        added = [(k, v.encode()) for k, v in extra.items()]
+        size = record.size + header_bytes(added)
 
         def delivered(err: KafkaError | None, msg: Any) -> None:
+            if not self._closed:  # else served by close(): the member stopped, its commit is done
+                self._results.append((done, policy, topic, size, err))
+
+        try:
+            self._producer.produce(
+                topic, record.value, record.key, headers=[*record.headers, *added],
+                on_delivery=delivered,
+            )  # fmt: skip
+        except (KafkaException, BufferError) as exc:
+            err = exc.args[0] if exc.args else None
+            done(self._failure(policy, topic, size, err if isinstance(err, KafkaError) else exc))
+            return
+        self.pending += 1
+
+    def _failure(
+        self, policy: FailurePolicy, topic: str, size: int, err: KafkaError | BaseException
+    ) -> WriteFailure:
+        """Why the dead letter of `size` bytes to `topic` was not written: for one refused as
+        too large, with the topic's max.message.bytes, read now (it may have been changed
+        since the start)."""
+        if not isinstance(err, KafkaError) or err.code() != KafkaError.MSG_SIZE_TOO_LARGE:
+            return WriteFailure(str(err))
+        timeout = min(_DESCRIBE_TIMEOUT_S, policy.dead_letter_timeout_s)
+        try:
+            with self._admin() as admin:
+                limits, _ = _max_message_bytes(admin, [topic], timeout)
+        except Exception as exc:  # the failure is known: its limit is only a detail
+            log.debug("dead_letter_limit_read_failed", topic=topic, error=repr(exc))
+            limits = {}
+        return WriteFailure(str(err), size, limits.get(topic))
+
+    def _serve(self) -> None:
+        """Hand the delivery results the producer's callbacks kept on to their writers."""
+        results, self._results = self._results, []
+        for done, policy, topic, size, err in results:
             self.pending -= 1
             if err is None:
                 self.written += 1
                 done(None)
             else:
-                done(str(err))
-
-        try:
-            self._producer.produce(
-                topic, record.value, record.key, headers=headers, on_delivery=delivered
-            )
-        except (KafkaException, BufferError) as exc:
-            done(str(exc.args[0] if exc.args else exc))
-            return
-        self.pending += 1
+                done(self._failure(policy, topic, size, err))
 
     def poll(self) -> None:
-        """Serve delivery results (owner thread, every turn)."""
-        if self.pending and self._producer is not None:
-            self._producer.poll(0)
+        """Serve delivery results (owner thread, every turn) and the producer's log lines
+        (librdkafka queues them until the producer is polled)."""
+        producer = self._producer
+        if producer is None:
+            return
+        now = time.monotonic()
+        if self.pending or now >= self._next_serve:
+            self._next_serve = now + _SERVE_EVERY_S
+            producer.poll(0)
+            self._serve()
 
     def close(self) -> None:
         """The member stopped: let the producer go now, not whenever the garbage collector
         breaks the engine's reference cycles (until then it kept its broker connections and
-        threads). Writes still pending are dropped: the final commit stayed below them."""
-        self._producer = None
+        threads). Writes still pending are dropped: the final commit stayed below them. The
+        log lines it still holds are handed over first."""
+        producer, self._producer = self._producer, None
+        self._closed = True
+        self._results = []
+        if producer is not None:
+            # Best effort: the shutdown steps after this one must run whatever it raises.
+            with contextlib.suppress(Exception):
+                producer.poll(0)
 
     def flush(self, timeout: float) -> int:
         """Wait up to `timeout` for pending writes; returns how many are still pending."""
         if self._producer is None or not self.pending:
             return 0
         self._producer.flush(max(0.0, timeout))
+        self._serve()
         return self.pending
+
+
+def _created(topic: str, future: Any, timeout: float) -> bool:
+    """Whether the creation of `topic` created it (False: it existed already), else a
+    `DeadLetterError`."""
+    try:
+        future.result(timeout=timeout)
+    except FutureTimeout:
+        raise DeadLetterError(
+            f"dead-letter topic {topic!r} is missing and was not created within {timeout:g}s"
+        ) from None
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise DeadLetterError(
+            f"dead-letter topic {topic!r} is missing and could not be created: {exc}"
+        ) from exc
+    return True
+
+
+def _max_message_bytes(
+    admin: Any, topics: Collection[str], timeout: float
+) -> tuple[dict[str, int], dict[str, str]]:
+    """The max.message.bytes of `topics` (their own, or the broker's default they take), and
+    why it could not be read for the others."""
+    from confluent_kafka.admin import ConfigResource
+
+    if not topics:
+        return {}, {}
+    limits: dict[str, int] = {}
+    unread: dict[str, str] = {}
+    try:
+        futures = admin.describe_configs(
+            [ConfigResource("topic", t) for t in topics], request_timeout=timeout
+        )
+    except KafkaException as exc:
+        return {}, dict.fromkeys(topics, str(exc))
+    for resource, future in futures.items():
+        topic = resource.name
+        try:
+            entry = future.result(timeout=timeout).get(_MAX_BYTES)
+            if entry is None or entry.value is None:
+                raise ValueError(f"no {_MAX_BYTES} in the topic's configuration")
+            limits[topic] = int(entry.value)
+        except FutureTimeout:
+            unread[topic] = f"not read within {timeout:g}s"
+        except (KafkaException, ValueError) as exc:
+            unread[topic] = str(exc)
+    return limits, unread

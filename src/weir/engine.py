@@ -92,6 +92,9 @@ _PUBLISH_EVERY = 1.0
 # While waiting for a broker at start, the longest metadata request before the client's queue is
 # served: its errors and log lines are handled within this long of happening.
 _STARTUP_SLICE = 0.25
+# While every broker is reported down: the longest the owner waits for one to answer, once a
+# second (`Lifecycle.broker_probe_due`).
+_PROBE_WAIT = 0.25
 # How many of the client's distinct errors a BrokerUnreachableError names.
 _CAUSES = 3
 
@@ -371,7 +374,6 @@ class Engine:
                 client.close()
             except Exception:
                 log.exception("close_failed")
-            self._repeats.flush()  # close() served the last of the client's errors and lines
             if self.txn is not None:
                 try:
                     self.txn.close(deadline - time.monotonic())
@@ -384,6 +386,8 @@ class Engine:
                     log.exception("fence_close_failed")
             if self.failures.dead_letters is not None:
                 self.failures.dead_letters.close()
+            # The closes served the last of the clients' errors and lines.
+            self._repeats.flush()
             hook = self.handler.on_shutdown
             hook_s = max(1.0, deadline - time.monotonic())
             self.callbacks.call(
@@ -432,6 +436,8 @@ class Engine:
         if failures.turn(now):
             self.scheduler.dispatch()  # retries due now go out this turn, not after a poll
         self._serve_requests()
+        if self.life.broker_probe_due(now):
+            self._probe_brokers()
         if self.starts.pending:
             sought = self.starts.turn(now)
             self._resume([tp for tp in sought if self._paused_for_start(tp)])
@@ -457,6 +463,20 @@ class Engine:
         self._set_paused(pause, True, reason="capacity")
         self._set_paused(blocked, True, reason="blocked")
         self._resume(resume)
+
+    def _probe_brokers(self) -> None:
+        """Every broker was reported down, and librdkafka never reports that one is back: does
+        one answer a metadata request now (waiting at most `_PROBE_WAIT`)? For one topic, an
+        owned or a named one: a small answer."""
+        owned = next(iter(self.own.partitions), None)
+        named = (t for t in self.cfg.topics if not t.startswith("^"))
+        topic = owned.topic if owned is not None else next(named, None)
+        try:
+            self.client.list_topics(topic, timeout=_PROBE_WAIT)
+        except KafkaException:
+            return
+        down = self.life.broker_answered(time.monotonic())
+        log.info("brokers_reachable", down_s=round(down, 1))
 
     def _serve_requests(self) -> None:
         """The operator's `retry_now` and `skip`, sent from other threads."""
@@ -1063,6 +1083,7 @@ class Engine:
             log.error("kafka_fatal_error", code=err.name(), error=text)
             self.life.fail(KafkaFatalError(str(err)))
         elif code == KafkaError._ALL_BROKERS_DOWN:
+            self.life.brokers_down(time.monotonic())
             if self._first("all_brokers_down", err):
                 log.error("all_brokers_down", code=err.name(), error=text)
         elif self._first("kafka_error", err):

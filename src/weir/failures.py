@@ -27,7 +27,7 @@ from typing import Literal
 
 from weir.budget import Budget
 from weir.config import ConsumerConfig
-from weir.deadletter import DeadLetters
+from weir.deadletter import DeadLetters, WriteFailure
 from weir.errors import DeserializationError, HandlerError
 from weir.lifecycle import Lifecycle
 from weir.logs import get_logger
@@ -63,6 +63,9 @@ class Failed:
     failed_at: float = 0.0  # when the last attempt failed: time.time(), for the dead letter
     parked: bool = False  # its partition is paused and parked until it is done with
     final: bool = False  # the final policy applied: a blocked record that fails stays blocked
+    # Blocked once, it blocks its partition until it is done with: while it runs again and while
+    # its dead letter is written again too (its `state` then says "running", "dead_letter").
+    blocking: bool = False
 
 
 Finish = Callable[[Failed], None]
@@ -207,7 +210,9 @@ class Failures:
         return sum(1 for f in self._failed.values() if f.state in ("retry", "blocked"))
 
     def blocked(self) -> list[Partition]:
-        return sorted({f.assignment.tp for f in self._failed.values() if f.state == "blocked"})
+        """Partitions a blocked record holds: it has not succeeded, been dead-lettered or
+        skipped since it blocked."""
+        return sorted({f.assignment.tp for f in self._failed.values() if f.blocking})
 
     # -- from the operator (through the engine's request queue) ------------------------------
 
@@ -285,10 +290,10 @@ class Failures:
         f.state = "dead_letter"
         f.dead_letter_failed = False
 
-        def done(error: str | None) -> None:
+        def done(failure: WriteFailure | None) -> None:
             if self._failed.get((f.assignment, f.record.offset)) is not f:
                 return  # revoked or lost meanwhile: the next owner handles the record again
-            if error is None:
+            if failure is None:
                 del self._failed[(f.assignment, f.record.offset)]
                 f.assignment.attempts.pop(f.record.offset, None)
                 self.dead_lettered += 1
@@ -302,16 +307,24 @@ class Failures:
                 self._finish(f)
                 self._unblock(f.assignment.tp)
             else:
-                log.error("dead_letter_failed", event_id=f.record.event_id, error=error)
+                log.error(
+                    "dead_letter_failed",
+                    event_id=f.record.event_id,
+                    error=failure.error,
+                    **failure.fields,
+                )
                 f.dead_letter_failed = True
                 policy = self._cfg.policy_for(f.record.topic)
-                self._block(f, policy, time.monotonic(), reason="dead-letter write failed")
+                self._block(f, policy, time.monotonic(), reason=failure.reason, **failure.fields)
 
         self.dead_letters.send(f.record, f.attempt, f.error, f.failed_at, done)
 
-    def _block(self, f: Failed, policy: FailurePolicy, now: float, *, reason: str) -> None:
+    def _block(
+        self, f: Failed, policy: FailurePolicy, now: float, *, reason: str, **detail: object
+    ) -> None:
         first = f.state != "blocked"
         f.state = "blocked"
+        f.blocking = True
         self._at(f, now + policy.block_retry_s)
         tp = f.assignment.tp
         self._park(f)
@@ -325,6 +338,7 @@ class Failures:
                 reason=reason,
                 error=_describe(f.error),
                 next_try_s=policy.block_retry_s,
+                **detail,
             )
 
     def _park(self, f: Failed) -> None:

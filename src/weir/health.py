@@ -4,9 +4,11 @@
   `max_poll_interval_s` (past it, librdkafka has already given the member's partitions up). A
   member that is not live should be restarted.
 - **ready**: live, running, joined (it received an assignment from the group, possibly empty,
-  and did not lose it since), and no partition stuck: a partition whose watermark has not moved
-  for `stuck_after_s` while records of it are in flight (a hung handler, a blocked failure
-  policy). A member that is not ready needs a look, not necessarily a restart.
+  and did not lose it since), no partition stuck (a partition whose watermark has not moved
+  for `stuck_after_s` while records of it are in flight: a hung handler, a blocked failure
+  policy), and no broker outage: not `broker_down_unready_s` or longer since the client
+  reported every broker down with none answering since. A member that is not ready needs a
+  look, not necessarily a restart.
 
 Computed on demand from what the owner thread last published plus the current time: asking is
 cheap and never touches the engine.
@@ -36,6 +38,9 @@ class Health:
     """Seconds since the owner thread last called the client (None before it first did)."""
     stuck: tuple[Partition, ...] = ()
     """Partitions whose watermark has stood still for `stuck_after_s` with work in flight."""
+    brokers_down_s: float | None = None
+    """Seconds since the client reported every broker down, none answering since (None: a
+    broker answers)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -45,6 +50,9 @@ class Health:
             "reasons": list(self.reasons),
             "poll_age_s": None if self.poll_age_s is None else round(self.poll_age_s, 3),
             "stuck": [str(tp) for tp in self.stuck],
+            "brokers_down_s": None
+            if self.brokers_down_s is None
+            else round(self.brokers_down_s, 3),
         }
 
 
@@ -54,6 +62,7 @@ def check(
     *,
     max_poll_interval_s: float,
     stuck_after_s: float,
+    broker_down_unready_s: float | None = None,
     now: float | None = None,
 ) -> Health:
     if now is None:
@@ -89,7 +98,16 @@ def check(
             f"watermark stuck for {stuck_after_s:g} s or more with records in flight: "
             + ", ".join(map(str, stuck))
         )
-    return Health(live, ready, state.value, tuple(reasons), poll_age, stuck)
+    down_since = life.brokers_down_since
+    down = None if down_since is None else max(0.0, now - down_since)
+    limit = broker_down_unready_s
+    if live and down is not None and limit is not None and down >= limit:
+        ready = False
+        reasons.append(
+            f"no broker has answered for {down:.1f} s since all were reported down "
+            f"(broker_down_unready_s {limit:g})"
+        )
+    return Health(live, ready, state.value, tuple(reasons), poll_age, stuck, down)
 
 
 def _stuck(stats: ConsumerStats, after: float, now: float) -> tuple[Partition, ...]:

@@ -3,7 +3,7 @@
 `GroupConsumer` (any thread: the application's, a signal handler) asks to stop, reads the state,
 the failure, the latest stats and what health checks need, and adds commit listeners. The engine
 (the owner thread) moves the state, records the first failure, publishes stats, notes its polls
-and emits commit events. Nothing else crosses between them.
+and a broker outage, and emits commit events. Nothing else crosses between them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ __all__ = ["CommitListener", "Lifecycle", "State"]
 
 CommitListener = Callable[[CommitEvent], None]
 Request = tuple[str, tuple[Any, ...], "Future[bool]"]
+
+# While every broker is reported down, the owner asks for metadata this often to learn that one
+# answers again (librdkafka reports the outage, never its end).
+BROKER_PROBE_EVERY_S = 1.0
 
 
 class State(enum.Enum):
@@ -55,6 +59,10 @@ class Lifecycle:
         # the group (received, not lost since).
         self.polled_at: float | None = None
         self.joined = False
+        # ... and since when the client has reported every broker down with none answering since
+        # (time.monotonic(); None while a broker answers).
+        self.brokers_down_since: float | None = None
+        self._next_broker_probe = 0.0
         self._requests: queue.SimpleQueue[Request] = queue.SimpleQueue()
 
     # -- any thread ----------------------------------------------------------------------
@@ -150,6 +158,25 @@ class Lifecycle:
 
     def publish(self, stats: ConsumerStats) -> None:
         self.stats = stats
+
+    def brokers_down(self, now: float) -> None:
+        """The client reported every broker down (`_ALL_BROKERS_DOWN`). An outage that goes on
+        keeps the time it began."""
+        if self.brokers_down_since is None:
+            self.brokers_down_since = now
+            self._next_broker_probe = now + BROKER_PROBE_EVERY_S
+
+    def broker_probe_due(self, now: float) -> bool:
+        """Whether to ask a broker now: every `BROKER_PROBE_EVERY_S` while all are down."""
+        if self.brokers_down_since is None or now < self._next_broker_probe:
+            return False
+        self._next_broker_probe = now + BROKER_PROBE_EVERY_S
+        return True
+
+    def broker_answered(self, now: float) -> float:
+        """A broker answered: the outage is over. Returns how long it lasted (0 if none)."""
+        since, self.brokers_down_since = self.brokers_down_since, None
+        return 0.0 if since is None else max(0.0, now - since)
 
     @property
     def should_run(self) -> bool:

@@ -107,6 +107,12 @@ _CONSUMER_METRICS: tuple[
         "Seconds since the owner thread last called the Kafka client",
         lambda st, h: h.poll_age_s,
     ),
+    (
+        _G,
+        "weir_brokers_down_seconds",
+        "Seconds since the client reported every broker down, none answering since (0: one does)",
+        lambda st, h: h.brokers_down_s or 0.0,
+    ),
     (_G, "weir_joined", "1 while the member holds an assignment", lambda st, h: st.joined),
     (
         _G,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -25,6 +26,7 @@ from confluent_kafka.admin import (
 )
 
 from tests import waiting
+from tests.logged import events
 from weir import (
     Context,
     DeadLetterError,
@@ -419,11 +421,13 @@ def test_a_dead_letter_too_large_for_its_topic_blocks_the_partition(
     kafka_bootstrap: str,
     make_topic: TopicFactory,
     kafka_admin: AdminClient,
+    caplog: pytest.LogCaptureFixture,
     ordering: Ordering,
 ) -> None:
     """The dead-letter topic takes no record of this size: the write fails, the partition
-    blocks, and the committed offset never passes the record. Once the topic takes it,
-    `retry_now` writes it and the partition goes on."""
+    blocks (saying so, with the sizes), and the committed offset never passes the record. Once
+    the topic takes it, `retry_now` writes it and the partition goes on."""
+    caplog.set_level(logging.ERROR, logger="weir.failures")
     topic = make_topic(2)
     dlq = make_topic(1, config={"max.message.bytes": "200"})
     big = b"x" * 2000
@@ -448,6 +452,10 @@ def test_a_dead_letter_too_large_for_its_topic_blocks_the_partition(
     gc = member(h, kafka_bootstrap, group, [topic], ordering=ordering, failure=policy)
     with running(gc):
         wait_until(lambda: gc.stats().blocked == (Partition(topic, 0),), "partition 0 blocked")
+        # The block says why, with the dead letter's size and the topic's limit.
+        (blocked,) = [e for e in events(caplog, "partition_blocked") if e["tp"] == f"{topic}[0]"]
+        assert blocked["reason"].startswith("dead letter too large: "), blocked
+        assert blocked["dead_letter_bytes"] > len(big) and blocked["max_message_bytes"] == 200
         wait_for_committed(kafka_bootstrap, group, topic, {0: 3, 1: 10}, timeout=WAIT)
         for _ in range(6):  # a few seconds of commits: none passes the record
             time.sleep(0.5)
@@ -470,6 +478,43 @@ def test_a_dead_letter_too_large_for_its_topic_blocks_the_partition(
     # When the record's last attempt failed, not when its dead letter was finally written.
     failed_at = int(dict(letter.headers)["weir.dlq.failed_at"] or b"0") / 1000
     assert failed_at < retried_at - 3, (failed_at, retried_at)
+
+
+def test_a_record_as_large_as_its_topic_takes_is_dead_lettered(
+    kafka_bootstrap: str,
+    make_topic: TopicFactory,
+    kafka_admin: AdminClient,
+    cleanup_topics: list[str],
+) -> None:
+    """Regression: weir created the dead-letter topic with the broker's default
+    max.message.bytes (1 MB) and its producer refused records over 1 MB, so a failing record
+    of a topic that takes larger ones blocked its partition for good."""
+    topic = make_topic(1, config={"max.message.bytes": str(2 * 1024 * 1024)})
+    dlq = f"{topic}.dlq"
+    cleanup_topics.append(dlq)
+    big = bytes(range(256)) * 6000  # 1.5 MB
+    produce(
+        kafka_bootstrap,
+        topic,
+        [(b"big", big), (b"small", b"ok")],
+        partition=0,
+        config={"message.max.bytes": 4 * 1024 * 1024},
+    )
+    group = _group()
+    h = Recorder({(0, 0)})
+    policy = FailurePolicy(
+        retry=fast_retry(attempts=1), final="dead_letter", dead_letter_timeout_s=15.0
+    )
+    gc = member(h, kafka_bootstrap, group, [topic], failure=policy)
+    with running(gc):
+        wait_for_committed(kafka_bootstrap, group, topic, {0: 2}, timeout=WAIT)
+        wait_until(lambda: gc.stats().dead_lettered == 1, "dead letter counted")
+        assert gc.stats().blocked == ()
+    (letter,) = consume_all(kafka_bootstrap, dlq, expected=1)
+    assert letter.key == b"big" and letter.value == big
+    resource = ConfigResource("topic", dlq)
+    described = kafka_admin.describe_configs([resource])[resource].result(WAIT)
+    assert int(described["max.message.bytes"].value) > 2 * 1024 * 1024
 
 
 def test_a_deleted_dead_letter_topic_blocks_the_partition(

@@ -15,18 +15,13 @@ from typing import Any
 import pytest
 
 from tests.integration.kafka_helpers import committed, member, produce
+from tests.logged import events
 from weir import Record
 from weir.testing.pytest_plugin import TopicFactory
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
 RECORDS = 10
-
-
-def events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
-    return [
-        dict(r.msg) for r in caplog.records if isinstance(r.msg, dict) and r.msg["event"] == name
-    ]
 
 
 def consume_all_then_stop(

@@ -29,6 +29,7 @@ from confluent_kafka.admin import AdminClient
 from tests.audit import check
 from tests.audit.cluster import Members
 from tests.integration.kafka_helpers import Seen, committed, member, produce, wait_until
+from tests.logged import events
 from weir import GroupConsumer
 from weir.lag import group_lag
 from weir.offsetmap import FinishedMap, decode_finished, encode_finished
@@ -319,12 +320,6 @@ def _plain_commit(bootstrap: str, group: str, offsets: list[TopicPartition]) -> 
         c.close()
 
 
-def _events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
-    return [
-        dict(r.msg) for r in caplog.records if isinstance(r.msg, dict) and r.msg["event"] == name
-    ]
-
-
 def _consume_all(
     bootstrap: str, group: str, topic: str, partitions: int, end: int
 ) -> tuple[Seen, GroupConsumer]:
@@ -359,7 +354,7 @@ def test_a_group_committed_by_a_plain_consumer_is_taken_over_at_its_offset(
     seen, gc = _consume_all(kafka_bootstrap, group, topic, 1, 1000)
     assert sorted(o for _, o, _, _ in seen.calls) == list(range(300, 1000))
     assert gc.stats().replay_skipped == 0
-    assert not _events(caplog, "offset_map_ignored") and not _events(caplog, "offset_map_restored")
+    assert not events(caplog, "offset_map_ignored") and not events(caplog, "offset_map_restored")
     assert _committed_with_metadata(kafka_bootstrap, group, topic) == (1000, None)
 
 
@@ -393,7 +388,7 @@ def test_metadata_that_is_no_map_for_the_committed_offset_is_ignored_with_a_warn
     for p in range(4):
         assert sorted(o for q, o, _, _ in seen.calls if q == p) == list(range(100, 200))
     assert gc.stats().replay_skipped == 0
-    ignored = _events(caplog, "offset_map_ignored")
+    ignored = events(caplog, "offset_map_ignored")
     assert sorted(e["tp"] for e in ignored) == [f"{topic}[{p}]" for p in range(4)]
     reasons = {e["tp"]: e["reason"] for e in ignored}
     assert "not a weir offset map" in reasons[f"{topic}[0]"]
@@ -401,4 +396,4 @@ def test_metadata_that_is_no_map_for_the_committed_offset_is_ignored_with_a_warn
     assert "version 9" in reasons[f"{topic}[2]"]
     assert "CRC" in reasons[f"{topic}[3]"] or "base64" in reasons[f"{topic}[3]"]
     assert all(e["offset"] == 100 for e in ignored)
-    assert not _events(caplog, "offset_map_restored")
+    assert not events(caplog, "offset_map_restored")

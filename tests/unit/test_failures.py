@@ -28,6 +28,7 @@ from weir import (
     RetryPolicy,
 )
 from weir.serde import json_deserializer
+from weir.stats import ConsumerStats
 from weir.testing.fake import FakeConsumer
 
 pytestmark = pytest.mark.timeout(60)
@@ -320,6 +321,7 @@ def test_operator_requests_need_a_running_member() -> None:
 class FakeProducer:
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
+        self.hold = False  # keep the delivery results: the writes stay pending
         self.sent: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
         self._queued: list[Callable[[], None]] = []
         self.conf: dict[str, Any] = {}
@@ -340,10 +342,14 @@ class FakeProducer:
         headers: Any = None,
     ) -> None:
         self.sent.append((topic, value, key, list(headers or ())))  # type: ignore[arg-type]
-        err = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large") if self.fail else None
+        # Not confirmed in time (a too large dead letter asks an admin client for its limit:
+        # tests/unit/test_dead_letter_producer.py).
+        err = KafkaError(KafkaError._MSG_TIMED_OUT, "timed out") if self.fail else None
         self._queued.append(lambda: on_delivery(err, None))
 
     def poll(self, timeout: float = 0) -> int:
+        if self.hold:
+            return 0
         queued, self._queued = self._queued, []
         for deliver in queued:
             deliver()
@@ -407,6 +413,72 @@ def test_a_failing_dead_letter_write_blocks_the_partition(members: list[GroupCon
     producer.fail = False
     assert gc.retry_now(P0).result(WAIT) is True
     wait_until(lambda: committed(fake, P0) == 3, "the write succeeded on the retry")
+
+
+def snapshot_from_now(gc: GroupConsumer, what: str) -> ConsumerStats:
+    """The first stats snapshot built after now."""
+    since = time.monotonic()
+    wait_until(lambda: gc.stats().at > since, f"a snapshot {what}")
+    return gc.stats()
+
+
+def test_blocked_stays_set_while_a_failed_dead_letter_is_written_again(
+    members: list[GroupConsumer],
+) -> None:
+    """Regression: `stats().blocked` lost the partition while its failed dead letter was being
+    written again (the record was no longer in state "blocked" but "dead_letter") and had it
+    back once that write failed too, though the partition stayed paused and blocked."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3))
+    fake.script_assign([P0])
+    h = Flaky({(0, 1): 1000})
+    producer = FakeProducer(fail=True)
+    policy = FailurePolicy(retry=fast_retries(attempts=1), final="dead_letter", block_retry_s=0.05)
+    gc = GroupConsumer(
+        h, consumer_factory=fake.factory, producer_factory=producer.factory,
+        **{**BASE, "ordering": "partition", "failure": policy},
+    )  # fmt: skip
+    members.append(gc)
+    gc.start()
+    blocked = (Partition(*P0),)
+    wait_until(lambda: gc.stats().blocked == blocked, "blocked after the write failed")
+    producer.hold = True  # the next write stays in flight
+    sent = len(producer.sent)
+    wait_until(lambda: len(producer.sent) > sent, "the dead letter written again")
+    stats = snapshot_from_now(gc, "while the write is pending")
+    assert [p.blocked for p in stats.partitions] == [True]
+    assert stats.blocked == blocked
+    producer.fail = producer.hold = False
+    wait_until(lambda: committed(fake, P0) == 3, "the write succeeded: unblocked")
+    wait_until(lambda: not gc.stats().blocked, "no longer blocked")
+
+
+def test_blocked_stays_set_while_a_blocked_record_runs_again(launch: Launch) -> None:
+    """The same for `final="block"`: the partition stays in `stats().blocked` while its
+    blocked record's next attempt runs."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3))
+    fake.script_assign([P0])
+    running, release = threading.Event(), threading.Event()
+
+    class SlowSecondTry(Flaky):
+        def handle(self, record: Record, ctx: Context) -> None:
+            if record.offset == 1 and ctx.attempt == 2:
+                running.set()
+                release.wait(WAIT)
+            super().handle(record, ctx)
+
+    h = SlowSecondTry({(0, 1): 2})
+    policy = FailurePolicy(retry=fast_retries(attempts=1), final="block", block_retry_s=0.05)
+    gc = launch(h, fake, ordering="partition", failure=policy)
+    blocked = (Partition(*P0),)
+    wait_until(lambda: gc.stats().blocked == blocked, "blocked")
+    assert running.wait(WAIT)
+    stats = snapshot_from_now(gc, "while the attempt runs")
+    assert stats.blocked == blocked
+    release.set()
+    wait_until(lambda: committed(fake, P0) == 3, "the third try succeeded: unblocked")
+    wait_until(lambda: not gc.stats().blocked, "no longer blocked")
 
 
 # -- deserializers ------------------------------------------------------------------------------

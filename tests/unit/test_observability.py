@@ -7,6 +7,7 @@ over HTTP) are in tests/integration/test_observability.py.
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from pydantic import ValidationError
+from tests.logged import events
 from tests.waiting import wait_until
 
 from weir import ConsumerConfig, GroupConsumer, Partition, Record
@@ -284,18 +286,62 @@ def test_a_partition_stalled_with_work_in_flight_is_stuck_from_stuck_after_s() -
     assert h.as_dict()["stuck"] == ["t[0]"]
 
 
+def test_not_ready_once_no_broker_answered_for_broker_down_unready_s() -> None:
+    life = _running(0.0)
+    life.brokers_down(990.0)
+    life.brokers_down(995.0)  # the outage goes on: it began at the first report
+
+    def at(now: float, unready_s: float | None) -> Any:
+        return check(
+            life, EMPTY, max_poll_interval_s=300, stuck_after_s=60,
+            broker_down_unready_s=unready_s, now=now,
+        )  # fmt: skip
+
+    h = at(1000.0, 10.5)
+    assert (h.live, h.ready, h.brokers_down_s) == (True, True, 10.0)
+    h = at(1000.0, 10)
+    assert (h.live, h.ready) == (True, False)
+    assert h.reasons == (
+        "no broker has answered for 10.0 s since all were reported down (broker_down_unready_s 10)",
+    )
+    assert h.as_dict()["brokers_down_s"] == 10.0
+    assert at(1000.0, None).ready, "None leaves readiness alone"
+    assert life.broker_answered(1001.0) == 11.0
+    h = at(1002.0, 10)
+    assert (h.ready, h.brokers_down_s, h.as_dict()["brokers_down_s"]) == (True, None, None)
+
+
+def test_a_broker_is_asked_once_a_second_only_while_all_are_down() -> None:
+    life = _running(0.0)
+    assert not life.broker_probe_due(1000.0)
+    life.brokers_down(1000.0)
+    assert not life.broker_probe_due(1000.5)
+    assert life.broker_probe_due(1001.0)
+    assert not life.broker_probe_due(1001.9)
+    assert life.broker_probe_due(1002.0)
+    life.broker_answered(1002.1)
+    assert not life.broker_probe_due(1010.0)
+
+
 # -- configuration ------------------------------------------------------------------------------
 
 
 def test_the_new_settings_are_checked() -> None:
     base: dict[str, Any] = {"bootstrap_servers": "x:1", "group_id": "g", "topics": ["t"]}
     cfg = ConsumerConfig(**base)
-    assert (cfg.stuck_after_s, cfg.watermark_refresh_s) == (60.0, 5.0)
+    assert (cfg.stuck_after_s, cfg.watermark_refresh_s, cfg.broker_down_unready_s) == (
+        60.0,
+        5.0,
+        10.0,
+    )
     assert ConsumerConfig(**base, watermark_refresh_s=None).watermark_refresh_s is None
+    assert ConsumerConfig(**base, broker_down_unready_s=None).broker_down_unready_s is None
     bads: list[dict[str, Any]] = [
         {"stuck_after_s": 0},
         {"stuck_after_s": "5"},
         {"watermark_refresh_s": 0.01},
+        {"broker_down_unready_s": 0.5},  # below the once-a-second probe
+        {"broker_down_unready_s": float("inf")},
     ]
     for bad in bads:
         with pytest.raises(ValidationError, match=next(iter(bad))):
@@ -331,6 +377,51 @@ def test_one_rebalance_per_assignment_not_per_callback(
     assert "no assignment from the group yet" in gc.health().reasons
     fake.script_assign([P0])
     wait_until(lambda: gc.stats().rebalances == 3 and gc.health().ready, "joined again")
+
+
+def test_readiness_follows_a_broker_outage(
+    launch: Callable[..., GroupConsumer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: readiness stayed true through an outage of every broker (`all_brokers_down`
+    logged at ERROR, the member doing nothing): now it turns false after
+    `broker_down_unready_s` with no broker answering, and back at the first answer. An outage
+    shorter than that leaves it alone."""
+    caplog.set_level(logging.INFO, logger="weir.engine")
+    fake = FakeConsumer()
+    fake.script_assign([P0])
+    gc = launch(lambda r: None, fake, broker_down_unready_s=2.0)
+    wait_until(lambda: gc.health().ready, "ready", WAIT)
+    down = KafkaException(KafkaError(KafkaError._TRANSPORT, "Connection refused"))
+    all_down = KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down")
+
+    # A short outage: a broker answers the probe within a second, readiness never drops.
+    fake.unreachable = down
+    fake.raise_error_cb(all_down)
+    wait_until(lambda: gc.health().brokers_down_s is not None, "the outage noticed", WAIT)
+    fake.unreachable = None
+    seen = []
+    deadline = time.monotonic() + WAIT
+    while gc.health().brokers_down_s is not None and time.monotonic() < deadline:
+        seen.append(gc.health().ready)
+        time.sleep(0.01)
+    assert gc.health().brokers_down_s is None, "the broker's answer ended the outage"
+    assert seen and all(seen)
+    assert len(events(caplog, "brokers_reachable")) == 1
+
+    # A long one: not ready from broker_down_unready_s on, live throughout; ready at the answer.
+    fake.unreachable = down
+    began = time.monotonic()
+    fake.raise_error_cb(all_down)
+    wait_until(lambda: not gc.health().ready, "not ready", WAIT)
+    assert time.monotonic() - began >= 2.0
+    h = gc.health()
+    assert h.live and h.brokers_down_s is not None and h.brokers_down_s >= 2.0
+    assert "no broker has answered for" in h.reasons[-1]
+    fake.unreachable = None
+    wait_until(lambda: gc.health().ready, "ready again", WAIT)
+    (_, back) = events(caplog, "brokers_reachable")
+    assert back["down_s"] >= 2.0
+    assert gc.health().brokers_down_s is None
 
 
 def test_handler_latency_counts_every_record_and_end_to_end_is_sampled(
