@@ -91,8 +91,9 @@ def _refuse_awaitable(fn: Callable[..., object], result: object) -> None:
             close()  # no "coroutine was never awaited" warning on top of the error
         name = getattr(fn, "__qualname__", repr(fn))
         raise AwaitableReturned(
-            f"handler {name} returned {type(result).__name__} instead of doing its work: "
-            "a thread handler must not be a coroutine function (use an async handler)"
+            f"handler {name} returned a {type(result).__name__} instead of doing its work: "
+            "it runs on worker threads, where nothing awaits it. Make it async def (weir then "
+            "runs it on an event loop), or make it do the work and return None"
         )
 
 
