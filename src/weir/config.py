@@ -626,89 +626,259 @@ class ConsumerConfig(BaseModel):
     # Inputs are hidden in errors because the `kafka` mapping may hold credentials.
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
-    bootstrap_servers: str = Field(min_length=1)
-    group_id: str = Field(min_length=1)
-    # Topic names, or regular expressions starting with '^' (docs/configuration.md).
-    topics: list[str] = Field(min_length=1)
+    # The descriptions are docs/configuration.md's settings table (tests/unit/test_config_docs.py
+    # renders it); a count's unit is its json_schema_extra "unit", a duration's the "_s".
+    bootstrap_servers: str = Field(
+        min_length=1, description="The brokers to start from: `host:port[,host:port...]`."
+    )
+    group_id: str = Field(
+        min_length=1,
+        description="The consumer group: 1 to 32767 bytes of UTF-8, not starting with "
+        "whitespace, no NUL ([ids](#ids-and-names)).",
+    )
+    topics: list[str] = Field(
+        min_length=1,
+        description="Topic names, and regular expressions starting with `^`, in any mix "
+        "([below](#topics-and-regular-expressions)).",
+    )
 
-    ordering: Literal["key", "partition", "unordered"] = "key"
+    ordering: Literal["key", "partition", "unordered"] = Field(
+        "key",
+        description="What runs one record at a time, in offset order: a key's records, a "
+        "partition's, or none ([workers-and-ordering.md](workers-and-ordering.md)).",
+    )
     # Numbers are strict: "4" or True is a mistake, not a count; an int is a fine float.
-    workers: int = Field(8, ge=1, le=1024, strict=True)
-    # Async handlers (`async def`): records running at once on the event loop, in place of
-    # worker threads (`workers` is not used then). Sized for I/O: a coroutine waiting on a
-    # socket costs a few kilobytes, not a thread.
-    max_in_flight: int = Field(256, ge=1, le=100_000, strict=True)
+    workers: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        strict=True,
+        json_schema_extra={"unit": "threads"},
+        description="Thread handlers only: the worker threads (set for an async handler: the "
+        "warning `workers_unused`).",
+    )
+    # Sized for I/O: a coroutine waiting on a socket costs a few kilobytes, not a thread.
+    max_in_flight: int = Field(
+        256,
+        ge=1,
+        le=100_000,
+        strict=True,
+        json_schema_extra={"unit": "records"},
+        description="Async handlers only (`async def`): records running at once on the event "
+        "loop, in place of worker threads ([handlers.md](handlers.md)).",
+    )
 
-    group_protocol: Literal["classic", "consumer"] = "classic"
-    assignment_strategy: Literal["range", "roundrobin", "cooperative-sticky"] | None = None
-    remote_assignor: Literal["uniform", "range"] | None = None
-    group_instance_id: str | None = Field(None, min_length=1)
+    group_protocol: Literal["classic", "consumer"] = Field(
+        "classic", description='`"consumer"` is KIP-848 (brokers 4.0 and later).'
+    )
+    assignment_strategy: Literal["range", "roundrobin", "cooperative-sticky"] | None = Field(
+        None, description='Classic protocol only; None: `"cooperative-sticky"`.'
+    )
+    remote_assignor: Literal["uniform", "range"] | None = Field(
+        None, description='`group_protocol="consumer"` only; None: the broker\'s.'
+    )
+    group_instance_id: str | None = Field(
+        None,
+        min_length=1,
+        description="Static membership ([rebalances.md](rebalances.md)): an id as `group_id`, "
+        "at most 32730 bytes under the classic protocol; None: a dynamic member.",
+    )
     # Durations are seconds, as everywhere in Python (floats, names ending in _s); weir converts
     # the librdkafka ones to its milliseconds, within librdkafka's ranges.
     session_timeout_s: float | None = Field(
-        None, ge=0.001, le=3600, strict=True, allow_inf_nan=False
+        None,
+        ge=0.001,
+        le=3600,
+        strict=True,
+        allow_inf_nan=False,
+        description="Classic protocol only (a broker setting under KIP-848); None: "
+        "librdkafka's, 45 s.",
     )
     heartbeat_interval_s: float | None = Field(
-        None, ge=0.001, le=3600, strict=True, allow_inf_nan=False
+        None,
+        ge=0.001,
+        le=3600,
+        strict=True,
+        allow_inf_nan=False,
+        description="Classic protocol only; below `session_timeout_s`; None: librdkafka's, 3 s.",
     )
-    max_poll_interval_s: float = Field(300.0, ge=0.001, le=86400, strict=True, allow_inf_nan=False)
-    auto_offset_reset: Literal["earliest", "latest", "error"] = "earliest"
-    # How often the client refreshes its metadata: a topic created later that matches a classic
-    # regex subscription is consumed within this time. librdkafka's default is 5 minutes; 30 s
-    # costs one metadata request per member every 30 s (all topics' under a regex subscription).
-    topic_refresh_s: float = Field(30.0, ge=0.1, le=3600, strict=True, allow_inf_nan=False)
+    max_poll_interval_s: float = Field(
+        300.0,
+        ge=0.001,
+        le=86400,
+        strict=True,
+        allow_inf_nan=False,
+        description="How long the member may go without polling before the group drops it; "
+        "classic protocol: not below `session_timeout_s` (or librdkafka's 45 s when that is "
+        "None).",
+    )
+    auto_offset_reset: Literal["earliest", "latest", "error"] = Field(
+        "earliest", description="Where a partition with no committed offset starts."
+    )
+    # librdkafka's default is 5 minutes; 30 s costs one metadata request per member every 30 s
+    # (all topics' under a regex subscription).
+    topic_refresh_s: float = Field(
+        30.0,
+        ge=0.1,
+        le=3600,
+        strict=True,
+        allow_inf_nan=False,
+        description="How often the client refreshes topic metadata: a new topic a classic "
+        "pattern matches is consumed within this time "
+        "([below](#how-soon-a-new-topic-is-consumed)).",
+    )
 
-    flow: FlowConfig = FlowConfig()
-    max_batch: int = Field(200, ge=1, le=100_000, strict=True)
-    poll_timeout_s: float = Field(0.1, gt=0, le=1.0, strict=True, allow_inf_nan=False)
-    commit_interval_s: float = Field(1.0, gt=0, strict=True, allow_inf_nan=False)
-    # Every 10k records or every second, whichever comes first: each commit request is a write
-    # to __consumer_offsets, and a restart replays at most about one interval anyway.
-    commit_every: int = Field(10_000, ge=1, strict=True)
-    revoke_timeout_s: float = Field(10.0, gt=0, strict=True, allow_inf_nan=False)
-    shutdown_timeout_s: float = Field(30.0, gt=0, strict=True, allow_inf_nan=False)
-    startup_timeout_s: float = Field(30.0, gt=0, strict=True, allow_inf_nan=False)
+    flow: FlowConfig = Field(
+        FlowConfig(),
+        description="The in-flight budget of records and bytes "
+        "([flow-control.md](flow-control.md)); its counts are strict ints.",
+    )
+    max_batch: int = Field(
+        200,
+        ge=1,
+        le=100_000,
+        strict=True,
+        json_schema_extra={"unit": "records"},
+        description="Records fetched at most per poll; at most `flow.capacity_records - "
+        "flow.pause_records`.",
+    )
+    poll_timeout_s: float = Field(
+        0.1,
+        gt=0,
+        le=1.0,
+        strict=True,
+        allow_inf_nan=False,
+        description="The longest the owner thread blocks in the client.",
+    )
+    commit_interval_s: float = Field(
+        1.0,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        description="An async commit when this much time or `commit_every` records have passed, "
+        "whichever comes first (a restart replays at most about this much).",
+    )
+    # Each commit request is a write to __consumer_offsets.
+    commit_every: int = Field(
+        10_000,
+        ge=1,
+        strict=True,
+        json_schema_extra={"unit": "records"},
+        description="See `commit_interval_s`.",
+    )
+    revoke_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        description="The whole drain of revoked partitions; at most half of "
+        "`max_poll_interval_s` ([rebalances.md](rebalances.md)).",
+    )
+    shutdown_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        description="The drain on stop or failure.",
+    )
+    startup_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        description="How long to wait at start for a broker to answer.",
+    )
 
-    # Every commit carries a map of the offsets finished above the committed one, so a new owner
-    # does not handle them again (docs/offset-map.md); at most this many bytes per partition
-    # (the broker's offset.metadata.max.bytes, 4096 by default: a larger map is cut, never the
-    # commit).
-    offset_map: bool = True
-    offset_map_max_bytes: int = Field(4096, ge=64, le=1_048_576, strict=True)
+    offset_map: bool = Field(
+        True,
+        description="Every commit carries the offsets finished above the committed one, and a "
+        "new owner skips them ([offset-map.md](offset-map.md)).",
+    )
+    # The broker's offset.metadata.max.bytes is 4096 by default.
+    offset_map_max_bytes: int = Field(
+        4096,
+        ge=64,
+        le=1_048_576,
+        strict=True,
+        json_schema_extra={"unit": "bytes"},
+        description="The offset map's size per partition, at most the broker's "
+        "`offset.metadata.max.bytes` (a larger map is cut, never the commit).",
+    )
 
-    # Exactly-once Kafka-to-Kafka (docs/exactly-once.md): handlers produce with ctx.produce into
-    # one transaction per interval or record count, together with the consumed offsets. The id
-    # must be unique per running member (a restarted member reusing it fences its old self).
-    transactional_id: str | None = Field(None, min_length=1)
-    transaction_interval_s: float = Field(0.1, gt=0, le=300, strict=True, allow_inf_nan=False)
-    transaction_max_records: int = Field(10_000, ge=1, strict=True)
-    # How long a transaction may stay open (the producer's transaction.timeout.ms): a member
-    # killed mid-transaction holds its partitions back for up to this long.
-    transaction_timeout_s: float = Field(10.0, ge=1, le=900, strict=True, allow_inf_nan=False)
+    transactional_id: str | None = Field(
+        None,
+        min_length=1,
+        description="Exactly-once: the id of the member's transactional producer, unique per "
+        "running member (one started with the id of a running one fences it); an id as "
+        "`group_id`; None: not transactional ([exactly-once.md](exactly-once.md)).",
+    )
+    transaction_interval_s: float = Field(
+        0.1,
+        gt=0,
+        le=300,
+        strict=True,
+        allow_inf_nan=False,
+        description="A transaction boundary at least this often.",
+    )
+    transaction_max_records: int = Field(
+        10_000,
+        ge=1,
+        strict=True,
+        json_schema_extra={"unit": "records"},
+        description="... and after this many records were marked finished in it.",
+    )
+    transaction_timeout_s: float = Field(
+        10.0,
+        ge=1,
+        le=900,
+        strict=True,
+        allow_inf_nan=False,
+        description="How long the broker lets a transaction stay open (the producer's "
+        "`transaction.timeout.ms`): a member killed mid-transaction holds its partitions back "
+        "this long.",
+    )
 
-    # Retries, then what happens to a record that keeps failing (docs/failures.md); per topic in
-    # failure_by_topic (names as subscribed, or the topics a regex subscription matches).
-    failure: FailurePolicy = FailurePolicy()
+    failure: FailurePolicy = Field(
+        FailurePolicy(),
+        description="Retries, then what becomes of a record that still fails: stop, dead "
+        "letter or block ([failures.md](failures.md)).",
+    )
     # Validated when left out too: the dead-letter topic names `failure` makes are checked there.
     failure_by_topic: Mapping[str, FailurePolicy] = Field(
-        default_factory=dict, validate_default=True
+        default_factory=dict,
+        validate_default=True,
+        description="`failure` per topic: names as subscribed, or topics a subscribed pattern "
+        "matches.",
     )
 
-    # Readiness: a partition whose watermark has not moved for this long while records of it are
-    # in flight is stuck, and the member not ready (a hung handler, a blocked partition).
-    stuck_after_s: float = Field(60.0, gt=0, strict=True, allow_inf_nan=False)
-    # How often the high watermarks of the owned partitions are read from their leaders, by a
-    # client of its own on a thread of its own, so lag stays right while a partition is not
-    # fetched (paused, or throttled with the client's queue full). None: only the client's own
-    # values from its fetch responses (docs/observability.md).
+    stuck_after_s: float = Field(
+        60.0,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        description="A partition whose watermark has not moved for this long while records of "
+        "it are in flight makes the member not ready "
+        "([observability.md](observability.md#health)).",
+    )
+    # Read by a client of its own on a thread of its own.
     watermark_refresh_s: float | None = Field(
-        5.0, ge=0.1, le=3600, strict=True, allow_inf_nan=False
+        5.0,
+        ge=0.1,
+        le=3600,
+        strict=True,
+        allow_inf_nan=False,
+        description="How often the owned partitions' high watermarks are read from their "
+        "leaders, so lag stays right while a partition is not fetched (paused, or throttled); "
+        "None: only the client's own values from its fetch responses "
+        "([observability.md](observability.md#high-watermarks-while-a-partition-is-not-fetched)).",
     )
 
-    # What a user callback that raises (a commit listener, a Handler hook) does: "log" isolates
-    # it (logged once, counted in stats); "stop" also stops the member, which still drains,
-    # commits and closes.
-    callback_errors: Literal["log", "stop"] = "log"
+    callback_errors: Literal["log", "stop"] = Field(
+        "log",
+        description="What a user callback that raises (a commit listener, a `Handler` hook) "
+        'does: `"log"` isolates it (logged once, counted in stats), `"stop"` also stops the '
+        "member, which still drains, commits and closes.",
+    )
 
     @field_validator("failure_by_topic")
     @classmethod
@@ -750,7 +920,12 @@ class ConsumerConfig(BaseModel):
         return v
 
     # Validated when left out too: librdkafka checks the whole configuration either way.
-    kafka: Mapping[str, KafkaValue | SecretStr] = Field(default_factory=dict, validate_default=True)
+    kafka: Mapping[str, KafkaValue | SecretStr] = Field(
+        default_factory=dict,
+        validate_default=True,
+        description="Any other librdkafka setting, by its name "
+        "([below](#librdkafka-settings-kafka)).",
+    )
 
     @model_validator(mode="wrap")
     @classmethod
