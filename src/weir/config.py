@@ -140,6 +140,9 @@ _TYPED_KEYS = {
     "heartbeat.interval.ms": "heartbeat_interval_s",
     "max.poll.interval.ms": "max_poll_interval_s",
     "auto.offset.reset": "auto_offset_reset",
+    # librdkafka sets a name it does not know globally on the default topic configuration, with
+    # a "topic." prefix taken off: this one overrode auto_offset_reset without a word.
+    "topic.auto.offset.reset": "auto_offset_reset",
     "topic.metadata.refresh.interval.ms": "topic_refresh_s",
 }
 # weir is the only committer; these would let librdkafka commit offsets of unfinished records.
