@@ -140,6 +140,9 @@ _TYPED_KEYS = {
     "heartbeat.interval.ms": "heartbeat_interval_s",
     "max.poll.interval.ms": "max_poll_interval_s",
     "auto.offset.reset": "auto_offset_reset",
+    # librdkafka sets a name it does not know globally on the default topic configuration, with
+    # a "topic." prefix taken off: this one overrode auto_offset_reset without a word.
+    "topic.auto.offset.reset": "auto_offset_reset",
     "topic.metadata.refresh.interval.ms": "topic_refresh_s",
 }
 # weir is the only committer; these would let librdkafka commit offsets of unfinished records.
@@ -179,6 +182,34 @@ _CALLABLE_HINT = (
     "is a callable: kafka takes librdkafka settings, each a str, int, float or bool "
     "(an OAUTHBEARER token callback is not supported: use sasl.oauthbearer.method='oidc')"
 )
+
+
+_TERMINATION_SIGNAL = (
+    "kafka['internal.termination.signal'] must stay 0: librdkafka installs a handler for that "
+    "signal in the whole process whenever a client is built (as validating this configuration "
+    "does) and sends it to its own threads on close, so SIGKILL or SIGSTOP would kill or stop "
+    "the process, and any other signal loses its handling (SIGINT: KeyboardInterrupt and "
+    "weir's graceful stop)"
+)
+
+
+def _kafka_entry_problems(key: str, value: KafkaValue | SecretStr) -> list[str]:
+    """What in one `kafka` entry of the right type librdkafka would not read as given, or what
+    would harm the process before librdkafka could refuse it."""
+    problems = [
+        problem
+        for problem in (
+            _text_problem(f"kafka[{key!r}]: the name", key),
+            _text_problem(
+                f"kafka[{key!r}]",
+                value.get_secret_value() if isinstance(value, SecretStr) else str(value),
+            ),
+        )
+        if problem is not None
+    ]
+    if key == "internal.termination.signal" and str(value).strip() != "0":
+        problems.append(_TERMINATION_SIGNAL)
+    return problems
 
 
 class _Quiet:
@@ -288,6 +319,65 @@ def _librdkafka_refusals(conf: Mapping[str, Any], kafka: Mapping[str, Any]) -> l
     return refusals
 
 
+# -- ids and names -----------------------------------------------------------------------------
+
+# librdkafka reads every setting as a C string: a NUL ends it there, so what follows would be
+# dropped without a word (`enable.auto.commit\0` in `kafka` would set enable.auto.commit).
+_NUL = "\x00"
+# librdkafka left-trims string settings with C's isspace() (rd_kafka_anyconf_set): " orders" is
+# group "orders" to it, and a blank group id leaves the client without a consumer group, which
+# aborts the interpreter in confluent-kafka's Consumer(). Multi-byte UTF-8 never starts with one.
+_C_SPACE = " \t\n\v\f\r"
+# Kafka's protocol sends ids as strings with an int16 length: at most 32767 bytes of UTF-8 (the
+# broker drops the connection on a longer one, and the member never joins).
+_MAX_ID_BYTES = 32767
+# Under the classic protocol the broker names each member `<group.instance.id or client.id>-<a
+# UUID>` and sends that name back: 37 more bytes that must fit too (JoinGroup fails otherwise).
+_CLASSIC_MEMBER_SUFFIX = 37
+
+
+def _text_problem(what: str, value: str) -> str | None:
+    """What keeps `value` from reaching librdkafka as typed: a NUL, or text UTF-8 cannot hold."""
+    if _NUL in value:
+        return (
+            f"{what} contains a NUL character (\\x00): librdkafka reads it as a C string, which "
+            "ends there, and would drop the rest"
+        )
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return f"{what} holds a lone surrogate, which UTF-8 cannot encode"
+    return None
+
+
+def _id_problem(what: str, value: str, max_bytes: int = _MAX_ID_BYTES, why: str = "") -> str | None:
+    """Why `value` cannot be the id `what` (a group, client, instance or transactional id)."""
+    allowed = (
+        f"an id is any text of 1 to {max_bytes} bytes of UTF-8{why} that does not start with "
+        "whitespace and has no NUL character"
+    )
+    problem = _text_problem(what, value)
+    if problem is None and value[:1] in tuple(_C_SPACE):
+        stripped = value.lstrip(_C_SPACE)
+        problem = (
+            f"{what} {_shown(value)} starts with whitespace, which librdkafka strips "
+            f"({f'it would be {_shown(stripped)}' if stripped else 'leaving it empty'})"
+        )
+    if problem is None and len(value.encode()) > max_bytes:
+        problem = f"{what} is {len(value.encode())} bytes long"
+    return None if problem is None else f"{problem}: {allowed}"
+
+
+def _refuse(problem: str | None) -> None:
+    """A field validator's refusal: pydantic turns the ValueError into its ValidationError."""
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def _shown(value: str) -> str:
+    return repr(value) if len(value) <= 80 else f"{value[:80]!r}..."
+
+
 # -- topics ------------------------------------------------------------------------------------
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -312,28 +402,67 @@ _NOT_PORTABLE = (
 _WHOLE_NAME = re.compile(_UNESCAPED + r"(?:\.\*|\$)$")
 
 
+# A counted repetition: RE2 (the broker's matcher under KIP-848) refuses a count above 1000,
+# glibc's regcomp (librdkafka's) one above 32767, and Python's `re` takes far larger ones. A '{'
+# that starts no count is a literal to Python (and to RE2 as `{,n}`), an error to regcomp.
+_BRACKETS = re.compile(_UNESCAPED + r"(\[\^?\]?(?:\[:[a-z]+:\]|[^\]])*\])")  # a '{' in one is a '{'
+_BRACE = re.compile(_UNESCAPED + r"\{")
+_COUNT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+_MAX_REPEAT = 1000
+
+
+def _count_problem(shown: str, pattern: str) -> str | None:
+    outside = _BRACKETS.sub(lambda m: m.group()[: m.start(1) - m.start()] + "_", pattern)
+    for brace in _BRACE.finditer(outside):
+        count = _COUNT.match(outside, brace.end() - 1)
+        if count is None:
+            return (
+                f"{shown} has a '{{' that starts no count {{m}}, {{m,}} or {{m,n}}, which the "
+                "matchers read differently (librdkafka's POSIX regex refuses it or reads {,n} as "
+                "{0,n}, RE2/J takes a literal): write \\{ for a brace"
+            )
+        if any(len(n.lstrip("0")) > 4 or int(n) > _MAX_REPEAT for n in count.groups() if n):
+            return (
+                f"{shown} repeats {count.group()}: the broker's RE2/J refuses a count above "
+                f"{_MAX_REPEAT} (librdkafka's POSIX regex one above 32767)"
+            )
+    return None
+
+
+def _topic_name_problem(name: str) -> str | None:
+    if name in (".", "..") or not _TOPIC_NAME.fullmatch(name):
+        return f"{_shown(name)} is not a topic name (1-249 of A-Z a-z 0-9 . _ -, not '.' or '..')"
+    return None
+
+
 def _topic_problem(topic: str) -> str | None:
     if not topic.startswith("^"):
-        if topic in (".", "..") or not _TOPIC_NAME.fullmatch(topic):
-            return (
-                f"{topic!r} is not a topic name (1-249 of A-Z a-z 0-9 . _ -, not '.' or '..'); "
-                "a regular expression subscription starts with '^'"
-            )
+        problem = _topic_name_problem(topic)
+        if problem is not None:
+            return f"{problem}; a regular expression subscription starts with '^'"
         return None
+    shown = _shown(topic)
+    problem = _text_problem(shown, topic)
+    if problem is not None:
+        return problem
     try:
         re.compile(topic)
-    except re.error as exc:
-        return f"{topic!r} is not a valid regular expression: {exc}"
+    # Not only re.error: a count past sys.maxsize overflows, deep nesting recurses too far.
+    except (re.error, ValueError, OverflowError, RecursionError) as exc:
+        return f"{shown} is not a valid regular expression: {exc}"
     for construct, what in _NOT_PORTABLE:
         if construct.search(topic):
             return (
-                f"{topic!r} uses {what}, which librdkafka's POSIX regex or the broker's RE2/J "
+                f"{shown} uses {what}, which librdkafka's POSIX regex or the broker's RE2/J "
                 "does not read the same way: use [0-9], [A-Za-z0-9_], ( | ) and escaped "
                 "punctuation such as \\."
             )
+    problem = _count_problem(shown, topic)
+    if problem is not None:
+        return problem
     if not _WHOLE_NAME.search(topic):
         return (
-            f"{topic!r} must end with an unescaped '.*' or '$': under the classic protocol "
+            f"{shown} must end with an unescaped '.*' or '$': under the classic protocol "
             "librdkafka takes a topic whose name starts with a match, under "
             "group_protocol='consumer' the broker only one whose whole name matches"
         )
@@ -500,92 +629,270 @@ class ConsumerConfig(BaseModel):
     # Inputs are hidden in errors because the `kafka` mapping may hold credentials.
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
-    bootstrap_servers: str = Field(min_length=1)
-    group_id: str = Field(min_length=1)
-    # Topic names, or regular expressions starting with '^' (docs/configuration.md).
-    topics: list[str] = Field(min_length=1)
+    # The descriptions are docs/configuration.md's settings table (tests/unit/test_config_docs.py
+    # renders it); a count's unit is its json_schema_extra "unit", a duration's the "_s".
+    bootstrap_servers: str = Field(
+        min_length=1, description="The brokers to start from: `host:port[,host:port...]`."
+    )
+    group_id: str = Field(
+        min_length=1,
+        description="The consumer group: 1 to 32767 bytes of UTF-8, not starting with "
+        "whitespace, no NUL ([ids](#ids-and-names)).",
+    )
+    topics: list[str] = Field(
+        min_length=1,
+        description="Topic names, and regular expressions starting with `^`, in any mix "
+        "([below](#topics-and-regular-expressions)).",
+    )
 
-    ordering: Literal["key", "partition", "unordered"] = "key"
+    ordering: Literal["key", "partition", "unordered"] = Field(
+        "key",
+        description="What runs one record at a time, in offset order: a key's records, a "
+        "partition's, or none ([workers-and-ordering.md](workers-and-ordering.md)).",
+    )
     # Numbers are strict: "4" or True is a mistake, not a count; an int is a fine float.
-    workers: int = Field(8, ge=1, le=1024, strict=True)
-    # Async handlers (`async def`): records running at once on the event loop, in place of
-    # worker threads (`workers` is not used then). Sized for I/O: a coroutine waiting on a
-    # socket costs a few kilobytes, not a thread.
-    max_in_flight: int = Field(256, ge=1, le=100_000, strict=True)
+    workers: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        strict=True,
+        json_schema_extra={"unit": "threads"},
+        description="Thread handlers only: the worker threads (set for an async handler: the "
+        "warning `workers_unused`).",
+    )
+    # Sized for I/O: a coroutine waiting on a socket costs a few kilobytes, not a thread.
+    max_in_flight: int = Field(
+        256,
+        ge=1,
+        le=100_000,
+        strict=True,
+        json_schema_extra={"unit": "records"},
+        description="Async handlers only (`async def`): records running at once on the event "
+        "loop, in place of worker threads ([handlers.md](handlers.md)).",
+    )
 
-    group_protocol: Literal["classic", "consumer"] = "classic"
-    assignment_strategy: Literal["range", "roundrobin", "cooperative-sticky"] | None = None
-    remote_assignor: Literal["uniform", "range"] | None = None
-    group_instance_id: str | None = Field(None, min_length=1)
+    group_protocol: Literal["classic", "consumer"] = Field(
+        "classic", description='`"consumer"` is KIP-848 (brokers 4.0 and later).'
+    )
+    assignment_strategy: Literal["range", "roundrobin", "cooperative-sticky"] | None = Field(
+        None, description='Classic protocol only; None: `"cooperative-sticky"`.'
+    )
+    remote_assignor: Literal["uniform", "range"] | None = Field(
+        None, description='`group_protocol="consumer"` only; None: the broker\'s.'
+    )
+    group_instance_id: str | None = Field(
+        None,
+        min_length=1,
+        description="Static membership ([rebalances.md](rebalances.md)): an id as `group_id`, "
+        "at most 32730 bytes under the classic protocol; None: a dynamic member.",
+    )
     # Durations are seconds, as everywhere in Python (floats, names ending in _s); weir converts
     # the librdkafka ones to its milliseconds, within librdkafka's ranges.
     session_timeout_s: float | None = Field(
-        None, ge=0.001, le=3600, strict=True, allow_inf_nan=False
+        None,
+        ge=0.001,
+        le=3600,
+        strict=True,
+        allow_inf_nan=False,
+        description="Classic protocol only (a broker setting under KIP-848); None: "
+        "librdkafka's, 45 s.",
     )
     heartbeat_interval_s: float | None = Field(
-        None, ge=0.001, le=3600, strict=True, allow_inf_nan=False
+        None,
+        ge=0.001,
+        le=3600,
+        strict=True,
+        allow_inf_nan=False,
+        description="Classic protocol only; below `session_timeout_s`; None: librdkafka's, 3 s.",
     )
-    max_poll_interval_s: float = Field(300.0, ge=0.001, le=86400, strict=True, allow_inf_nan=False)
-    auto_offset_reset: Literal["earliest", "latest", "error"] = "earliest"
-    # How often the client refreshes its metadata: a topic created later that matches a classic
-    # regex subscription is consumed within this time. librdkafka's default is 5 minutes; 30 s
-    # costs one metadata request per member every 30 s (all topics' under a regex subscription).
-    topic_refresh_s: float = Field(30.0, ge=0.1, le=3600, strict=True, allow_inf_nan=False)
+    max_poll_interval_s: float = Field(
+        300.0,
+        ge=0.001,
+        le=86400,
+        strict=True,
+        allow_inf_nan=False,
+        description="How long the member may go without polling before the group drops it; "
+        "classic protocol: not below `session_timeout_s` (or librdkafka's 45 s when that is "
+        "None).",
+    )
+    auto_offset_reset: Literal["earliest", "latest", "error"] = Field(
+        "earliest", description="Where a partition with no committed offset starts."
+    )
+    # librdkafka's default is 5 minutes; 30 s costs one metadata request per member every 30 s
+    # (all topics' under a regex subscription).
+    topic_refresh_s: float = Field(
+        30.0,
+        ge=0.1,
+        le=3600,
+        strict=True,
+        allow_inf_nan=False,
+        description="How often the client refreshes topic metadata: a new topic a classic "
+        "pattern matches is consumed within this time "
+        "([below](#how-soon-a-new-topic-is-consumed)).",
+    )
 
-    flow: FlowConfig = FlowConfig()
-    max_batch: int = Field(200, ge=1, le=100_000, strict=True)
-    poll_timeout_s: float = Field(0.1, gt=0, le=1.0, strict=True, allow_inf_nan=False)
-    commit_interval_s: float = Field(1.0, gt=0, strict=True, allow_inf_nan=False)
-    # Every 10k records or every second, whichever comes first: each commit request is a write
-    # to __consumer_offsets, and a restart replays at most about one interval anyway.
-    commit_every: int = Field(10_000, ge=1, strict=True)
-    revoke_timeout_s: float = Field(10.0, gt=0, strict=True, allow_inf_nan=False)
-    shutdown_timeout_s: float = Field(30.0, gt=0, strict=True, allow_inf_nan=False)
-    startup_timeout_s: float = Field(30.0, gt=0, strict=True, allow_inf_nan=False)
+    flow: FlowConfig = Field(
+        FlowConfig(),
+        description="The in-flight budget of records and bytes "
+        "([flow-control.md](flow-control.md)); its counts are strict ints.",
+    )
+    max_batch: int = Field(
+        200,
+        ge=1,
+        le=100_000,
+        strict=True,
+        json_schema_extra={"unit": "records"},
+        description="Records fetched at most per poll; at most `flow.capacity_records - "
+        "flow.pause_records`.",
+    )
+    poll_timeout_s: float = Field(
+        0.1,
+        gt=0,
+        le=1.0,
+        strict=True,
+        allow_inf_nan=False,
+        description="The longest the owner thread blocks in the client.",
+    )
+    commit_interval_s: float = Field(
+        1.0,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        description="An async commit when this much time or `commit_every` records have passed, "
+        "whichever comes first (a restart replays at most about this much).",
+    )
+    # Each commit request is a write to __consumer_offsets.
+    commit_every: int = Field(
+        10_000,
+        ge=1,
+        strict=True,
+        json_schema_extra={"unit": "records"},
+        description="See `commit_interval_s`.",
+    )
+    revoke_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        description="The whole drain of revoked partitions; at most half of "
+        "`max_poll_interval_s` ([rebalances.md](rebalances.md)).",
+    )
+    shutdown_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        description="The drain on stop or failure.",
+    )
+    startup_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        description="How long to wait at start for a broker to answer.",
+    )
 
-    # Every commit carries a map of the offsets finished above the committed one, so a new owner
-    # does not handle them again (docs/offset-map.md); at most this many bytes per partition
-    # (the broker's offset.metadata.max.bytes, 4096 by default: a larger map is cut, never the
-    # commit).
-    offset_map: bool = True
-    offset_map_max_bytes: int = Field(4096, ge=64, le=1_048_576, strict=True)
+    offset_map: bool = Field(
+        True,
+        description="Every commit carries the offsets finished above the committed one, and a "
+        "new owner skips them ([offset-map.md](offset-map.md)).",
+    )
+    # The broker's offset.metadata.max.bytes is 4096 by default.
+    offset_map_max_bytes: int = Field(
+        4096,
+        ge=64,
+        le=1_048_576,
+        strict=True,
+        json_schema_extra={"unit": "bytes"},
+        description="The offset map's size per partition, at most the broker's "
+        "`offset.metadata.max.bytes` (a larger map is cut, never the commit).",
+    )
 
-    # Exactly-once Kafka-to-Kafka (docs/exactly-once.md): handlers produce with ctx.produce into
-    # one transaction per interval or record count, together with the consumed offsets. The id
-    # must be unique per running member (a restarted member reusing it fences its old self).
-    transactional_id: str | None = Field(None, min_length=1, max_length=249)
-    transaction_interval_s: float = Field(0.1, gt=0, le=300, strict=True, allow_inf_nan=False)
-    transaction_max_records: int = Field(10_000, ge=1, strict=True)
-    # How long a transaction may stay open (the producer's transaction.timeout.ms): a member
-    # killed mid-transaction holds its partitions back for up to this long.
-    transaction_timeout_s: float = Field(10.0, ge=1, le=900, strict=True, allow_inf_nan=False)
+    transactional_id: str | None = Field(
+        None,
+        min_length=1,
+        description="Exactly-once: the id of the member's transactional producer, unique per "
+        "running member (one started with the id of a running one fences it); an id as "
+        "`group_id`; None: not transactional ([exactly-once.md](exactly-once.md)).",
+    )
+    transaction_interval_s: float = Field(
+        0.1,
+        gt=0,
+        le=300,
+        strict=True,
+        allow_inf_nan=False,
+        description="A transaction boundary at least this often.",
+    )
+    transaction_max_records: int = Field(
+        10_000,
+        ge=1,
+        strict=True,
+        json_schema_extra={"unit": "records"},
+        description="... and after this many records were marked finished in it.",
+    )
+    transaction_timeout_s: float = Field(
+        10.0,
+        ge=1,
+        le=900,
+        strict=True,
+        allow_inf_nan=False,
+        description="How long the broker lets a transaction stay open (the producer's "
+        "`transaction.timeout.ms`): a member killed mid-transaction holds its partitions back "
+        "this long.",
+    )
 
-    # Retries, then what happens to a record that keeps failing (docs/failures.md); per topic in
-    # failure_by_topic (names as subscribed, or the topics a regex subscription matches).
-    failure: FailurePolicy = FailurePolicy()
-    failure_by_topic: Mapping[str, FailurePolicy] = Field(default_factory=dict)
+    failure: FailurePolicy = Field(
+        FailurePolicy(),
+        description="Retries, then what becomes of a record that still fails: stop, dead "
+        "letter or block ([failures.md](failures.md)).",
+    )
+    # Validated when left out too: the dead-letter topic names `failure` makes are checked there.
+    failure_by_topic: Mapping[str, FailurePolicy] = Field(
+        default_factory=dict,
+        validate_default=True,
+        description="`failure` per topic: names as subscribed, or topics a subscribed pattern "
+        "matches.",
+    )
 
-    # Readiness: a partition whose watermark has not moved for this long while records of it are
-    # in flight is stuck, and the member not ready (a hung handler, a blocked partition).
-    stuck_after_s: float = Field(60.0, gt=0, strict=True, allow_inf_nan=False)
-    # Readiness: once the client reported every broker down, the member is not ready after this
-    # long without a broker answering, and ready again at the first answer (the owner asks for
-    # metadata once a second meanwhile). None: an outage leaves readiness alone.
+    stuck_after_s: float = Field(
+        60.0,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        description="A partition whose watermark has not moved for this long while records of "
+        "it are in flight makes the member not ready "
+        "([observability.md](observability.md#consumerhealth)).",
+    )
+    # The owner asks for metadata once a second meanwhile.
     broker_down_unready_s: float | None = Field(
-        10.0, ge=1, le=3600, strict=True, allow_inf_nan=False
+        10.0,
+        ge=1,
+        le=3600,
+        strict=True,
+        allow_inf_nan=False,
+        description="Once the client reported every broker down, the member is not ready after "
+        "this long without a broker answering, and ready again at the first answer. None: an "
+        "outage leaves readiness alone ([observability.md](observability.md#consumerhealth)).",
     )
-    # How often the high watermarks of the owned partitions are read from their leaders, by a
-    # client of its own on a thread of its own, so lag stays right while a partition is not
-    # fetched (paused, or throttled with the client's queue full). None: only the client's own
-    # values from its fetch responses (docs/observability.md).
+    # Read by a client of its own on a thread of its own.
     watermark_refresh_s: float | None = Field(
-        5.0, ge=0.1, le=3600, strict=True, allow_inf_nan=False
+        5.0,
+        ge=0.1,
+        le=3600,
+        strict=True,
+        allow_inf_nan=False,
+        description="How often the owned partitions' high watermarks are read from their "
+        "leaders, so lag stays right while a partition is not fetched (paused, or throttled); "
+        "None: only the client's own values from its fetch responses "
+        "([observability.md](observability.md#high-watermarks-while-a-partition-is-not-fetched)).",
     )
 
-    # What a user callback that raises (a commit listener, a Handler hook) does: "log" isolates
-    # it (logged once, counted in stats); "stop" also stops the member, which still drains,
-    # commits and closes.
-    callback_errors: Literal["log", "stop"] = "log"
+    callback_errors: Literal["log", "stop"] = Field(
+        "log",
+        description="What a user callback that raises (a commit listener, a `Handler` hook) "
+        'does: `"log"` isolates it (logged once, counted in stats), `"stop"` also stops the '
+        "member, which still drains, commits and closes.",
+    )
 
     @field_validator("failure_by_topic")
     @classmethod
@@ -600,10 +907,39 @@ class ConsumerConfig(BaseModel):
                     f"failure_by_topic[{name!r}]: not a subscribed topic, nor matched by a "
                     f"subscribed pattern ({', '.join(topics)})"
                 )
+        problems = [_dead_letter_topic_problem(f"failure_by_topic[{n!r}]", p) for n, p in v.items()]
+        # The dead-letter topic a policy without dead_letter_topic makes of each subscribed name
+        # (a pattern's topics are known only once matched).
+        default = info.data.get("failure")
+        for topic in topics:
+            policy = v.get(topic, default)
+            if topic.startswith("^") or policy is None or policy.final != "dead_letter":
+                continue
+            made = policy.dead_letter_for(topic)
+            if policy.dead_letter_topic is None and _topic_name_problem(made) is not None:
+                where = f"failure_by_topic[{topic!r}]" if topic in v else "failure"
+                problems.append(
+                    f"{where}: the dead-letter topic of {_shown(topic)} would be {_shown(made)}, "
+                    f"{len(made)} characters, and a topic name has at most 249: set "
+                    "dead_letter_topic"
+                )
+        if any(problems):
+            raise ValueError("; ".join(p for p in problems if p is not None))
+        return v
+
+    @field_validator("failure")
+    @classmethod
+    def _failure(cls, v: FailurePolicy) -> FailurePolicy:
+        _refuse(_dead_letter_topic_problem("failure", v))
         return v
 
     # Validated when left out too: librdkafka checks the whole configuration either way.
-    kafka: Mapping[str, KafkaValue | SecretStr] = Field(default_factory=dict, validate_default=True)
+    kafka: Mapping[str, KafkaValue | SecretStr] = Field(
+        default_factory=dict,
+        validate_default=True,
+        description="Any other librdkafka setting, by its name "
+        "([below](#librdkafka-settings-kafka)).",
+    )
 
     @model_validator(mode="wrap")
     @classmethod
@@ -644,10 +980,33 @@ class ConsumerConfig(BaseModel):
                 data[key] = _masked(data[key])
         return data
 
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _bootstrap(cls, v: str) -> str:
+        _refuse(_text_problem("bootstrap_servers", v))
+        return v
+
+    @field_validator("group_id", "transactional_id")
+    @classmethod
+    def _ids(cls, v: str | None, info: ValidationInfo) -> str | None:
+        _refuse(None if v is None else _id_problem(str(info.field_name), v))
+        return v
+
+    @field_validator("group_instance_id")
+    @classmethod
+    def _instance_id(cls, v: str | None, info: ValidationInfo) -> str | None:
+        _refuse(None if v is None else _member_id_problem("group_instance_id", v, info.data))
+        return v
+
     @field_validator("topics")
     @classmethod
     def _topics(cls, v: list[str]) -> list[str]:
         problems = [p for p in map(_topic_problem, v) if p is not None]
+        # librdkafka refuses a subscription that names a topic or pattern twice ("Invalid
+        # argument"), which would fail the member at start.
+        twice = sorted({t for t in v if v.count(t) > 1})
+        if twice:
+            problems.append(f"{', '.join(map(_shown, twice))} listed more than once")
         if problems:
             raise ValueError("; ".join(problems))
         return v
@@ -744,6 +1103,8 @@ class ConsumerConfig(BaseModel):
                 value, str | int | float | bool | SecretStr
             ):
                 problems.append(f"kafka[{key!r}] must be a str, int, float or bool")
+            else:
+                problems.extend(_kafka_entry_problems(key, value))
         if problems:
             raise ValueError("; ".join(problems))
         return v
@@ -753,6 +1114,14 @@ class ConsumerConfig(BaseModel):
     def _kafka(
         cls, v: Mapping[str, KafkaValue | SecretStr], info: ValidationInfo
     ) -> Mapping[str, KafkaValue | SecretStr]:
+        client_id = v.get("client.id")
+        if isinstance(client_id, str):
+            # The broker names a classic member after its client id unless it has an instance id.
+            _refuse(
+                _member_id_problem("kafka['client.id']", client_id, info.data)
+                if info.data.get("group_instance_id") is None
+                else _id_problem("kafka['client.id']", client_id)
+            )
         for key, value in v.items():
             if key in _TYPED_KEYS:
                 raise ValueError(f"set {_TYPED_KEYS[key]!r} instead of kafka[{key!r}]")
@@ -802,6 +1171,24 @@ class ConsumerConfig(BaseModel):
                 yield name, mask_secrets(value)
             else:
                 yield name, value
+
+
+def _dead_letter_topic_problem(where: str, policy: FailurePolicy) -> str | None:
+    name = policy.dead_letter_topic
+    problem = None if name is None else _topic_name_problem(name)
+    return None if problem is None else f"{where}.dead_letter_topic: {problem}"
+
+
+def _member_id_problem(what: str, value: str, values: Mapping[str, Any]) -> str | None:
+    """`_id_problem` for the id a classic group's broker names the member after: the group
+    instance id if there is one, else the client id."""
+    if values.get("group_protocol") == "classic":
+        why = (
+            " (a classic group's broker names the member '<id>-<UUID>', which must fit in "
+            f"{_MAX_ID_BYTES})"
+        )
+        return _id_problem(what, value, _MAX_ID_BYTES - _CLASSIC_MEMBER_SUFFIX, why)
+    return _id_problem(what, value)
 
 
 def _effective_strategy(protocol: str, strategy: str | None) -> str | None:

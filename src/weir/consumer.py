@@ -290,18 +290,18 @@ class GroupConsumer:
         self._life.add_listener(listener)
 
     def retry_now(self, partition: Partition | tuple[str, int]) -> Future[bool]:
-        """Try the blocked or waiting failed records of `partition` again now (instead of at
-        their next scheduled attempt). The future is True if there was one to retry."""
-        return self._life.request("retry_now", tuple(partition))
+        """Try the blocked or waiting failed records of `partition` (a `Partition` or a
+        `(topic, partition)` tuple) again now, instead of at their next scheduled attempt.
+        The future is True if there was one to retry. A bad argument raises here."""
+        return self._life.request("retry_now", _partition(partition))
 
     def skip(self, partition: Partition | tuple[str, int], offset: int) -> Future[bool]:
         """Give up on the failed record at `offset` of `partition` deliberately: it counts as
         finished without having been processed (logged as `record_skipped`, counted in
         stats). Only a record that is blocked or waiting for a retry can be skipped; the
-        future is False otherwise."""
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise ValueError(f"offset must be a non-negative int, got {offset!r}")
-        return self._life.request("skip", tuple(partition), offset)
+        future is False otherwise. A bad argument raises here."""
+        tp = _partition(partition)
+        return self._life.request("skip", tp, _non_negative("offset", offset))
 
     # -- asyncio ---------------------------------------------------------------------------
 
@@ -435,3 +435,22 @@ class GroupConsumer:
                 signal.signal(s, h)
 
         return restore
+
+
+def _non_negative(what: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
+    if value < 0:
+        raise ValueError(f"{what} must not be negative, got {value}")
+    return value
+
+
+def _partition(value: object) -> Partition:
+    """An operator's partition argument, checked in the caller's thread: the owner thread that
+    serves the request must never be the one to find it wrong."""
+    if not (isinstance(value, tuple | list) and len(value) == 2 and isinstance(value[0], str)):
+        raise TypeError(
+            "partition must be a weir.Partition or a (topic, partition) tuple such as "
+            f"('orders', 0), got {value!r} ({type(value).__name__})"
+        )
+    return Partition(value[0], _non_negative("the partition number", value[1]))

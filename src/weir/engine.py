@@ -479,14 +479,24 @@ class Engine:
         log.info("brokers_reachable", down_s=round(down, 1))
 
     def _serve_requests(self) -> None:
-        """The operator's `retry_now` and `skip`, sent from other threads."""
+        """The operator's `retry_now` and `skip`, sent from other threads. Their arguments were
+        checked in the caller's thread; whatever serving one raises all the same goes to that
+        request's future, never to this loop (it would stop the member)."""
         for kind, args, future in self.life.take_requests():
-            if future.set_running_or_notify_cancel():
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
                 tp = Partition(*args[0])
                 if kind == "retry_now":
-                    future.set_result(self.failures.retry_now(tp))
+                    result = self.failures.retry_now(tp)
+                elif kind == "skip":
+                    result = self.failures.skip(tp, args[1])
                 else:
-                    future.set_result(self.failures.skip(tp, args[1]))
+                    raise ValueError(f"unknown request {kind!r}")
+            except Exception as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
 
     def _register(self, msgs: Sequence[KafkaMessage]) -> None:
         """Hand what one consume call returned to the lanes: one batch per run (one partition,

@@ -36,6 +36,7 @@ from weir.records import Partition, Record
 from weir.scheduling import Scheduler
 from weir.tasks import Assignment, Task
 from weir.tracking import BatchProgress
+from weir.workers import AwaitableReturned
 
 __all__ = ["Failed", "Failures"]
 
@@ -120,6 +121,12 @@ class Failures:
         else:
             f.attempt, f.error = attempt, error
         f.failed_at = time.time()
+        if isinstance(error, AwaitableReturned):
+            # The handler, not the record, is wrong: every record would fail the same way, so
+            # no retry, dead letter or block can help. The member stops at the first.
+            f.final = True
+            self._stop(f)
+            return
         policy = self._cfg.policy_for(rec.topic)
         if f.final:
             self._block(f, policy, now, reason="still failing")
@@ -271,19 +278,22 @@ class Failures:
         return delay
 
     def _final(self, policy: FailurePolicy, f: Failed, now: float) -> None:
-        rec = f.record
         f.final = True
         if policy.final == "stop":
-            if self._life.fail(HandlerError(rec, f.error)):
-                log.error(
-                    "handler_failed", event_id=rec.event_id, attempts=f.attempt,
-                    error=_describe(f.error),
-                )  # fmt: skip
+            self._stop(f)
             return
         if policy.final == "dead_letter" and self.dead_letters is not None:
             self._send_dead_letter(f)
             return
         self._block(f, policy, now, reason="final policy block")
+
+    def _stop(self, f: Failed) -> None:
+        rec = f.record
+        if self._life.fail(HandlerError(rec, f.error)):
+            log.error(
+                "handler_failed", event_id=rec.event_id, attempts=f.attempt,
+                error=_describe(f.error),
+            )  # fmt: skip
 
     def _send_dead_letter(self, f: Failed) -> None:
         assert self.dead_letters is not None

@@ -414,6 +414,14 @@ def as_handler(handler: Handler | Callable[[Record], object]) -> Handler:
             f"{handler.__qualname__}: pass an instance, {handler.__qualname__}()"
         )
     if isinstance(handler, Handler):
+        if type(handler).handle is Handler.handle:
+            # The base method raises NotImplementedError, with no message: every record failed.
+            name = type(handler).__qualname__
+            raise TypeError(
+                f"{name} does not define handle(): a Handler subclass must, as "
+                f"def handle(self, record, ctx) (run on worker threads) or async def "
+                f"handle(self, record, ctx) (run on an event loop)"
+            )
         if not is_async_handler(handler):
             # A coroutine hook of a thread handler would be called from the owner thread and
             # never run: there is no event loop of weir's to run it on.

@@ -90,9 +90,13 @@ def _refuse_awaitable(fn: Callable[..., object], result: object) -> None:
         if close is not None:
             close()  # no "coroutine was never awaited" warning on top of the error
         name = getattr(fn, "__qualname__", repr(fn))
+        code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+        if code is not None:  # a lambda's name alone says little
+            name += f" ({code.co_filename}:{code.co_firstlineno})"
         raise AwaitableReturned(
-            f"handler {name} returned {type(result).__name__} instead of doing its work: "
-            "a thread handler must not be a coroutine function (use an async handler)"
+            f"handler {name} returned a {type(result).__name__} instead of doing its work: "
+            "it runs on worker threads, where nothing awaits it. Make it async def (weir then "
+            "runs it on an event loop), or make it do the work and return None"
         )
 
 

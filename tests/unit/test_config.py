@@ -75,6 +75,9 @@ TYPED = {
     "heartbeat.interval.ms": "heartbeat_interval_s",
     "max.poll.interval.ms": "max_poll_interval_s",
     "auto.offset.reset": "auto_offset_reset",
+    # librdkafka took it for the topic-level auto.offset.reset: auto_offset_reset="earliest"
+    # with kafka={"topic.auto.offset.reset": "latest"} started a new group at the log end.
+    "topic.auto.offset.reset": "auto_offset_reset",
     "topic.metadata.refresh.interval.ms": "topic_refresh_s",
 }
 
@@ -85,6 +88,12 @@ def test_typed_keys_are_refused_in_the_kafka_mapping(key: str, field: str) -> No
     assert locs(err) == [("kafka",)]
     assert key in messages(err)
     assert field in messages(err)
+
+
+def test_the_topic_level_offset_reset_cannot_override_the_field() -> None:
+    # Accepted before, and the member started a new group at the log end, past every record.
+    err = invalid(auto_offset_reset="earliest", kafka={"topic.auto.offset.reset": "latest"})
+    assert "set 'auto_offset_reset' instead of kafka['topic.auto.offset.reset']" in messages(err)
 
 
 def test_other_librdkafka_keys_pass_through() -> None:

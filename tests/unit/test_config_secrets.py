@@ -3,17 +3,14 @@ form of a ConsumerConfig and of its validation errors, and still reaches the cli
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
 import re
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import confluent_kafka
 import pytest
 from pydantic import ValidationError
+from tests.librdkafka import librdkafka_properties
 
 from weir import ConsumerConfig, GroupConsumer
 from weir.config import _SENSITIVE_ALIASES, SENSITIVE_KEYS, is_secret_key
@@ -108,38 +105,6 @@ def test_ordinary_settings_are_not_masked(key: str) -> None:
 # -- the list against the installed librdkafka --------------------------------------------------
 
 
-def _librdkafka() -> ctypes.CDLL:
-    """The librdkafka confluent-kafka runs on: the wheel's bundled copy, else the system's."""
-    bundled = Path(confluent_kafka.__file__).parent.parent / "confluent_kafka.libs"
-    candidates = [str(p) for p in sorted(bundled.glob("librdkafka*.so*"))]
-    candidates.append(ctypes.util.find_library("rdkafka") or "")
-    version = confluent_kafka.libversion()[0]
-    for path in filter(None, candidates):
-        lib = ctypes.CDLL(path)
-        lib.rd_kafka_version_str.restype = ctypes.c_char_p
-        if lib.rd_kafka_version_str().decode() == version:
-            return lib
-    pytest.skip(f"librdkafka {version} is not loadable with ctypes here")
-
-
-def _properties() -> dict[str, str]:
-    """librdkafka's property table (rd_kafka_conf_properties_show): name -> description."""
-    lib = _librdkafka()
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    libc.fopen.restype = ctypes.c_void_p
-    libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-    libc.fclose.argtypes = [ctypes.c_void_p]
-    lib.rd_kafka_conf_properties_show.argtypes = [ctypes.c_void_p]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "CONFIGURATION.md"
-        fp = libc.fopen(str(path).encode(), b"w")
-        lib.rd_kafka_conf_properties_show(fp)
-        libc.fclose(fp)
-        table = path.read_text()
-    rows = re.findall(r"^([a-z_.0-9]+)\s*\|[^|]*\|[^|]*\|[^|]*\|[^|]*\|(.*)$", table, re.M)
-    return dict(rows)
-
-
 class _Lines:
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -152,7 +117,7 @@ def test_the_list_is_what_the_installed_librdkafka_redacts() -> None:
     """librdkafka's debug dump of a configuration (debug=conf) shows `[redacted]` for exactly its
     sensitive properties. Each string property (librdkafka only redacts strings) is set alone
     and its dump line read; a new sensitive property in a librdkafka upgrade fails here."""
-    properties = _properties()
+    properties = librdkafka_properties()
     assert "sasl.password" in properties
     redacted, probed = set(), set()
     for name, description in properties.items():

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -1496,6 +1497,29 @@ def test_a_handler_class_instead_of_an_instance_is_refused() -> None:
         GroupConsumer(Probe, consumer_factory=FakeConsumer().factory, **SETTINGS)  # type: ignore[arg-type]
 
 
+def test_a_handler_without_handle_is_refused_at_construction() -> None:
+    """It was accepted, and every record failed with the base method's NotImplementedError,
+    which has no message ("handler failed on t/0/0: NotImplementedError: ")."""
+
+    class HooksOnly(Handler):
+        def on_assigned(self, partitions: Sequence[Partition]) -> None:
+            pass
+
+    with pytest.raises(
+        TypeError, match=r"HooksOnly does not define handle\(\): a Handler subclass"
+    ):
+        GroupConsumer(HooksOnly(), consumer_factory=FakeConsumer().factory, **SETTINGS)
+
+    class Mixin:
+        def handle(self, record: Record, ctx: Context) -> None:
+            pass
+
+    class FromAMixin(Mixin, Handler):
+        pass
+
+    GroupConsumer(FromAMixin(), consumer_factory=FakeConsumer().factory, **SETTINGS)
+
+
 def _record_and_context(record: Record, ctx: object) -> None:
     pass
 
@@ -1520,16 +1544,24 @@ def test_a_plain_function_that_wants_the_context_is_refused(fn: Callable[..., ob
     GroupConsumer(with_a_default, consumer_factory=fake.factory, **SETTINGS)
 
 
+@pytest.mark.parametrize("final", ["stop", "block"])
 @pytest.mark.parametrize("fast", [True, False], ids=["function", "handler-with-context"])
-def test_an_awaitable_returned_at_run_time_fails_the_record(launch: Launch, fast: bool) -> None:
+def test_an_awaitable_returned_at_run_time_stops_the_member_at_once(
+    launch: Launch, fast: bool, final: Literal["stop", "block"]
+) -> None:
     """A plain function that returns a coroutine (`lambda r: save(r)` with `async def save`)
-    cannot be told apart at construction. Its record must fail, never count as finished."""
+    cannot be told apart at construction. Its record must never count as finished, and as the
+    handler, not the record, is wrong, the member stops at the first such record whatever the
+    failure policy: it was retried three times and then stopped, or blocked the partition
+    for good under final="block"."""
     ran: list[int] = []
+    calls: list[int] = []
 
     async def save(record: Record) -> None:
         ran.append(record.offset)
 
     def returns_coroutine(record: Record) -> object:
+        calls.append(record.offset)
         return save(record) if record.offset == 2 else None
 
     class Returns(Handler):
@@ -1540,11 +1572,19 @@ def test_an_awaitable_returned_at_run_time_fails_the_record(launch: Launch, fast
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(5))
     fake.script_assign([P0])
-    gc = launch(returns_coroutine if fast else Returns(), fake, ordering="partition", **QUIET)
+    policy = FailurePolicy(retry=RetryPolicy(backoff_initial_s=0.01), final=final)
+    handler = returns_coroutine if fast else Returns()
+    gc = launch(handler, fake, ordering="partition", failure=policy, **QUIET)
     with pytest.raises(HandlerError) as info:
         gc.join(WAIT)
     assert info.value.record.offset == 2
-    assert "returned coroutine" in str(info.value.__cause__)
+    assert calls.count(2) == 1, calls  # refused once, not retried
+    name = "returns_coroutine" if fast else "Returns.handle"
+    assert re.search(
+        rf"{name} \(.*test_consumer_loop.py:\d+\) returned a coroutine instead of doing its work",
+        str(info.value),
+    ), info.value
+    assert "Make it async def" in str(info.value)
     assert ran == []
     assert [c.offsets for c in fake.commit_log()] == [{P0: 2}]
 
