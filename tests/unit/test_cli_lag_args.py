@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
 import pytest
 
 from weir.cli import SUBCOMMANDS, build_parser, main
+from weir.lag import LagError, admin_client, committed_offsets
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -67,3 +69,18 @@ def test_cli_import_leaves_the_admin_and_render_code_alone() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_setting_a_consumer_refuses_is_a_lag_error() -> None:
+    """Regression: committed offsets of given partitions are read with a consumer, which refuses
+    settings the admin client takes; its KafkaException escaped the LagError contract."""
+    admin = admin_client(
+        {
+            "bootstrap.servers": "127.0.0.1:1",
+            "group.protocol": "consumer",
+            "session.timeout.ms": 10000,  # set broker-side under KIP-848: a consumer refuses it
+            "logger": logging.getLogger("test.quiet"),
+        }
+    )
+    with pytest.raises(LagError, match=r"a consumer refuses .*session\.timeout\.ms"):
+        committed_offsets(admin, "g", [("t", 0)], timeout=1)
