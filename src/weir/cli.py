@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -358,11 +359,26 @@ def _register_groups(commands: SubParsers) -> None:
     groups.set_defaults(handler=_groups)
 
 
+# -X settings the command sets itself: a second value would be dropped without a word.
+_OWN_SETTINGS = {
+    "bootstrap.servers": "use --bootstrap-servers/-b",
+    "metadata.broker.list": "use --bootstrap-servers/-b",
+    "logger": "weir routes librdkafka's log lines itself",
+}
+
+
 def _parse_setting(item: str) -> tuple[str, str]:
+    from weir.config import is_secret_key
+
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
-    return key.strip(), value.strip()
+        # Without its `=`, the item may be a secret's name run into its value.
+        shown = "an item not shown (it names a secret)" if is_secret_key(item) else repr(item)
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {shown}")
+    key = key.strip()
+    if key in _OWN_SETTINGS:
+        raise argparse.ArgumentTypeError(f"{key} is not a -X setting: {_OWN_SETTINGS[key]}")
+    return key, value.strip()
 
 
 def _positive_seconds(text: str) -> float:
@@ -372,6 +388,8 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0, got {text!r}")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
     return value
 
 
@@ -381,12 +399,28 @@ def _admin(args: argparse.Namespace) -> Any:
     kafka_log = logging.getLogger(KAFKA_LOG)
     kafka_log.setLevel(logging.CRITICAL)
     kafka_log.propagate = False
+    settings = dict(args.config)
     config: dict[str, Any] = {
-        **dict(args.config),
+        **settings,
         "bootstrap.servers": args.bootstrap_servers,
         "logger": kafka_log,
     }
-    return admin_client(config)
+    try:
+        return admin_client(config)
+    except Exception as exc:  # whatever the client raises while it is built is its refusal
+        raise _UsageError(_refusal(exc, settings)) from None
+
+
+def _refusal(exc: Exception, settings: dict[str, str]) -> str:
+    """librdkafka's reason for refusing the -X settings, without the value of a secret."""
+    from weir.config import is_secret_key
+    from weir.lag import error_text
+
+    reason = error_text(exc).removeprefix("Failed to create admin client: ")
+    for key, value in settings.items():
+        if is_secret_key(key) and value:
+            reason = reason.replace(value, "***")
+    return f"the client refuses the -X settings: {reason}"
 
 
 def _lag_error_message(exc: Exception, args: argparse.Namespace) -> str:
