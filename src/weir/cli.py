@@ -460,6 +460,9 @@ def _lag(args: argparse.Namespace) -> int:
             _watch_table(snapshot, args)
     except KeyboardInterrupt:
         pass
+    except BrokenPipeError:
+        # The reader has taken what it wanted (`| head -3`): the end of a watch, like Ctrl-C.
+        _discard_output()
     return 0
 
 
@@ -520,10 +523,17 @@ def _console() -> Any:
         raise _UsageError(
             "the table needs rich: pip install 'kafka-weir[cli]' (or use --json)"
         ) from None
-    console = Console(highlight=False)
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich exits with 1 itself; main() and `--watch` end quietly with their own codes.
+            self.quiet = True
+            raise BrokenPipeError
+
+    console = _Console(highlight=False)
     if not console.is_terminal:
         # Piped or captured: no colour, and no column squeezed to an 80-column guess.
-        console = Console(highlight=False, width=1000, no_color=True)
+        console = _Console(highlight=False, width=1000, no_color=True)
     return console
 
 
@@ -703,18 +713,48 @@ def _logging_to_stderr() -> Iterator[None]:
         weir_log.setLevel(level)
 
 
+# A reader that stops reading (`weir ... | head`): the exit status of a process that SIGPIPE
+# ended, as `seq 1000000 | head -1` gives (Python ignores SIGPIPE, so it would be a traceback).
+PIPE_CLOSED = 128 + signal.SIGPIPE
+INTERRUPTED = 128 + signal.SIGINT
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # --help and --version print here
+        return _run(args)
+    except BrokenPipeError:
+        _discard_output()
+        return PIPE_CLOSED
+    except KeyboardInterrupt:  # what was started is stopped on the way out
+        return INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
     handler: Handler = args.handler
     from weir.testing.errors import HarnessError
 
     try:
         with _logging_to_stderr():
-            return handler(args)
+            code = handler(args)
+            # Now rather than at exit, so that a reader that has gone is seen by main().
+            sys.stdout.flush()
+            return code
     except (HarnessError, _UsageError) as exc:
         print(f"weir: {exc}", file=sys.stderr)
         return 1
+
+
+def _discard_output() -> None:
+    """Point stdout and stderr at /dev/null: the interpreter's last flush of what is still
+    buffered for a closed pipe would print an error of its own."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                os.dup2(devnull, stream.fileno())  # none under pytest's capture
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

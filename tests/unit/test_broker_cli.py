@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +106,33 @@ def test_stop_never_signals_a_pid_that_is_not_kafka(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["broker", "status"], 128 + signal.SIGPIPE),  # the status is not all written
+        (["broker", "stop"], 128 + signal.SIGPIPE),
+        (["--version"], 0),  # argparse lets a failed write of its own messages go
+        (["broker", "--help"], 0),
+    ],
+)
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path: Path, argv: list[str], code: int) -> None:
+    """Regression: `weir broker status | head -0` ended with a BrokenPipeError traceback."""
+    if argv[0] == "broker" and argv[1] != "--help":
+        argv = [*argv, "--state", str(tmp_path / "none.json")]
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before weir writes: every write fails with EPIPE
+    try:
+        result = subprocess.run(
+            [str(Path(sys.executable).with_name("weir")), *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == code

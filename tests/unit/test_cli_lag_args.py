@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+from tests.waiting import wait_until
 
 from weir.cli import SUBCOMMANDS, build_parser, main
 from weir.lag import LagError, admin_client, committed_offsets
@@ -156,3 +159,24 @@ def test_a_setting_a_consumer_refuses_is_a_lag_error() -> None:
     )
     with pytest.raises(LagError, match=r"a consumer refuses .*session\.timeout\.ms"):
         committed_offsets(admin, "g", [("t", 0)], timeout=1)
+
+
+def test_ctrl_c_while_waiting_for_the_cluster_is_a_quiet_exit_130() -> None:
+    """Regression: Ctrl-C during `weir groups` (one round, not --watch) printed a traceback."""
+    weir = subprocess.Popen(
+        [str(WEIR), "groups", "-b", "127.0.0.1:1", "--timeout", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # Its admin client runs (librdkafka's threads are up): weir is waiting for the cluster.
+        wait_until(
+            lambda: psutil.Process(weir.pid).num_threads() >= 4, "the admin client", timeout=20
+        )
+        weir.send_signal(signal.SIGINT)
+        out, err = weir.communicate(timeout=20)
+    finally:
+        weir.kill()
+        weir.wait(10)
+    assert (weir.returncode, out, err) == (130, "", "")
