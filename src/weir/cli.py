@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,7 +55,7 @@ def _register_broker(commands: SubParsers) -> None:
         "and the port (default: a new temp dir, removed by `stop`)",
     )
     start.add_argument("--state", type=Path, help=state_help)
-    start.add_argument("--port", type=int, help="client port (default: a free one)")
+    start.add_argument("--port", type=_port, help="client port (default: a free one)")
     start.add_argument(
         "--override",
         action="append",
@@ -63,12 +64,19 @@ def _register_broker(commands: SubParsers) -> None:
         metavar="KEY=VALUE",
         help="broker setting, repeatable",
     )
-    start.add_argument("--timeout", type=float, default=90.0, help="start-up timeout in seconds")
+    start.add_argument(
+        "--timeout", type=_positive_seconds, default=90.0, help="start-up timeout in seconds"
+    )
     start.set_defaults(handler=_broker_start)
 
     stop = actions.add_parser("stop", help="stop the broker started by `weir broker start`")
     stop.add_argument("--state", type=Path, help=state_help)
-    stop.add_argument("--timeout", type=float, default=STOP_TIMEOUT_S)
+    stop.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=STOP_TIMEOUT_S,
+        help="seconds to wait for a clean shutdown before SIGKILL",
+    )
     stop.set_defaults(handler=_broker_stop)
 
     status = actions.add_parser("status", help="print the broker's address and whether it answers")
@@ -85,11 +93,69 @@ def _state_path(args: argparse.Namespace) -> Path:
 
 
 def _read_state(path: Path) -> dict[str, Any] | None:
+    """The state a background start left, or None when there is no file. Anything else that
+    is not a state (unreadable, half written, edited) is an error: read as "no broker", it
+    would have `start` launch a second broker and `stop` report success."""
     try:
-        state: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except FileNotFoundError:
         return None
-    return state
+    except OSError as exc:
+        raise _UsageError(
+            f"cannot read the broker state file {path}: {exc.strerror or exc}"
+        ) from None
+    try:
+        state = json.loads(text)
+    except ValueError as exc:
+        problem: str | None = f"not JSON ({exc})"
+    else:
+        problem = _state_problem(state)
+    if problem is not None:
+        raise _UsageError(
+            f"the broker state file {path} is corrupt: {problem}. A broker started with it may "
+            "still run (look for a kafka.Kafka process and stop it); then delete the file"
+        )
+    return cast(dict[str, Any], state)
+
+
+def _state_problem(state: Any) -> str | None:
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    pid = state.get("pid")
+    if type(pid) is not int or pid <= 0:
+        return f"pid {pid!r} is not a process id"
+    bootstrap = state.get("bootstrap_servers")
+    if not isinstance(bootstrap, str) or not bootstrap.rpartition(":")[2].isdigit():
+        return f"bootstrap_servers {bootstrap!r} is not HOST:PORT"
+    for key in ("workdir", "log_path"):
+        if key in state and not isinstance(state[key], str):
+            return f"{key} {state[key]!r} is not a path"
+    if state.get("remove_workdir") and "workdir" not in state:
+        return "remove_workdir without a workdir"
+    return None
+
+
+def _check_state_writable(path: Path) -> None:
+    """Before a broker starts: a state file that cannot be written would leave it running with
+    nothing to find it by."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}."):
+            pass
+    except OSError as exc:
+        raise _UsageError(
+            f"cannot write the broker state file {path}: {exc.strerror or exc}"
+        ) from None
+
+
+def _write_state(path: Path, state: dict[str, Any]) -> None:
+    # Written aside, then renamed over: a reader never sees half a file.
+    aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        aside.write_text(json.dumps(state, indent=2))
+        os.replace(aside, path)
+    finally:
+        aside.unlink(missing_ok=True)
 
 
 def _broker_start(args: argparse.Namespace) -> int:
@@ -98,11 +164,12 @@ def _broker_start(args: argparse.Namespace) -> int:
     state_path = _state_path(args)
     state = _read_state(state_path)
     if state is not None:
-        if _is_kafka_process(int(state["pid"])):
+        if _is_kafka_process(state["pid"]):
             print(f"already running: {state['bootstrap_servers']} (pid {state['pid']})")
             return 0
         if state.get("remove_workdir"):  # left by a broker that died without `weir broker stop`
             shutil.rmtree(state["workdir"], ignore_errors=True)
+    _check_state_writable(state_path)
     overrides = dict(args.override)
     # In the foreground, Ctrl-C and SIGTERM set an event from the start: one arriving right after
     # the address line (scripts wait for it) must stop the broker, not escape as a traceback.
@@ -123,9 +190,9 @@ def _broker_start(args: argparse.Namespace) -> int:
         if restore is not None:
             restore()
         raise
-    state_path.parent.mkdir(parents=True, exist_ok=True)
-    state_path.write_text(
-        json.dumps(
+    try:
+        _write_state(
+            state_path,
             {
                 "pid": kafka.pid,
                 "bootstrap_servers": kafka.bootstrap_servers,
@@ -134,9 +201,19 @@ def _broker_start(args: argparse.Namespace) -> int:
                 "remove_workdir": args.dir is None,
                 "started_at": time.time(),
             },
-            indent=2,
         )
-    )
+    except BaseException as exc:
+        kafka.stop()  # nothing would find it to stop it later
+        if args.dir is None:
+            shutil.rmtree(kafka.workdir, ignore_errors=True)
+        if restore is not None:
+            restore()
+        if isinstance(exc, OSError):
+            raise _UsageError(
+                f"cannot write the broker state file {state_path}: {exc.strerror or exc}; "
+                "the broker is stopped"
+            ) from None
+        raise
     if not args.foreground:
         print(kafka.bootstrap_servers)
         print(f"log: {kafka.log_path}", file=sys.stderr)
@@ -183,7 +260,7 @@ def _broker_stop(args: argparse.Namespace) -> int:
     if state is None:
         print("no broker running")
         return 0
-    pid = int(state["pid"])
+    pid: int = state["pid"]
     if not _is_kafka_process(pid):
         # It died on its own (or was killed): say so, and keep its directory for the log.
         state_path.unlink(missing_ok=True)
@@ -232,7 +309,7 @@ def _broker_status(args: argparse.Namespace) -> int:
         print("no broker running")
         return 1
     bootstrap = str(state["bootstrap_servers"])
-    alive = _is_kafka_process(int(state["pid"]))
+    alive = _is_kafka_process(state["pid"])
     reachable = port_accepts(int(bootstrap.rsplit(":", 1)[1]))
     print(bootstrap)
     print(
@@ -240,6 +317,16 @@ def _broker_status(args: argparse.Namespace) -> int:
         f"{'reachable' if reachable else 'not reachable'}; log: {state.get('log_path')}"
     )
     return 0 if alive and reachable else 1
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {text!r}")
+    return port
 
 
 def _parse_override(item: str) -> tuple[str, str]:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         MavenError,
         MavenNotFoundError,
         PortInUseError,
+        WorkdirError,
     )
     from weir.testing.events import capture_events
     from weir.testing.fake import (
@@ -56,6 +57,7 @@ _WHERE = {
     "MavenError": "errors",
     "MavenNotFoundError": "errors",
     "PortInUseError": "errors",
+    "WorkdirError": "errors",
     "CommitCall": "fake",
     "CommittedOffsets": "fake",
     "FakeBroker": "fake_broker",
@@ -100,6 +102,7 @@ __all__ = [
     "PortInUseError",
     "ScriptedEvent",
     "TestcontainersBroker",
+    "WorkdirError",
     "capture_events",
     "ensure_kafka_jars",
     "select_provider",

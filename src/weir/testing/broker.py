@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 
 from weir.logs import get_logger
-from weir.testing.errors import BrokerStartError, PortInUseError
+from weir.testing.errors import BrokerStartError, PortInUseError, WorkdirError
 from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars, require_java
 
 log = get_logger(__name__)
@@ -502,7 +502,13 @@ def resolve_workdir(
         path = Path(tempfile.mkdtemp(prefix=prefix))
         return path, not keep
     path = Path(workdir).expanduser().resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.is_dir():
+        raise WorkdirError(f"cannot use {path} as a work directory: it is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise WorkdirError(f"cannot use {path} as a work directory: {reason}") from exc
     return path, keep is False
 
 

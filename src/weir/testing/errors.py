@@ -30,6 +30,10 @@ class PortInUseError(HarnessError):
     """A port the caller asked for is already taken."""
 
 
+class WorkdirError(HarnessError):
+    """A work directory the caller named cannot be created or used."""
+
+
 class BrokerStartError(HarnessError):
     """The broker process exited or did not become ready in time.
 
