@@ -165,6 +165,7 @@ def _broker_start(args: argparse.Namespace) -> int:
     state = _read_state(state_path)
     if state is not None:
         if _is_kafka_process(state["pid"]):
+            _check_same_dir(state, args.dir, state_path)
             print(f"already running: {state['bootstrap_servers']} (pid {state['pid']})")
             return 0
         if state.get("remove_workdir"):  # left by a broker that died without `weir broker stop`
@@ -215,6 +216,7 @@ def _broker_start(args: argparse.Namespace) -> int:
             ) from None
         raise
     if not args.foreground:
+        kafka.detach()  # its JVM holds the work directory's lock from now on
         print(kafka.bootstrap_servers)
         print(f"log: {kafka.log_path}", file=sys.stderr)
         return 0
@@ -227,6 +229,17 @@ def _broker_start(args: argparse.Namespace) -> int:
         state_path.unlink(missing_ok=True)
         assert restore is not None
         restore()
+
+
+def _check_same_dir(state: dict[str, Any], wanted: Path | None, state_path: Path) -> None:
+    if wanted is None:
+        return
+    running = Path(str(state.get("workdir", "")))
+    if running != wanted.expanduser().resolve():
+        raise _UsageError(
+            f"the broker of {state_path} runs on {running}, not {wanted}: stop it first "
+            f"(weir broker stop --state {state_path}), or start with another --state"
+        )
 
 
 def _stop_on_signals(stop: threading.Event) -> Callable[[], None]:
@@ -368,6 +381,10 @@ def _terminate(pid: int, timeout: float) -> None:
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+    # Gone before `stop` says so: its port and its work directory's lock are free then.
+    deadline = time.monotonic() + 10
+    while _is_kafka_process(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 # --- weir lag / weir groups ----------------------------------------------------------------------

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,38 @@ def test_bad_broker_options_are_usage_errors(
     err = capsys.readouterr().err
     assert err.startswith(f"usage: weir broker {argv[0]} ")
     assert f"weir broker {argv[0]}: error: {message}" in err
+
+
+@pytest.fixture
+def a_running_broker(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A state file of a running "broker": a process with kafka.Kafka on its command line."""
+    stand_in = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "kafka.Kafka"]
+    )
+    workdir = tmp_path / "running"
+    workdir.mkdir()
+    state = tmp_path / "broker.json"
+    state.write_text(
+        json.dumps(
+            {"pid": stand_in.pid, "bootstrap_servers": "127.0.0.1:1", "workdir": str(workdir)}
+        )
+    )
+    yield state, workdir
+    stand_in.kill()
+    stand_in.wait(10)
+
+
+def test_start_with_the_state_of_a_broker_on_another_dir_is_refused(
+    a_running_broker: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: `start --dir B` printed "already running" and exited 0 when the state file
+    named a broker running on another directory A: the caller got A's broker for B."""
+    state, workdir = a_running_broker
+    other = tmp_path / "other"
+    assert main(["broker", "start", "--state", str(state), "--dir", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert f"the broker of {state} runs on {workdir}, not {other}: stop it first" in err
+    assert not other.exists()
+    for same in (["--dir", str(workdir)], []):
+        assert main(["broker", "start", "--state", str(state), *same]) == 0
+        assert "already running: 127.0.0.1:1" in capsys.readouterr().out

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         MavenNotFoundError,
         PortInUseError,
         WorkdirError,
+        WorkdirInUseError,
     )
     from weir.testing.events import capture_events
     from weir.testing.fake import (
@@ -58,6 +59,7 @@ _WHERE = {
     "MavenNotFoundError": "errors",
     "PortInUseError": "errors",
     "WorkdirError": "errors",
+    "WorkdirInUseError": "errors",
     "CommitCall": "fake",
     "CommittedOffsets": "fake",
     "FakeBroker": "fake_broker",
@@ -103,6 +105,7 @@ __all__ = [
     "ScriptedEvent",
     "TestcontainersBroker",
     "WorkdirError",
+    "WorkdirInUseError",
     "capture_events",
     "ensure_kafka_jars",
     "select_provider",
