@@ -348,10 +348,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         bootstrap = args.bootstrap
         if not bootstrap:
-            from weir.testing import EmbeddedKafka
+            from weir.testing import EmbeddedKafka, HarnessError
 
             print("starting embedded Kafka...", flush=True)
-            kafka = stack.enter_context(EmbeddedKafka())
+            try:
+                kafka = stack.enter_context(EmbeddedKafka())
+            except HarnessError as exc:  # no Java, no Maven, a broker that would not start
+                print(f"cannot start the embedded Kafka broker: {exc}", file=sys.stderr)
+                print("(or use a Kafka of yours: --bootstrap HOST:PORT)", file=sys.stderr)
+                return 1
             bootstrap = kafka.bootstrap_servers
         summary = run(bootstrap, args.orders, args.timeout)
         print_summary(summary)

@@ -39,6 +39,7 @@ from rich.table import Table
 from examples.orders import Ledger, Summary
 from examples.orders.member import Members
 from weir.lag import LagError, admin_client, group_lag
+from weir.testing.errors import HarnessError
 
 PARTITIONS = 6
 CUSTOMERS = 48
@@ -546,6 +547,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: members and broker stopped")
         return 130
+    except HarnessError as exc:  # no Java, no Maven, a broker that would not start
+        print(f"cannot start the embedded Kafka broker: {exc}", file=sys.stderr)
+        print("(the demo can use a Kafka of yours instead: --bootstrap HOST:PORT)", file=sys.stderr)
+        return 1
     return 0 if summary.ok else 1
 
 
