@@ -348,7 +348,11 @@ class Demo:
     # -- output ----------------------------------------------------------------------------
 
     def say(self, message: str) -> None:
-        self.console.print(f"[dim]{time.monotonic() - self.started:6.1f}s[/] {message}")
+        # In a pipe or a CI log a line stays one line: rich would break it at 80 columns.
+        self.console.print(
+            f"[dim]{time.monotonic() - self.started:6.1f}s[/] {message}",
+            soft_wrap=not self.console.is_terminal,
+        )
 
     def _ownership(self) -> str:
         by_member: dict[str, list[int]] = {}
