@@ -8,14 +8,21 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test lint typecheck unit integration chaos bench broker clean
 
+# A line per step instead of the commands: pip runs quietly, and a first install takes a minute or
+# two, which must not look like a hang.
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,cli,prometheus,dev,postgres]'
-	touch $(STAMP)
+	@test -x $(BIN)/python || { \
+	  echo "creating the virtualenv $(VENV) ($(PYTHON) -m venv)..."; $(PYTHON) -m venv $(VENV); }
+	@echo "installing kafka-weir and its dependencies into $(VENV) with pip" \
+	  "(a minute or two the first time)..."
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@$(BIN)/python -m pip install -q -e '.[test,cli,prometheus,dev,postgres]'
+	@touch $(STAMP)
+	@echo "installed: $(BIN)/python, $(BIN)/weir"
 
 demo: $(STAMP)
-	$(BIN)/python -m examples.orders
+	@echo "running the orders demo (examples/orders/README.md; Ctrl-C stops it)..."
+	@$(BIN)/python -m examples.orders
 
 test: lint typecheck
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer
 from confluent_kafka import TopicPartition as TP
 from confluent_kafka.admin import AdminClient
@@ -343,15 +342,21 @@ def print_summary(s: Summary) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    # weir logs each dead letter and retry; the summary says it all here.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    # weir logs a warning per dead letter (`dead_lettered`) on its stdlib loggers, which Python
+    # prints to stderr while nothing configures logging: the summary lists each one already.
+    logging.getLogger("weir").setLevel(logging.ERROR)
     with contextlib.ExitStack() as stack:
         bootstrap = args.bootstrap
         if not bootstrap:
-            from weir.testing import EmbeddedKafka
+            from weir.testing import EmbeddedKafka, HarnessError
 
             print("starting embedded Kafka...", flush=True)
-            kafka = stack.enter_context(EmbeddedKafka())
+            try:
+                kafka = stack.enter_context(EmbeddedKafka())
+            except HarnessError as exc:  # no Java, no Maven, a broker that would not start
+                print(f"cannot start the embedded Kafka broker: {exc}", file=sys.stderr)
+                print("(or use a Kafka of yours: --bootstrap HOST:PORT)", file=sys.stderr)
+                return 1
             bootstrap = kafka.bootstrap_servers
         summary = run(bootstrap, args.orders, args.timeout)
         print_summary(summary)

@@ -39,6 +39,7 @@ from rich.table import Table
 from examples.orders import Ledger, Summary
 from examples.orders.member import Members
 from weir.lag import LagError, admin_client, group_lag
+from weir.testing.errors import HarnessError
 
 PARTITIONS = 6
 CUSTOMERS = 48
@@ -347,7 +348,11 @@ class Demo:
     # -- output ----------------------------------------------------------------------------
 
     def say(self, message: str) -> None:
-        self.console.print(f"[dim]{time.monotonic() - self.started:6.1f}s[/] {message}")
+        # In a pipe or a CI log a line stays one line: rich would break it at 80 columns.
+        self.console.print(
+            f"[dim]{time.monotonic() - self.started:6.1f}s[/] {message}",
+            soft_wrap=not self.console.is_terminal,
+        )
 
     def _ownership(self) -> str:
         by_member: dict[str, list[int]] = {}
@@ -546,6 +551,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: members and broker stopped")
         return 130
+    except HarnessError as exc:  # no Java, no Maven, a broker that would not start
+        print(f"cannot start the embedded Kafka broker: {exc}", file=sys.stderr)
+        print("(the demo can use a Kafka of yours instead: --bootstrap HOST:PORT)", file=sys.stderr)
+        return 1
     return 0 if summary.ok else 1
 
 

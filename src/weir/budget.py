@@ -418,9 +418,15 @@ class Budget:
         if sched.tasks_out() >= sched.workers.slots or 2 * sched.waiting() < self.records:
             return
         self.shared = True
+        idle = (
+            # An async member has no worker threads: its coroutines are what is missing.
+            "fewer records run than max_in_flight allows"
+            if sched.workers.concurrent
+            else "workers idle"
+        )
         log.info(
             "budget_shared",
-            reason="workers idle while the budget waits behind a few busy keys",
+            reason=f"{idle} while the budget waits behind a few busy keys",
             partitions=len(self.parts),
             in_flight=self.records,
         )

@@ -10,10 +10,12 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -53,7 +55,7 @@ def _register_broker(commands: SubParsers) -> None:
         "and the port (default: a new temp dir, removed by `stop`)",
     )
     start.add_argument("--state", type=Path, help=state_help)
-    start.add_argument("--port", type=int, help="client port (default: a free one)")
+    start.add_argument("--port", type=_port, help="client port (default: a free one)")
     start.add_argument(
         "--override",
         action="append",
@@ -62,12 +64,19 @@ def _register_broker(commands: SubParsers) -> None:
         metavar="KEY=VALUE",
         help="broker setting, repeatable",
     )
-    start.add_argument("--timeout", type=float, default=90.0, help="start-up timeout in seconds")
+    start.add_argument(
+        "--timeout", type=_positive_seconds, default=90.0, help="start-up timeout in seconds"
+    )
     start.set_defaults(handler=_broker_start)
 
     stop = actions.add_parser("stop", help="stop the broker started by `weir broker start`")
     stop.add_argument("--state", type=Path, help=state_help)
-    stop.add_argument("--timeout", type=float, default=STOP_TIMEOUT_S)
+    stop.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=STOP_TIMEOUT_S,
+        help="seconds to wait for a clean shutdown before SIGKILL",
+    )
     stop.set_defaults(handler=_broker_stop)
 
     status = actions.add_parser("status", help="print the broker's address and whether it answers")
@@ -84,11 +93,69 @@ def _state_path(args: argparse.Namespace) -> Path:
 
 
 def _read_state(path: Path) -> dict[str, Any] | None:
+    """The state a background start left, or None when there is no file. Anything else that
+    is not a state (unreadable, half written, edited) is an error: read as "no broker", it
+    would have `start` launch a second broker and `stop` report success."""
     try:
-        state: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except FileNotFoundError:
         return None
-    return state
+    except OSError as exc:
+        raise _UsageError(
+            f"cannot read the broker state file {path}: {exc.strerror or exc}"
+        ) from None
+    try:
+        state = json.loads(text)
+    except ValueError as exc:
+        problem: str | None = f"not JSON ({exc})"
+    else:
+        problem = _state_problem(state)
+    if problem is not None:
+        raise _UsageError(
+            f"the broker state file {path} is corrupt: {problem}. A broker started with it may "
+            "still run (look for a kafka.Kafka process and stop it); then delete the file"
+        )
+    return cast(dict[str, Any], state)
+
+
+def _state_problem(state: Any) -> str | None:
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    pid = state.get("pid")
+    if type(pid) is not int or pid <= 0:
+        return f"pid {pid!r} is not a process id"
+    bootstrap = state.get("bootstrap_servers")
+    if not isinstance(bootstrap, str) or not bootstrap.rpartition(":")[2].isdigit():
+        return f"bootstrap_servers {bootstrap!r} is not HOST:PORT"
+    for key in ("workdir", "log_path"):
+        if key in state and not isinstance(state[key], str):
+            return f"{key} {state[key]!r} is not a path"
+    if state.get("remove_workdir") and "workdir" not in state:
+        return "remove_workdir without a workdir"
+    return None
+
+
+def _check_state_writable(path: Path) -> None:
+    """Before a broker starts: a state file that cannot be written would leave it running with
+    nothing to find it by."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}."):
+            pass
+    except OSError as exc:
+        raise _UsageError(
+            f"cannot write the broker state file {path}: {exc.strerror or exc}"
+        ) from None
+
+
+def _write_state(path: Path, state: dict[str, Any]) -> None:
+    # Written aside, then renamed over: a reader never sees half a file.
+    aside = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        aside.write_text(json.dumps(state, indent=2))
+        os.replace(aside, path)
+    finally:
+        aside.unlink(missing_ok=True)
 
 
 def _broker_start(args: argparse.Namespace) -> int:
@@ -97,11 +164,13 @@ def _broker_start(args: argparse.Namespace) -> int:
     state_path = _state_path(args)
     state = _read_state(state_path)
     if state is not None:
-        if _is_kafka_process(int(state["pid"])):
+        if _is_kafka_process(state["pid"]):
+            _check_same_dir(state, args.dir, state_path)
             print(f"already running: {state['bootstrap_servers']} (pid {state['pid']})")
             return 0
         if state.get("remove_workdir"):  # left by a broker that died without `weir broker stop`
             shutil.rmtree(state["workdir"], ignore_errors=True)
+    _check_state_writable(state_path)
     overrides = dict(args.override)
     # In the foreground, Ctrl-C and SIGTERM set an event from the start: one arriving right after
     # the address line (scripts wait for it) must stop the broker, not escape as a traceback.
@@ -122,9 +191,9 @@ def _broker_start(args: argparse.Namespace) -> int:
         if restore is not None:
             restore()
         raise
-    state_path.parent.mkdir(parents=True, exist_ok=True)
-    state_path.write_text(
-        json.dumps(
+    try:
+        _write_state(
+            state_path,
             {
                 "pid": kafka.pid,
                 "bootstrap_servers": kafka.bootstrap_servers,
@@ -133,10 +202,21 @@ def _broker_start(args: argparse.Namespace) -> int:
                 "remove_workdir": args.dir is None,
                 "started_at": time.time(),
             },
-            indent=2,
         )
-    )
+    except BaseException as exc:
+        kafka.stop()  # nothing would find it to stop it later
+        if args.dir is None:
+            shutil.rmtree(kafka.workdir, ignore_errors=True)
+        if restore is not None:
+            restore()
+        if isinstance(exc, OSError):
+            raise _UsageError(
+                f"cannot write the broker state file {state_path}: {exc.strerror or exc}; "
+                "the broker is stopped"
+            ) from None
+        raise
     if not args.foreground:
+        kafka.detach()  # its JVM holds the work directory's lock from now on
         print(kafka.bootstrap_servers)
         print(f"log: {kafka.log_path}", file=sys.stderr)
         return 0
@@ -149,6 +229,17 @@ def _broker_start(args: argparse.Namespace) -> int:
         state_path.unlink(missing_ok=True)
         assert restore is not None
         restore()
+
+
+def _check_same_dir(state: dict[str, Any], wanted: Path | None, state_path: Path) -> None:
+    if wanted is None:
+        return
+    running = Path(str(state.get("workdir", "")))
+    if running != wanted.expanduser().resolve():
+        raise _UsageError(
+            f"the broker of {state_path} runs on {running}, not {wanted}: stop it first "
+            f"(weir broker stop --state {state_path}), or start with another --state"
+        )
 
 
 def _stop_on_signals(stop: threading.Event) -> Callable[[], None]:
@@ -182,7 +273,7 @@ def _broker_stop(args: argparse.Namespace) -> int:
     if state is None:
         print("no broker running")
         return 0
-    pid = int(state["pid"])
+    pid: int = state["pid"]
     if not _is_kafka_process(pid):
         # It died on its own (or was killed): say so, and keep its directory for the log.
         state_path.unlink(missing_ok=True)
@@ -231,7 +322,7 @@ def _broker_status(args: argparse.Namespace) -> int:
         print("no broker running")
         return 1
     bootstrap = str(state["bootstrap_servers"])
-    alive = _is_kafka_process(int(state["pid"]))
+    alive = _is_kafka_process(state["pid"])
     reachable = port_accepts(int(bootstrap.rsplit(":", 1)[1]))
     print(bootstrap)
     print(
@@ -239,6 +330,16 @@ def _broker_status(args: argparse.Namespace) -> int:
         f"{'reachable' if reachable else 'not reachable'}; log: {state.get('log_path')}"
     )
     return 0 if alive and reachable else 1
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {text!r}")
+    return port
 
 
 def _parse_override(item: str) -> tuple[str, str]:
@@ -280,6 +381,10 @@ def _terminate(pid: int, timeout: float) -> None:
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+    # Gone before `stop` says so: its port and its work directory's lock are free then.
+    deadline = time.monotonic() + 10
+    while _is_kafka_process(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 # --- weir lag / weir groups ----------------------------------------------------------------------
@@ -358,11 +463,26 @@ def _register_groups(commands: SubParsers) -> None:
     groups.set_defaults(handler=_groups)
 
 
+# -X settings the command sets itself: a second value would be dropped without a word.
+_OWN_SETTINGS = {
+    "bootstrap.servers": "use --bootstrap-servers/-b",
+    "metadata.broker.list": "use --bootstrap-servers/-b",
+    "logger": "weir routes librdkafka's log lines itself",
+}
+
+
 def _parse_setting(item: str) -> tuple[str, str]:
+    from weir.config import is_secret_key
+
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
-    return key.strip(), value.strip()
+        # Without its `=`, the item may be a secret's name run into its value.
+        shown = "an item not shown (it names a secret)" if is_secret_key(item) else repr(item)
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {shown}")
+    key = key.strip()
+    if key in _OWN_SETTINGS:
+        raise argparse.ArgumentTypeError(f"{key} is not a -X setting: {_OWN_SETTINGS[key]}")
+    return key, value.strip()
 
 
 def _positive_seconds(text: str) -> float:
@@ -372,6 +492,8 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0, got {text!r}")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
     return value
 
 
@@ -381,12 +503,28 @@ def _admin(args: argparse.Namespace) -> Any:
     kafka_log = logging.getLogger(KAFKA_LOG)
     kafka_log.setLevel(logging.CRITICAL)
     kafka_log.propagate = False
+    settings = dict(args.config)
     config: dict[str, Any] = {
-        **dict(args.config),
+        **settings,
         "bootstrap.servers": args.bootstrap_servers,
         "logger": kafka_log,
     }
-    return admin_client(config)
+    try:
+        return admin_client(config)
+    except Exception as exc:  # whatever the client raises while it is built is its refusal
+        raise _UsageError(_refusal(exc, settings)) from None
+
+
+def _refusal(exc: Exception, settings: dict[str, str]) -> str:
+    """librdkafka's reason for refusing the -X settings, without the value of a secret."""
+    from weir.config import is_secret_key
+    from weir.lag import error_text
+
+    reason = error_text(exc).removeprefix("Failed to create admin client: ")
+    for key, value in settings.items():
+        if is_secret_key(key) and value:
+            reason = reason.replace(value, "***")
+    return f"the client refuses the -X settings: {reason}"
 
 
 def _lag_error_message(exc: Exception, args: argparse.Namespace) -> str:
@@ -426,6 +564,9 @@ def _lag(args: argparse.Namespace) -> int:
             _watch_table(snapshot, args)
     except KeyboardInterrupt:
         pass
+    except BrokenPipeError:
+        # The reader has taken what it wanted (`| head -3`): the end of a watch, like Ctrl-C.
+        _discard_output()
     return 0
 
 
@@ -486,10 +627,17 @@ def _console() -> Any:
         raise _UsageError(
             "the table needs rich: pip install 'kafka-weir[cli]' (or use --json)"
         ) from None
-    console = Console(highlight=False)
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich exits with 1 itself; main() and `--watch` end quietly with their own codes.
+            self.quiet = True
+            raise BrokenPipeError
+
+    console = _Console(highlight=False)
     if not console.is_terminal:
         # Piped or captured: no colour, and no column squeezed to an 80-column guess.
-        console = Console(highlight=False, width=1000, no_color=True)
+        console = _Console(highlight=False, width=1000, no_color=True)
     return console
 
 
@@ -669,18 +817,48 @@ def _logging_to_stderr() -> Iterator[None]:
         weir_log.setLevel(level)
 
 
+# A reader that stops reading (`weir ... | head`): the exit status of a process that SIGPIPE
+# ended, as `seq 1000000 | head -1` gives (Python ignores SIGPIPE, so it would be a traceback).
+PIPE_CLOSED = 128 + signal.SIGPIPE
+INTERRUPTED = 128 + signal.SIGINT
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # --help and --version print here
+        return _run(args)
+    except BrokenPipeError:
+        _discard_output()
+        return PIPE_CLOSED
+    except KeyboardInterrupt:  # what was started is stopped on the way out
+        return INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
     handler: Handler = args.handler
     from weir.testing.errors import HarnessError
 
     try:
         with _logging_to_stderr():
-            return handler(args)
+            code = handler(args)
+            # Now rather than at exit, so that a reader that has gone is seen by main().
+            sys.stdout.flush()
+            return code
     except (HarnessError, _UsageError) as exc:
         print(f"weir: {exc}", file=sys.stderr)
         return 1
+
+
+def _discard_output() -> None:
+    """Point stdout and stderr at /dev/null: the interpreter's last flush of what is still
+    buffered for a closed pipe would print an error of its own."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                os.dup2(devnull, stream.fileno())  # none under pytest's capture
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

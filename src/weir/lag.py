@@ -316,14 +316,19 @@ def _committed_by_consumer(
     at once instead of waiting while a transaction holds a newer one."""
     from confluent_kafka import Consumer
 
-    consumer = Consumer(
-        {
-            **config,
-            "group.id": group_id,
-            "enable.auto.commit": False,
-            "isolation.level": "read_uncommitted",
-        }
-    )
+    try:
+        # A setting the admin client took can still be refused for a consumer (e.g.
+        # session.timeout.ms with group.protocol=consumer).
+        consumer = Consumer(
+            {
+                **config,
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "isolation.level": "read_uncommitted",
+            }
+        )
+    except Exception as exc:
+        raise LagError(f"a consumer refuses the client's configuration: {error_text(exc)}") from exc
     try:
         found = consumer.committed(asked, timeout=deadline.remaining())
     except Exception as exc:
@@ -406,11 +411,16 @@ def _as_lag_error(exc: Any, deadline: _Deadline) -> LagError:
     if isinstance(exc, LagError):
         return exc
     code = _code(exc)
-    error = exc.args[0] if isinstance(exc, Exception) and exc.args else exc
-    text = str(error.str()) if hasattr(error, "str") else str(error)
+    text = error_text(exc)
     if code in _UNREACHABLE:
         return BrokerUnreachableError(deadline.timeout, text)
     return LagError(f"{code or type(exc).__name__}: {text}")
+
+
+def error_text(exc: Any) -> str:
+    """The words of a KafkaException (its KafkaError's), a KafkaError, or any exception."""
+    error = exc.args[0] if isinstance(exc, Exception) and exc.args else exc
+    return str(error.str()) if hasattr(error, "str") else str(error)
 
 
 def _code(exc: Any) -> str | None:

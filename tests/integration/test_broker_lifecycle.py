@@ -17,7 +17,9 @@ import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
 
 from weir.cli import main
-from weir.testing.broker import kafka_answers
+from weir.testing.broker import EmbeddedKafka, kafka_answers
+from weir.testing.cluster import EmbeddedKafkaCluster
+from weir.testing.errors import WorkdirInUseError
 from weir.testing.pytest_plugin import (
     commit_offsets,
     consume_all,
@@ -199,3 +201,75 @@ def test_cli_restart_on_the_same_dir_keeps_data_and_port(
             check(third, topic)
     finally:
         main(["broker", "stop", "--state", state])
+
+
+def weir(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The installed `weir` command, as a user runs it: its process exits after a start."""
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("weir")), *argv],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+
+
+def test_a_second_start_on_a_running_dir_is_refused_until_the_broker_dies(
+    tmp_path: Path,
+) -> None:
+    """Regression: `weir broker start --dir D --state S2` while a broker ran on D (started with
+    S1) rewrote D/server.properties with new ports (the next restart of the first took them)
+    and launched a second JVM on D's storage and log. The lock on D must outlive the `weir`
+    process that started the broker, and go when the broker dies, even by SIGKILL."""
+    workdir = tmp_path / "work"
+    first_state, second_state = tmp_path / "first.json", tmp_path / "second.json"
+    first = weir("broker", "start", "--dir", str(workdir), "--state", str(first_state))
+    assert first.returncode == 0, first.stderr
+    bootstrap = first.stdout.strip()
+    pid = int(json.loads(first_state.read_text())["pid"])
+    second_pid = None
+    try:
+        properties = (workdir / "server.properties").read_text()
+        log_size = (workdir / "kafka.log").stat().st_size
+
+        second = weir("broker", "start", "--dir", str(workdir), "--state", str(second_state))
+        assert second.returncode == 1
+        assert second.stderr.splitlines() == [
+            f"weir: another broker runs on {workdir} (at {bootstrap}, pid {pid}): stop it "
+            "first, or use another directory"
+        ]
+        assert (workdir / "server.properties").read_text() == properties
+        assert (workdir / "kafka.log").stat().st_size == log_size  # no second JVM wrote to it
+        assert not second_state.exists()
+        assert kafka_answers(int(bootstrap.rsplit(":", 1)[1]))
+        assert weir("broker", "status", "--state", str(first_state)).returncode == 0
+
+        os.kill(pid, signal.SIGKILL)
+        assert wait_gone(pid, 10)
+        again = weir("broker", "start", "--dir", str(workdir), "--state", str(second_state))
+        assert again.returncode == 0, again.stderr  # no stale lock after a kill -9
+        second_pid = int(json.loads(second_state.read_text())["pid"])
+        assert again.stdout.strip() == bootstrap  # its port was free again: the same broker
+        stopped = weir("broker", "stop", "--state", str(second_state))
+        assert stopped.returncode == 0, stopped.stderr
+        assert wait_gone(second_pid, 10)
+    finally:
+        for java in (pid, second_pid):
+            if java is not None and not gone(java):
+                os.kill(java, signal.SIGKILL)
+
+
+def test_a_cluster_holds_its_directory_also_across_a_restart(tmp_path: Path) -> None:
+    workdir = tmp_path / "cluster"
+    cluster = EmbeddedKafkaCluster(size=1, workdir=workdir)
+    cluster.start()
+    try:
+        with pytest.raises(WorkdirInUseError, match=f"another broker runs on {workdir} "):
+            EmbeddedKafka(workdir=workdir).start()
+        cluster.stop()  # storage kept: start() restarts the same cluster, locked again
+        cluster.start()
+        with pytest.raises(WorkdirInUseError):
+            EmbeddedKafkaCluster(size=1, workdir=workdir).start()
+        assert cluster.running
+    finally:
+        cluster.stop()

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
@@ -276,3 +277,26 @@ def test_watch_repeats_until_ctrl_c(group: Group, watcher: subprocess.Popen[str]
     watcher.send_signal(signal.SIGINT)
     assert watcher.wait(10) == 0
     assert watcher.stderr is not None and "Traceback" not in watcher.stderr.read()
+
+
+@pytest.mark.parametrize("output", ["--json", "--table"])
+def test_watch_piped_into_head_ends_quietly(group: Group, output: str) -> None:
+    """Regression: `weir lag --watch --json | head` ended with a BrokenPipeError traceback (and
+    exit 1): the reader leaving ends a watch like Ctrl-C does, with exit code 0."""
+    weir = Path(sys.executable).with_name("weir")
+    options = "--json" if output == "--json" else ""
+    script = (
+        f"set -o pipefail; {weir} lag -b {group.bootstrap} -g {group.group} --watch 0.2 "
+        f"{options} | head -n 2"
+    )
+    result = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2
+    if output == "--json":
+        assert [json.loads(line)["total_lag"] for line in lines] == [8, 8]
+    else:
+        assert lines[0].split()[:2] == ["group", group.group]

@@ -9,7 +9,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from tests.waiting import wait_until
@@ -490,34 +490,25 @@ def test_shutdown_drains_coroutines_in_flight_then_cancels_them(
         assert 1.0 <= took < 3.0
 
 
-def test_partition_mode_shares_the_budget_across_partitions_with_async_handlers(
+def run_over_four_partitions(
     members: list[GroupConsumer],
-) -> None:
-    """Partition mode runs one record at a time per partition, so the budget must hold records
-    of every partition, not of the one or two the client hands out first: the handler time
-    measured on the loop (1 ms, summed per record, not a task's wall time) makes a partition's
-    share worth sharing, and partitions are paused alone once they hold their share. Before,
-    async partition mode never shared (a concurrent task is 500 records long) and ran 2.2k
-    records/s on 16 partitions where 16k are possible (benchmarks/README.md)."""
+    handler: Callable[[Record], Any],
+    ordering: Literal["partition", "key"],
+    *,
+    keyed: bool = False,
+) -> FakeConsumer:
+    """60 records on each of 4 partitions (`keyed`: one key per partition), a budget of 20
+    records, until every partition is committed to its end; the member is left running."""
     fake = FakeConsumer()
     parts = [(TOPIC, p) for p in range(4)]
     for _, p in parts:
-        fake.produce_many(TOPIC, p, range(60))
+        fake.produce_many(TOPIC, p, range(60), key=b"k%d" % p if keyed else None)
     fake.script_assign(parts)
-    running: dict[int, int] = {}
-    most = [0]
-
-    async def handle(record: Record) -> None:
-        running[record.partition] = running.get(record.partition, 0) + 1
-        most[0] = max(most[0], sum(1 for n in running.values() if n))
-        await asyncio.sleep(0.001)
-        running[record.partition] -= 1
-
     flow = FlowConfig(capacity_records=20, pause_records=10, resume_records=4, read_ahead_records=0)
     gc = GroupConsumer(
-        handle,
+        handler,
         consumer_factory=fake.factory,
-        ordering="partition",
+        ordering=ordering,
         max_batch=10,
         flow=flow,
         **SETTINGS,
@@ -530,9 +521,60 @@ def test_partition_mode_shares_the_budget_across_partitions_with_async_handlers(
             return last_commit(fake, tp) == 60
 
         wait_until(at_end, f"{tp} committed to its end")
+    return fake
+
+
+def test_partition_mode_shares_the_budget_across_partitions_with_async_handlers(
+    members: list[GroupConsumer],
+) -> None:
+    """Partition mode runs one record at a time per partition, so the budget must hold records
+    of every partition, not of the one or two the client hands out first: the handler time
+    measured on the loop (1 ms, summed per record, not a task's wall time) makes a partition's
+    share worth sharing, and partitions are paused alone once they hold their share. Before,
+    async partition mode never shared (a concurrent task is 500 records long) and ran 2.2k
+    records/s on 16 partitions where 16k are possible (benchmarks/README.md)."""
+    running: dict[int, int] = {}
+    most = [0]
+
+    async def handle(record: Record) -> None:
+        running[record.partition] = running.get(record.partition, 0) + 1
+        most[0] = max(most[0], sum(1 for n in running.values() if n))
+        await asyncio.sleep(0.001)
+        running[record.partition] -= 1
+
+    fake = run_over_four_partitions(members, handle, "partition")
     single = [tps for op, tps in fake.pause_calls if op == "pause" and len(tps) == 1]
     assert single, "no partition was ever paused for holding its share"
     assert most[0] >= 3, f"at most {most[0]} partitions ran at once"
+
+
+@pytest.mark.parametrize("kind", ["async", "thread"])
+def test_the_budget_shared_event_of_an_async_member_names_no_workers(
+    members: list[GroupConsumer], kind: str
+) -> None:
+    """Regression: an async member, which runs no worker threads, logged budget_shared with
+    reason 'workers idle while the budget waits behind a few busy keys'."""
+
+    async def handle_async(record: Record) -> None:
+        await asyncio.sleep(0.001)
+
+    def handle_thread(record: Record) -> None:
+        time.sleep(0.001)
+
+    with capture_events() as logs:
+        # One key per partition: the budget fills with one partition's records, behind one key.
+        run_over_four_partitions(
+            members, handle_async if kind == "async" else handle_thread, "key", keyed=True
+        )
+    [shared] = [e for e in logs if e["event"] == "budget_shared"]
+    if kind == "async":
+        assert "worker" not in shared["reason"]
+        assert shared["reason"] == (
+            "fewer records run than max_in_flight allows while the budget waits behind a few "
+            "busy keys"
+        )
+    else:
+        assert shared["reason"] == "workers idle while the budget waits behind a few busy keys"
 
 
 def test_workers_given_for_an_async_handler_is_reported_unused() -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -104,3 +107,161 @@ def test_stop_never_signals_a_pid_that_is_not_kafka(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["broker", "status"], 128 + signal.SIGPIPE),  # the status is not all written
+        (["broker", "stop"], 128 + signal.SIGPIPE),
+        (["--version"], 0),  # argparse lets a failed write of its own messages go
+        (["broker", "--help"], 0),
+    ],
+)
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path: Path, argv: list[str], code: int) -> None:
+    """Regression: `weir broker status | head -0` ended with a BrokenPipeError traceback."""
+    if argv[0] == "broker" and argv[1] != "--help":
+        argv = [*argv, "--state", str(tmp_path / "none.json")]
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before weir writes: every write fails with EPIPE
+    try:
+        result = subprocess.run(
+            [str(Path(sys.executable).with_name("weir")), *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == code
+
+
+@pytest.fixture
+def no_java(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A `start` that got past its own checks fails on Java at once, starting nothing."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ('{"pid": 12', "not JSON"),
+        ("", "not JSON"),
+        ("[]", "not a JSON object"),
+        ('{"pid": "12", "bootstrap_servers": "127.0.0.1:1"}', "pid '12' is not a process id"),
+        ('{"pid": -1, "bootstrap_servers": "127.0.0.1:1"}', "pid -1 is not a process id"),
+        ('{"pid": 12, "bootstrap_servers": "nowhere"}', "'nowhere' is not HOST:PORT"),
+        ('{"pid": 12, "bootstrap_servers": "h:1", "remove_workdir": true}', "without a workdir"),
+    ],
+)
+def test_a_corrupt_state_file_is_an_error_for_every_action(
+    tmp_path: Path, content: str, problem: str, no_java: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: a corrupt state read as "no broker": `stop` printed "no broker running" and
+    exited 0, and `start` launched a second broker over it (a half-written state file comes
+    from a start that crashed while writing it: its broker may well run)."""
+    state = tmp_path / "broker.json"
+    state.write_text(content)
+    for action in ("start", "stop", "status"):
+        assert main(["broker", action, "--state", str(state)]) == 1, action
+        captured = capsys.readouterr()
+        assert captured.out == "", action
+        [line] = captured.err.splitlines()
+        assert line.startswith(f"weir: the broker state file {state} is corrupt: "), line
+        assert problem in line
+        assert "may still run" in line
+    assert state.read_text() == content  # evidence kept: the user decides
+
+
+def test_a_state_file_that_cannot_be_read_or_written_is_named(
+    tmp_path: Path, no_java: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: a state path that could not be written was found only after the broker
+    started (a traceback, and a broker left running that nothing knew of)."""
+    a_dir = tmp_path / "state-dir"
+    a_dir.mkdir()
+    assert main(["broker", "stop", "--state", str(a_dir)]) == 1
+    assert capsys.readouterr().err == (
+        f"weir: cannot read the broker state file {a_dir}: Is a directory\n"
+    )
+    nowhere = "/proc/weir-nowhere/broker.json"
+    assert main(["broker", "start", "--state", nowhere]) == 1
+    assert capsys.readouterr().err == (
+        f"weir: cannot write the broker state file {nowhere}: No such file or directory\n"
+    )
+
+
+def test_a_dir_that_is_a_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    state = str(tmp_path / "broker.json")
+    assert main(["broker", "start", "--dir", str(a_file), "--state", state]) == 1
+    assert capsys.readouterr().err == (
+        f"weir: cannot use {a_file} as a work directory: it is not a directory\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["start", "--port", "70000"], "argument --port: expected a port from 1 to 65535"),
+        (["start", "--port", "0"], "argument --port: expected a port from 1 to 65535"),
+        (["start", "--port", "x"], "argument --port: expected a port number, got 'x'"),
+        (["start", "--timeout", "nan"], "argument --timeout: must be more than 0"),
+        (["start", "--timeout", "0"], "argument --timeout: must be more than 0"),
+        (["stop", "--timeout", "-1"], "argument --timeout: must be more than 0"),
+        (["stop", "--timeout", "inf"], "argument --timeout: expected a finite number"),
+    ],
+)
+def test_bad_broker_options_are_usage_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: --port 70000 ended with an OverflowError traceback, and a --timeout of nan,
+    0 or less was taken (`start --timeout nan` waited for ever)."""
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["broker", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: weir broker {argv[0]} ")
+    assert f"weir broker {argv[0]}: error: {message}" in err
+
+
+@pytest.fixture
+def a_running_broker(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A state file of a running "broker": a process with kafka.Kafka on its command line."""
+    stand_in = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "kafka.Kafka"]
+    )
+    workdir = tmp_path / "running"
+    workdir.mkdir()
+    state = tmp_path / "broker.json"
+    state.write_text(
+        json.dumps(
+            {"pid": stand_in.pid, "bootstrap_servers": "127.0.0.1:1", "workdir": str(workdir)}
+        )
+    )
+    yield state, workdir
+    stand_in.kill()
+    stand_in.wait(10)
+
+
+def test_start_with_the_state_of_a_broker_on_another_dir_is_refused(
+    a_running_broker: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: `start --dir B` printed "already running" and exited 0 when the state file
+    named a broker running on another directory A: the caller got A's broker for B."""
+    state, workdir = a_running_broker
+    other = tmp_path / "other"
+    assert main(["broker", "start", "--state", str(state), "--dir", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert f"the broker of {state} runs on {workdir}, not {other}: stop it first" in err
+    assert not other.exists()
+    for same in (["--dir", str(workdir)], []):
+        assert main(["broker", "start", "--state", str(state), *same]) == 0
+        assert "already running: 127.0.0.1:1" in capsys.readouterr().out

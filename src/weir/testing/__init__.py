@@ -24,6 +24,8 @@ if TYPE_CHECKING:
         MavenError,
         MavenNotFoundError,
         PortInUseError,
+        WorkdirError,
+        WorkdirInUseError,
     )
     from weir.testing.events import capture_events
     from weir.testing.fake import (
@@ -56,6 +58,8 @@ _WHERE = {
     "MavenError": "errors",
     "MavenNotFoundError": "errors",
     "PortInUseError": "errors",
+    "WorkdirError": "errors",
+    "WorkdirInUseError": "errors",
     "CommitCall": "fake",
     "CommittedOffsets": "fake",
     "FakeBroker": "fake_broker",
@@ -100,6 +104,8 @@ __all__ = [
     "PortInUseError",
     "ScriptedEvent",
     "TestcontainersBroker",
+    "WorkdirError",
+    "WorkdirInUseError",
     "capture_events",
     "ensure_kafka_jars",
     "select_provider",

@@ -10,6 +10,8 @@ import atexit
 import base64
 import contextlib
 import ctypes
+import fcntl
+import json
 import os
 import shutil
 import signal
@@ -26,9 +28,15 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from types import TracebackType
+from typing import IO, Any
 
 from weir.logs import get_logger
-from weir.testing.errors import BrokerStartError, PortInUseError
+from weir.testing.errors import (
+    BrokerStartError,
+    PortInUseError,
+    WorkdirError,
+    WorkdirInUseError,
+)
 from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars, require_java
 
 log = get_logger(__name__)
@@ -222,6 +230,98 @@ def _die_with_parent_hook() -> Callable[[], None] | None:
     return hook
 
 
+# --- one broker per work directory ---------------------------------------------------------------
+
+LOCK_FILE = "weir.lock"
+
+
+class WorkdirLock:
+    """The exclusive lock of a broker's (or a cluster's) work directory: ``flock(2)`` on
+    ``<workdir>/weir.lock``, taken before anything in the directory is touched.
+
+    A second broker on a running one's directory would rewrite its ``server.properties`` (a
+    restart then takes the wrong ports), append to its log and start a JVM on its storage. The
+    lock belongs to the open file, which every broker JVM launched in the directory inherits
+    (``KafkaNode.launch``), so it is held while this process *or* any of those JVMs has it open:
+    the broker that ``weir broker start`` leaves running when it exits keeps it, and the kernel
+    drops it when the last holder dies, however it ends (``kill -9`` included). Nothing stale is
+    left to clean up, and no pid is checked: a recorded pid can be reused by another process.
+
+    The file's content only names the holder, for the next one's error message.
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.path = workdir / LOCK_FILE
+        self._file: IO[bytes] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._file is not None
+
+    @property
+    def fd(self) -> int:
+        """The lock's file descriptor, for a child process to inherit (``pass_fds``)."""
+        if self._file is None:
+            raise RuntimeError(f"the lock of {self.workdir} is not held")
+        return self._file.fileno()
+
+    def acquire(self) -> None:
+        """Take the lock, or raise ``WorkdirInUseError`` naming who holds it. Never waits."""
+        if self._file is not None:
+            return
+        try:
+            handle = self.path.open("a+b")
+        except OSError as exc:
+            reason = exc.strerror or exc
+            raise WorkdirError(f"cannot use {self.workdir} as a work directory: {reason}") from exc
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _describe_holder(handle)
+            handle.close()
+            raise WorkdirInUseError(
+                f"another broker runs on {self.workdir}{holder}: stop it first, or use another "
+                "directory"
+            ) from None
+        except BaseException:
+            handle.close()
+            raise
+        self._file = handle
+        self.record(pid=os.getpid(), starting=True)
+
+    def record(self, **holder: Any) -> None:
+        """Note who holds the lock (pid, bootstrap servers), for the message of the next one."""
+        if self._file is None:
+            return
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(json.dumps(holder).encode())
+        self._file.flush()
+
+    def release(self) -> None:
+        """Close this process's hold; a broker JVM that inherited it still holds it while it
+        runs."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _describe_holder(handle: IO[bytes]) -> str:
+    try:
+        handle.seek(0)
+        holder = json.loads(handle.read() or b"{}")
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(holder, dict):
+        return ""
+    if holder.get("bootstrap_servers"):
+        return f" (at {holder['bootstrap_servers']}, pid {holder.get('pid')})"
+    if holder.get("pid"):
+        return f" (starting, launched by pid {holder['pid']})"
+    return ""
+
+
 # --- one Kafka process ---------------------------------------------------------------------------
 
 
@@ -246,6 +346,7 @@ class KafkaNode:
         heap: str = "512m",
         jvm_args: Sequence[str] = (),
         die_with_parent: bool = True,
+        lock: WorkdirLock | None = None,
     ) -> None:
         self.node_id = node_id
         self.workdir = workdir
@@ -256,6 +357,7 @@ class KafkaNode:
         self.heap = heap
         self.jvm_args = tuple(jvm_args)
         self.die_with_parent = die_with_parent
+        self.lock = lock
         self.data_dir = workdir / "data"
         self.config_path = workdir / "server.properties"
         self.log_path = workdir / "kafka.log"
@@ -389,6 +491,8 @@ class KafkaNode:
                 # instead of killing the broker mid-test.
                 start_new_session=True,
                 preexec_fn=_die_with_parent_hook() if self.die_with_parent else None,
+                # The JVM holds the work directory's lock too: it outlives a launcher that exits.
+                pass_fds=(self.lock.fd,) if self.lock is not None and self.lock.held else (),
             )
         log.debug("kafka_node_launched", node_id=self.node_id, pid=self._proc.pid, port=self.port)
 
@@ -502,7 +606,13 @@ def resolve_workdir(
         path = Path(tempfile.mkdtemp(prefix=prefix))
         return path, not keep
     path = Path(workdir).expanduser().resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.is_dir():
+        raise WorkdirError(f"cannot use {path} as a work directory: it is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise WorkdirError(f"cannot use {path} as a work directory: {reason}") from exc
     return path, keep is False
 
 
@@ -604,6 +714,7 @@ class EmbeddedKafka:
         self._node: KafkaNode | None = None
         self._workdir: Path | None = None
         self._remove_workdir = False
+        self._lock: WorkdirLock | None = None
 
     # -- lifecycle --
 
@@ -622,14 +733,21 @@ class EmbeddedKafka:
             self._requested_workdir, self._keep, "weir-kafka-"
         )
         try:
+            self._lock = WorkdirLock(self._workdir)
+            self._lock.acquire()
             self._node = self._start_node(java, jars)
+        except WorkdirInUseError:
+            self._remove_workdir = False  # another broker's: never ours to delete
+            self._release_workdir()
+            raise
         except BaseException:
             # A temp dir of a failed start holds nothing worth keeping, even with keep=True: the
             # error carries the log's last lines. A directory the caller named stays theirs.
             if self._requested_workdir is None:
                 self._remove_workdir = True
-            self._cleanup_workdir()
+            self._release_workdir()
             raise
+        self._lock.record(pid=self.pid, bootstrap_servers=self.bootstrap_servers)
         if self._die_with_parent:
             register_at_exit(self, self.stop)
         log.info(
@@ -671,6 +789,7 @@ class EmbeddedKafka:
                 heap=self._heap,
                 jvm_args=self._jvm_args,
                 die_with_parent=self._die_with_parent,
+                lock=self._lock,
             )
             node.write_config()
             if previous is None:
@@ -704,12 +823,24 @@ class EmbeddedKafka:
                 self._node.stop(self.stop_timeout)
                 log.info("kafka_stopped", bootstrap_servers=self.bootstrap_servers)
         finally:
-            self._cleanup_workdir()
+            self._release_workdir()
 
-    def _cleanup_workdir(self) -> None:
+    def detach(self) -> None:
+        """Leave the running broker on its own (``weir broker start`` in the background): this
+        process lets go of the work directory's lock, which the broker's JVM holds until it
+        exits, and does not stop the broker at exit. Started with ``die_with_parent=False``, the
+        broker outlives this process; ``stop()`` still stops it from here."""
+        unregister_at_exit(self)
+        if self._lock is not None:
+            self._lock.release()
+
+    def _release_workdir(self) -> None:
+        """Remove the work directory if it is ours to remove, then let go of its lock."""
         if self._workdir is not None and self._remove_workdir:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._remove_workdir = False
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> EmbeddedKafka:
         return self.start()

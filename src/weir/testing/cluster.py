@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -15,6 +16,7 @@ from weir.testing.broker import (
     LOOPBACK,
     TEST_BROKER_DEFAULTS,
     KafkaNode,
+    WorkdirLock,
     new_cluster_id,
     pick_free_ports,
     register_at_exit,
@@ -96,6 +98,7 @@ class EmbeddedKafkaCluster:
         self.nodes: list[KafkaNode] = []
         self._workdir: Path | None = None
         self._remove_workdir = False
+        self._lock: WorkdirLock | None = None
 
     # -- lifecycle --
 
@@ -112,6 +115,14 @@ class EmbeddedKafkaCluster:
         self._workdir, self._remove_workdir = resolve_workdir(
             self._requested_workdir, self._keep, "weir-kafka-cluster-"
         )
+        self._lock = WorkdirLock(self._workdir)
+        try:
+            self._lock.acquire()
+        except BaseException:
+            self._lock = None
+            if self._requested_workdir is None:
+                shutil.rmtree(self._workdir, ignore_errors=True)
+            raise
         register_at_exit(self, self.stop)
         try:
             self._start_nodes(java, jars, time.monotonic() + self.start_timeout)
@@ -123,6 +134,7 @@ class EmbeddedKafkaCluster:
                 self._remove_workdir = True
             self.stop()
             raise
+        self._lock.record(pid=os.getpid(), bootstrap_servers=self.bootstrap_servers)
         log.info(
             "kafka_cluster_started",
             bootstrap_servers=self.bootstrap_servers,
@@ -176,6 +188,7 @@ class EmbeddedKafkaCluster:
                     jars=jars,
                     heap=self._heap,
                     jvm_args=self._jvm_args,
+                    lock=self._lock,
                 )
             )
         return nodes
@@ -218,6 +231,8 @@ class EmbeddedKafkaCluster:
             if self._workdir is not None and self._remove_workdir:
                 shutil.rmtree(self._workdir, ignore_errors=True)
                 self._remove_workdir = False
+            if self._lock is not None:
+                self._lock.release()
         log.info("kafka_cluster_stopped")
 
     def stop_broker(self, index: int, timeout: float | None = None) -> None:
@@ -277,6 +292,8 @@ class EmbeddedKafkaCluster:
                 f"running they would be {running + len(starting)}, and the quorum needs "
                 f"{majority}. Start stopped nodes together: start_brokers() starts all of them."
             )
+        if self._lock is not None:
+            self._lock.acquire()  # again after stop(); the nodes pass on the new hold
         deadline = time.monotonic() + (self.start_timeout if timeout is None else timeout)
         for node in starting:
             node.launch()

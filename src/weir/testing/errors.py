@@ -30,6 +30,14 @@ class PortInUseError(HarnessError):
     """A port the caller asked for is already taken."""
 
 
+class WorkdirError(HarnessError):
+    """A work directory the caller named cannot be created or used."""
+
+
+class WorkdirInUseError(WorkdirError):
+    """Another broker (or cluster) runs on the work directory: it holds the directory's lock."""
+
+
 class BrokerStartError(HarnessError):
     """The broker process exited or did not become ready in time.
 

@@ -1,0 +1,76 @@
+"""What `make demo` shows a new user while it sets up: one line per step, not pip's commands.
+
+A stand-in for python (a shell script that records how it was called, and makes a "venv" of
+copies of itself) lets the Makefile's set-up run in a second, without pip or a network.
+"""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.timeout(30),
+    pytest.mark.skipif(shutil.which("make") is None, reason="no make"),
+]
+
+STAND_IN = """#!/bin/sh
+echo "$0 $*" >> "{log}"
+if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin"; cp "$0" "$3/bin/python"; fi
+"""
+
+
+def make_demo(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """`make demo` as a user types it, with the stand-in python; returns what it printed and
+    the commands the stand-in ran."""
+    log = tmp_path / "calls.log"
+    python = tmp_path / "python3"
+    python.write_text(STAND_IN.format(log=log))
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    result = subprocess.run(
+        ["make", "demo", f"VENV={tmp_path / 'venv'}", f"PYTHON={python}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    calls = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return result, calls
+
+
+def test_make_demo_says_what_each_set_up_step_does(tmp_path: Path) -> None:
+    """Regression: a cold `make demo` printed only its commands (pip quiet) and then nothing for
+    a minute while pip installed."""
+    venv = tmp_path / "venv"
+    result, calls = make_demo(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"creating the virtualenv {venv} ({tmp_path / 'python3'} -m venv)...",
+        f"installing kafka-weir and its dependencies into {venv} with pip "
+        "(a minute or two the first time)...",
+        f"installed: {venv}/bin/python, {venv}/bin/weir",
+        "running the orders demo (examples/orders/README.md; Ctrl-C stops it)...",
+    ]
+    assert result.stderr == ""
+    python = f"{venv}/bin/python"
+    assert calls == [
+        f"{tmp_path / 'python3'} -m venv {venv}",
+        f"{python} -m pip install -q --upgrade pip",
+        f"{python} -m pip install -q -e .[test,cli,prometheus,dev,postgres]",
+        f"{python} -m examples.orders",
+    ]
+
+    # Set up already: straight to the demo.
+    again, calls = make_demo(tmp_path)
+    assert again.stdout.splitlines() == [
+        "running the orders demo (examples/orders/README.md; Ctrl-C stops it)..."
+    ]
+    assert calls == [f"{python} -m examples.orders"]
