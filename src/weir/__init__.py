@@ -5,6 +5,8 @@ from weir.config import ConsumerConfig, ConsumerSettings, FlowConfig
 from weir.consumer import GroupConsumer
 from weir.deadletter import DeadLetterError
 from weir.errors import (
+    AuthenticationError,
+    BrokerRefusedError,
     BrokerUnreachableError,
     CallbackError,
     DeserializationError,
@@ -12,6 +14,7 @@ from weir.errors import (
     HandlerError,
     KafkaFatalError,
     OffsetResetError,
+    TlsError,
     WeirError,
 )
 from weir.health import Health
@@ -23,7 +26,9 @@ from weir.tracking import BatchProgress, PartitionProgress
 from weir.transactions import TransactionError
 
 __all__ = [
+    "AuthenticationError",
     "BatchProgress",
+    "BrokerRefusedError",
     "BrokerUnreachableError",
     "CallbackError",
     "CommitEvent",
@@ -50,6 +55,7 @@ __all__ = [
     "Record",
     "RetryPolicy",
     "State",
+    "TlsError",
     "TransactionError",
     "WeirError",
 ]

@@ -1,5 +1,6 @@
 """A broker secured as in production (TLS from a CA made at start, SASL/SCRAM-SHA-512 and PLAIN,
-the StandardAuthorizer): a member and `weir lag` work over it.
+the StandardAuthorizer): a member and `weir lag` work over it, and each way of being refused is
+one error that names what was refused, at once, with no secret anywhere.
 
 One secured broker for the session (`kafka_secure_broker`); every test makes its own topic and
 group.
@@ -7,13 +8,18 @@ group.
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
+import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from weir import GroupConsumer, Record
+from weir import AuthenticationError, GroupConsumer, Record, TlsError
 from weir.cli import main
 from weir.testing.broker import EmbeddedKafka
 from weir.testing.pytest_plugin import (
@@ -30,6 +36,8 @@ from weir.testing.security import ClientSettings
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
 STARTUP_TIMEOUT_S = 20.0
+# A refusal is named as soon as the client has no broker left to try: well within this.
+NAMED_WITHIN_S = 5.0
 
 
 def member(settings: ClientSettings, handler: Any, **options: Any) -> GroupConsumer:
@@ -41,6 +49,20 @@ def member(settings: ClientSettings, handler: Any, **options: Any) -> GroupConsu
         startup_timeout_s=STARTUP_TIMEOUT_S,
         **options,
     )
+
+
+def refused_start(
+    settings: ClientSettings, expected: type[Exception]
+) -> tuple[Exception, GroupConsumer]:
+    """Start a member that the broker refuses: its error, which came within NAMED_WITHIN_S."""
+    gc = member(settings, lambda record: None, group_id="g-refused", topics=["t"])
+    began = time.monotonic()
+    with pytest.raises(Exception) as raised:
+        gc.run()
+    took = time.monotonic() - began
+    assert type(raised.value) is expected, repr(raised.value)
+    assert took < NAMED_WITHIN_S, took
+    return raised.value, gc
 
 
 @pytest.fixture
@@ -118,3 +140,117 @@ def test_plain_users_log_in_too(
     plain = kafka_secure_broker.client_settings(kafka_secure_client.username, mechanism="PLAIN")
     got = consume_all(plain.bootstrap_servers, topic, expected=1, config=plain.config())
     assert records_as_text(got) == [("k", "v")]
+
+
+def test_a_wrong_password_is_an_authentication_error_at_once(alice: ClientSettings) -> None:
+    """Regression: the member waited for startup_timeout_s and said "no Kafka broker answered"
+    for a broker that had refused its password."""
+    error, gc = refused_start(replace(alice, password="not-" + alice.password), AuthenticationError)
+    assert str(error) == (
+        f"authentication failed: the broker at {alice.bootstrap_servers!r} refused the client's "
+        "SASL credentials (security.protocol SASL_SSL, sasl.mechanism SCRAM-SHA-512): SASL "
+        "authentication error: Authentication failed during authentication due to invalid "
+        "credentials with SASL mechanism SCRAM-SHA-512. Check sasl.username and sasl.password, "
+        "and that the user exists for this mechanism"
+    )
+    health = gc.health()
+    assert not health.live and health.reasons == (f"failed: {error!r}",)
+
+
+def test_an_unknown_user_is_an_authentication_error(alice: ClientSettings) -> None:
+    unknown = replace(alice, username="mallory", mechanism="PLAIN")
+    error, _ = refused_start(unknown, AuthenticationError)
+    assert "Invalid username or password" in str(error) and "sasl.mechanism PLAIN" in str(error)
+
+
+def test_a_client_without_the_ca_gets_a_tls_verification_error(alice: ClientSettings) -> None:
+    """The client verifies the broker against the system's CAs, which never signed it."""
+    error, _ = refused_start(replace(alice, ca_file=None), TlsError)
+    assert re.fullmatch(
+        re.escape(
+            f"TLS verification failed: the certificate of the broker at "
+            f"{alice.bootstrap_servers!r} is not signed by a CA the client trusts ("
+        )
+        + r"(self[- ]signed certificate in certificate chain|unable to get local issuer "
+        r"certificate)" + re.escape("): set ssl.ca.location to the CA certificate that signed it"),
+        str(error),
+    ), str(error)
+
+
+def test_a_hostname_mismatch_is_a_tls_verification_error(alice: ClientSettings) -> None:
+    """The broker certificate names 127.0.0.1 only: `localhost` is another name."""
+    port = alice.bootstrap_servers.rsplit(":", 1)[1]
+    error, _ = refused_start(replace(alice, bootstrap_servers=f"localhost:{port}"), TlsError)
+    assert str(error) == (
+        f"TLS verification failed: the certificate of the broker at 'localhost:{port}' does not "
+        "name the host the client connected to (Hostname mismatch, certificate is not valid "
+        "for 'localhost'.): connect with a name the certificate holds (bootstrap.servers, and "
+        "the broker's advertised listeners)"
+    )
+
+
+@pytest.fixture
+def every_log_line(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    caplog.set_level(logging.DEBUG)
+    yield caplog
+
+
+def test_no_password_in_any_log_line_error_or_repr(
+    kafka_secure_client: ClientSettings,
+    alice: ClientSettings,
+    topic: str,
+    every_log_line: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """librdkafka's debug=all (every context: security, conf, protocol...) while a member logs
+    in, consumes and commits, and while a wrong password is refused: the passwords appear
+    nowhere, neither in the logs nor the errors, reprs, health or stats."""
+    produce(
+        kafka_secure_client.bootstrap_servers,
+        topic,
+        [("k", "v")],
+        config=kafka_secure_client.config(),
+    )
+    done = threading.Event()
+    conf = kafka_secure_client.config()
+    conf["debug"] = "all"
+    gc = GroupConsumer(
+        lambda record: done.set(),
+        bootstrap_servers=conf.pop("bootstrap.servers"),
+        kafka=conf,
+        group_id=f"secret-{uuid.uuid4().hex[:8]}",
+        topics=[topic],
+        auto_offset_reset="earliest",
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+    )
+    gc.start()
+    try:
+        assert done.wait(60)
+    finally:
+        gc.stop()
+        gc.join(30)
+    shown = [repr(gc.config), str(gc.config), repr(gc.health()), repr(gc.stats())]
+
+    wrong = "wrong-" + alice.password
+    bad_conf = replace(alice, password=wrong).config()
+    bad_conf["debug"] = "all"
+    refused = GroupConsumer(
+        lambda record: None,
+        bootstrap_servers=bad_conf.pop("bootstrap.servers"),
+        kafka=bad_conf,
+        group_id="g-secret",
+        topics=[topic],
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+    )
+    with pytest.raises(AuthenticationError) as raised:
+        refused.run()
+    shown += [str(raised.value), repr(raised.value), repr(refused.config), repr(refused.health())]
+    shown += [repr(alice), repr(kafka_secure_client)]
+
+    lines = [record.getMessage() for record in every_log_line.records]
+    librdkafka = [line for line in lines if "SASL" in line or "sasl" in line]
+    assert len(lines) > 1000 and librdkafka, "debug=all logged less than expected"
+    captured = capfd.readouterr()
+    everything = "\n".join([*lines, *shown, captured.out, captured.err])
+    for secret in (kafka_secure_client.password, alice.password, wrong):
+        assert secret not in everything
