@@ -390,8 +390,10 @@ def _admin(args: argparse.Namespace) -> Any:
 
 
 def _lag_error_message(exc: Exception, args: argparse.Namespace) -> str:
-    from weir.lag import BrokerUnreachableError
+    from weir.lag import BrokerRefusedError, BrokerUnreachableError
 
+    if isinstance(exc, BrokerRefusedError):
+        return str(exc)  # names the broker, what it refused and the -X settings to check
     if isinstance(exc, BrokerUnreachableError):
         return (
             f"no Kafka broker answered at {args.bootstrap_servers} within {exc.timeout:g} s "

@@ -189,6 +189,32 @@ def test_a_hostname_mismatch_is_a_tls_verification_error(alice: ClientSettings) 
     )
 
 
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"password": "wrong-password"}, "weir: authentication failed: "),
+        ({"ca_file": None}, "weir: TLS verification failed: "),
+    ],
+)
+def test_weir_lag_and_groups_name_the_refusal(
+    alice: ClientSettings,
+    capsys: pytest.CaptureFixture[str],
+    change: dict[str, Any],
+    named: str,
+) -> None:
+    """Regression: both said "no Kafka broker answered ... (Local: Timed out)" after --timeout."""
+    settings = replace(alice, **change)
+    for argv in (("lag", "-g", "any"), ("groups",)):
+        began = time.monotonic()
+        code, out, err = cli(capsys, settings, *argv, "--timeout", "10")
+        took = time.monotonic() - began
+        assert code == 1 and out == "", (argv, out, err)
+        [line] = err.splitlines()
+        assert line.startswith(named), (argv, line)
+        assert took < NAMED_WITHIN_S, (argv, took)
+        assert "wrong-password" not in err and alice.password not in err
+
+
 @pytest.fixture
 def every_log_line(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
     caplog.set_level(logging.DEBUG)
