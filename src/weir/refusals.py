@@ -31,6 +31,14 @@ ALL_BROKERS_DOWN_CODE = "_ALL_BROKERS_DOWN"
 _DIAGNOSE_TIMEOUT_S = 2.0
 # The broker librdkafka names at the start of an error: "sasl_ssl://host:9093/bootstrap: ".
 _BROKER = re.compile(r"^(?:[a-z_]+://)?(?P<address>[^\s/]+)/(?:bootstrap|\d+): ")
+# The broker ended the handshake with a TLS alert about the client's certificate: librdkafka
+# reports it as a transport failure ("Receive failed: ...:ssl/tls alert bad certificate: SSL
+# alert number 42"), seen when a broker requires client certificates (mTLS) and gets none or one
+# it does not trust.
+_CERTIFICATE_ALERT = re.compile(
+    r"ssl/tls alert (?:bad certificate|certificate required|unknown ca|certificate unknown|"
+    r"unsupported certificate|certificate revoked|certificate expired)"
+)
 # OpenSSL's verify codes (X509_V_ERR_*): the certificate does not name the host connected to ...
 _NAME_MISMATCH = frozenset({62, 63, 64})
 # ... or it does not chain up to a CA the client trusts.
@@ -53,7 +61,7 @@ def refusal_of(code: str, text: str) -> Refusal | None:
     kind: Kind
     if code == AUTHENTICATION_CODE:
         kind = "authentication"
-    elif code == TLS_CODE:
+    elif code == TLS_CODE or _CERTIFICATE_ALERT.search(text):
         kind = "tls"
     else:
         return None
@@ -91,6 +99,13 @@ def explain(refusal: Refusal, conf: Mapping[str, Any]) -> str:
             f"authentication failed: {where} refused the client's SASL credentials "
             f"(security.protocol {protocol}, sasl.mechanism {mechanism}): {refusal.cause}. "
             "Check sasl.username and sasl.password, and that the user exists for this mechanism"
+        )
+    alert = _CERTIFICATE_ALERT.search(refusal.cause)
+    if alert is not None:
+        return (
+            f"TLS failed: {where} refused the client's certificate ({alert.group(0)}): it "
+            "requires one signed by a CA it trusts; set ssl.certificate.location and "
+            "ssl.key.location"
         )
     verified = None
     if "certificate verify failed" in refusal.cause:

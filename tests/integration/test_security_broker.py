@@ -189,6 +189,18 @@ def test_a_hostname_mismatch_is_a_tls_verification_error(alice: ClientSettings) 
     )
 
 
+def test_a_client_without_a_certificate_is_refused_by_name(alice: ClientSettings) -> None:
+    """The broker requires client certificates (mTLS); librdkafka reports its refusal as a
+    transport failure ("ssl/tls alert bad certificate")."""
+    assert alice.cert_file is not None and alice.key_file is not None
+    error, _ = refused_start(replace(alice, cert_file=None, key_file=None), TlsError)
+    assert str(error) == (
+        f"TLS failed: the broker at {alice.bootstrap_servers!r} refused the client's "
+        "certificate (ssl/tls alert bad certificate): it requires one signed by a CA it trusts; "
+        "set ssl.certificate.location and ssl.key.location"
+    )
+
+
 @pytest.mark.parametrize(
     ("change", "named"),
     [

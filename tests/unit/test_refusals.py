@@ -30,6 +30,10 @@ TLS = (
     "ssl.ca.location is correctly configured or root CA certificates are installed (install "
     "ca-certificates package) (after 13ms in state SSL_HANDSHAKE)"
 )
+MTLS = (
+    "sasl_ssl://b1:9093/bootstrap: Receive failed: error:0A000412:SSL routines::ssl/tls alert "
+    "bad certificate: SSL alert number 42 (after 4ms in state APIVERSION_QUERY)"
+)
 DOWN = KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down")
 SECRET = "the-Password-1"
 
@@ -44,6 +48,13 @@ def test_refusals_are_recognised_by_code() -> None:
     tls = refusal_of("_SSL", TLS)
     assert tls is not None and tls.kind == "tls" and tls.broker == "b1.invalid:9093"
     assert refusal_of("_TRANSPORT", "b1:9093/bootstrap: Connection refused") is None
+    alert = refusal_of("_TRANSPORT", MTLS)
+    assert alert is not None and alert.kind == "tls"
+    assert explain(alert, {}) == (
+        "TLS failed: the broker at 'b1:9093' refused the client's certificate (ssl/tls alert "
+        "bad certificate): it requires one signed by a CA it trusts; set "
+        "ssl.certificate.location and ssl.key.location"
+    )
 
 
 def test_a_refusal_ends_the_start_only_when_no_broker_is_left() -> None:

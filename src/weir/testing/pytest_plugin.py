@@ -16,7 +16,8 @@ Fixtures:
     kafka_cluster         function; the same cluster; nodes a test stopped are restarted after it
     kafka_secure_broker   session; an ``EmbeddedKafka`` with a SASL_SSL listener (SCRAM-SHA-512 and
                           PLAIN users ``admin``, a super user, and ``alice``, who may do nothing
-                          without ACLs; a CA made at start; the ``StandardAuthorizer``)
+                          without ACLs; a CA made at start; client certificates required; the
+                          ``StandardAuthorizer``)
     kafka_secure_client   session; ``ClientSettings`` of ``admin`` on it: bootstrap servers, CA
                           file, user, password, and ``.config()`` for a client
     kafka_secure_admin    session; an AdminClient on its PLAINTEXT listener (a super user there),
@@ -171,9 +172,10 @@ def kafka_cluster_session() -> Iterator[EmbeddedKafkaCluster]:
 
 @pytest.fixture(scope="session")
 def kafka_secure_broker() -> Iterator[EmbeddedKafka]:
-    """A broker that clients reach as in production: TLS with a CA made at start, SASL users
-    (SCRAM-SHA-512 and PLAIN), the ``StandardAuthorizer``. ``client_settings(user)`` says how
-    to connect; ``internal_bootstrap_servers`` is the harness's own way in."""
+    """A broker that clients reach as in production: TLS with a CA made at start and client
+    certificates, SASL users (SCRAM-SHA-512 and PLAIN), the ``StandardAuthorizer``.
+    ``client_settings(user)`` says how to connect; ``internal_bootstrap_servers`` is the
+    harness's own way in."""
     from weir.testing.broker import EmbeddedKafka
     from weir.testing.security import BrokerSecurity
 
@@ -182,6 +184,7 @@ def kafka_secure_broker() -> Iterator[EmbeddedKafka]:
             users=(SECURE_SUPER_USER, SECURE_USER),
             super_users=(SECURE_SUPER_USER,),
             authorizer=True,
+            mtls=True,
         )
     )
     try:
