@@ -8,16 +8,20 @@ group.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import stat
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from weir import AuthenticationError, GroupConsumer, Record, TlsError
 from weir.cli import main
@@ -292,3 +296,40 @@ def test_no_password_in_any_log_line_error_or_repr(
     everything = "\n".join([*lines, *shown, captured.out, captured.err])
     for secret in (kafka_secure_client.password, alice.password, wrong):
         assert secret not in everything
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if line)
+
+
+def test_weir_broker_start_secure_keeps_its_users_and_ca_across_a_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state, workdir = tmp_path / "broker.json", tmp_path / "work"
+    start = ["broker", "start", "--secure", "--user", "alice", "--state", str(state)]
+
+    def started() -> tuple[str, dict[str, str]]:
+        assert main([*start, "--dir", str(workdir)]) == 0
+        out, err = capsys.readouterr()
+        [bootstrap] = out.split()
+        path = Path(json.loads(state.read_text())["client_settings"]["alice"])
+        assert f"client settings of alice (password inside): {path}" in err
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        conf = read_properties(path)
+        assert conf["bootstrap.servers"] == bootstrap
+        assert conf["sasl.password"] not in out + err
+        # Over SASL_SSL with those settings alone (no client certificate: no --mtls).
+        admin = AdminClient(dict(conf))
+        assert admin.list_topics(timeout=30).brokers
+        return bootstrap, conf
+
+    try:
+        first, conf = started()
+        ca = Path(conf["ssl.ca.location"]).read_bytes()
+        assert main(["broker", "stop", "--state", str(state)]) == 0
+        assert capsys.readouterr().out == f"stopped {first}\n"
+        second, again = started()
+        assert again == conf and Path(conf["ssl.ca.location"]).read_bytes() == ca
+        assert second == first
+    finally:
+        main(["broker", "stop", "--state", str(state)])

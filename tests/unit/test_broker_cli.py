@@ -104,3 +104,20 @@ def test_stop_never_signals_a_pid_that_is_not_kafka(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--user", "alice"], "weir: --user, --super-user, --acls and --mtls need --secure\n"),
+        (["--mtls"], "weir: --user, --super-user, --acls and --mtls need --secure\n"),
+        (["--secure", "--user", "a b"], "weir: user name 'a b': use letters, digits and "),
+    ],
+)
+def test_security_options_are_checked_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    state = tmp_path / "broker.json"
+    assert main(["broker", "start", "--state", str(state), *argv]) == 1
+    assert capsys.readouterr().err.startswith(said)
+    assert not state.exists()

@@ -37,6 +37,7 @@ __all__ = [
     "TlsFiles",
     "client_settings_of",
     "prepare_security",
+    "write_client_properties",
 ]
 
 LISTENER = "SASL_SSL"
@@ -320,6 +321,12 @@ class SecureListener:
                 f'salt="{_b64(salt)}",saltedpassword="{_b64(salted)}"]',
             ]
         return arguments
+
+
+def write_client_properties(settings: ClientSettings, path: Path) -> None:
+    """``settings`` as a librdkafka/Java client properties file only its owner can read."""
+    lines = [f"{key}={value}\n" for key, value in settings.config().items()]
+    _write_private(path, "".join(lines))
 
 
 def _b64(data: bytes) -> str:
