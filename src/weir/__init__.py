@@ -6,6 +6,7 @@ from weir.consumer import GroupConsumer
 from weir.deadletter import DeadLetterError
 from weir.errors import (
     AuthenticationError,
+    AuthorizationError,
     BrokerRefusedError,
     BrokerUnreachableError,
     CallbackError,
@@ -27,6 +28,7 @@ from weir.transactions import TransactionError
 
 __all__ = [
     "AuthenticationError",
+    "AuthorizationError",
     "BatchProgress",
     "BrokerRefusedError",
     "BrokerUnreachableError",

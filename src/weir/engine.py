@@ -61,7 +61,14 @@ from weir.logs import (
 from weir.metrics import Metrics
 from weir.ownership import Ownership, PartitionState
 from weir.records import Handler, Partition, Record, is_async_handler, offset_of, size_of
-from weir.refusals import ALL_BROKERS_DOWN_CODE, refusal_error, refusal_of, startup_refusal
+from weir.refusals import (
+    ALL_BROKERS_DOWN_CODE,
+    denied_topics,
+    refusal_error,
+    refusal_of,
+    startup_refusal,
+    topics_denied_error,
+)
 from weir.replay import ReplayMaps
 from weir.scheduling import Scheduler, lane_of
 from weir.stats import ConsumerStats, PartitionStats
@@ -293,6 +300,7 @@ class Engine:
         connection) instead of the metadata request's "Broker transport failure". A broker
         that refused the client's credentials or its TLS ends the wait as soon as no broker is
         left to try, with `AuthenticationError` or `TlsError`: waiting longer changes nothing.
+        A named topic the broker's ACLs hide from the client is an `AuthorizationError`.
         """
         timeout = self.cfg.startup_timeout_s
         deadline = time.monotonic() + timeout
@@ -302,9 +310,16 @@ class Engine:
                 began = time.monotonic()
                 wait = max(min(_STARTUP_SLICE, deadline - began), 0.001)
                 try:
-                    return self.client.list_topics(timeout=wait)
+                    meta = self.client.list_topics(timeout=wait)
                 except KafkaException as exc:
                     failed = exc
+                else:
+                    cfg = self.cfg
+                    left = max(deadline - time.monotonic(), _STARTUP_SLICE)
+                    denied = denied_topics(self.client, cfg.topics, meta, left)
+                    if denied:
+                        raise topics_denied_error(denied, cfg.group_id)
+                    return meta
                 # Nothing is subscribed yet: this only serves error_cb and the log lines.
                 self.client.consume(1, 0)
                 if self.life.failure is not None:

@@ -7,6 +7,7 @@ from weir.records import Partition, Record
 
 __all__ = [
     "AuthenticationError",
+    "AuthorizationError",
     "BrokerRefusedError",
     "BrokerUnreachableError",
     "CallbackError",
@@ -47,6 +48,11 @@ class BrokerRefusedError(BrokerUnreachableError):
 class AuthenticationError(BrokerRefusedError):
     """The broker refused the client's SASL credentials (a wrong password, an unknown user, a
     mechanism the user has no credentials for)."""
+
+
+class AuthorizationError(BrokerRefusedError):
+    """The broker's ACLs do not allow the client's principal what the member needs (to
+    describe and read its topics)."""
 
 
 class TlsError(BrokerRefusedError):

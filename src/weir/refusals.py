@@ -16,14 +16,24 @@ import os
 import re
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from weir.errors import AuthenticationError, BrokerRefusedError, TlsError
+from confluent_kafka import KafkaError, KafkaException
+
+from weir.errors import AuthenticationError, AuthorizationError, BrokerRefusedError, TlsError
 from weir.logs import client_error_cause
 
-__all__ = ["Refusal", "explain", "refusal_error", "refusal_of", "startup_refusal"]
+__all__ = [
+    "Refusal",
+    "denied_topics",
+    "explain",
+    "refusal_error",
+    "refusal_of",
+    "startup_refusal",
+    "topics_denied_error",
+]
 
 AUTHENTICATION_CODE = "_AUTHENTICATION"
 TLS_CODE = "_SSL"
@@ -171,3 +181,34 @@ def _context(conf: Mapping[str, Any]) -> ssl.SSLContext:
     algorithm = str(conf.get("ssl.endpoint.identification.algorithm", "https")).lower()
     context.check_hostname = algorithm == "https"
     return context
+
+
+def denied_topics(client: Any, topics: Sequence[str], meta: Any, timeout: float) -> list[str]:
+    """The topics named in ``topics`` (not patterns) that the broker's ACLs do not let the
+    client describe. A request for every topic's metadata (``meta``) leaves them out without a
+    word; asking for one that is missing says TOPIC_AUTHORIZATION_FAILED. (Kafka says that
+    also for a topic that does not exist, to a client that may not describe it.)"""
+    known = getattr(meta, "topics", None) or {}
+    denied = []
+    for topic in topics:
+        if topic.startswith("^"):
+            continue
+        found = known.get(topic)
+        if found is None:
+            try:
+                found = client.list_topics(topic, timeout=timeout).topics.get(topic)
+            except KafkaException:
+                continue  # no answer: the subscription reports what it finds
+        error = getattr(found, "error", None)
+        if error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            denied.append(topic)
+    return denied
+
+
+def topics_denied_error(topics: Sequence[str], group_id: str) -> AuthorizationError:
+    names = ", ".join(repr(t) for t in topics)
+    return AuthorizationError(
+        f"authorization failed: the broker's ACLs do not allow this client to describe topic "
+        f"{names} (TOPIC_AUTHORIZATION_FAILED; also said of a topic that does not exist): a "
+        f"member needs DESCRIBE and READ on its topics and READ on its group {group_id!r}"
+    )

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from weir import AuthenticationError, GroupConsumer, Record, TlsError
+from weir import AuthenticationError, AuthorizationError, GroupConsumer, Record, TlsError
 from weir.cli import main
 from weir.testing.broker import EmbeddedKafka
 from weir.testing.pytest_plugin import (
@@ -202,6 +202,21 @@ def test_a_client_without_a_certificate_is_refused_by_name(alice: ClientSettings
         f"TLS failed: the broker at {alice.bootstrap_servers!r} refused the client's "
         "certificate (ssl/tls alert bad certificate): it requires one signed by a CA it trusts; "
         "set ssl.certificate.location and ssl.key.location"
+    )
+
+
+def test_a_topic_the_acls_hide_is_an_authorization_error(alice: ClientSettings, topic: str) -> None:
+    """Regression: with no ACL on its topic the member started, was never assigned anything
+    and only warned (consume_error TOPIC_AUTHORIZATION_FAILED / GROUP_AUTHORIZATION_FAILED)."""
+    gc = member(alice, lambda record: None, group_id="g-denied", topics=[topic])
+    began = time.monotonic()
+    with pytest.raises(AuthorizationError) as raised:
+        gc.run()
+    assert time.monotonic() - began < NAMED_WITHIN_S
+    assert str(raised.value) == (
+        "authorization failed: the broker's ACLs do not allow this client to describe topic "
+        f"{topic!r} (TOPIC_AUTHORIZATION_FAILED; also said of a topic that does not exist): a "
+        "member needs DESCRIBE and READ on its topics and READ on its group 'g-denied'"
     )
 
 
