@@ -171,9 +171,11 @@ class _Deadline:
         self.timeout = timeout
         self.end = time.monotonic() + timeout
         self._admin = admin
-        # The admin client's own record when it keeps one (an empty dict is falsy: not `or`).
+        # The admin client's own record when it keeps one (an empty dict is falsy: not `or`),
+        # emptied: an earlier call's refusal must not outlive the broker's change of mind.
         recorded = getattr(admin, "weir_errors", None)
         self.errors: dict[str, tuple[str, str]] = {} if recorded is None else recorded
+        self.errors.clear()
 
     def remaining(self) -> float:
         left = self.end - time.monotonic()
