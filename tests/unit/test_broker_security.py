@@ -67,6 +67,9 @@ def test_prepared_security_is_made_once_and_kept_private(tmp_path: Path) -> None
     changed = BrokerSecurity(users={"alice": "another-password", "bob": None})
     with pytest.raises(BrokerStartError, match=r"users \['alice'\] are new or changed"):
         prepare_security(changed, tmp_path, formatted=True)
+    # A broker first formatted without security has no SCRAM users to log in with.
+    with pytest.raises(BrokerStartError, match="was formatted without security"):
+        prepare_security(security, tmp_path / "plain", formatted=True)
     # Storage not formatted yet: new users are fine.
     assert prepare_security(changed, tmp_path, formatted=False).user("alice").password != SECRET
 

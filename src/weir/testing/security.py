@@ -346,7 +346,12 @@ def prepare_security(
     users_path = directory / _USERS_FILE
     stored = _read_users(users_path)
     users = security.resolve_users(stored)
-    if formatted and stored:
+    if formatted and not stored:
+        raise BrokerStartError(
+            f"the broker in {workdir} was formatted without security, and SCRAM users are made "
+            "when the storage is formatted: start it secured in a new directory"
+        )
+    if formatted:
         changed = [u.name for u in users if stored.get(u.name) != u.password]
         if changed:
             raise BrokerStartError(
