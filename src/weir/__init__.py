@@ -5,6 +5,9 @@ from weir.config import ConsumerConfig, ConsumerSettings, FlowConfig
 from weir.consumer import GroupConsumer
 from weir.deadletter import DeadLetterError
 from weir.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    BrokerRefusedError,
     BrokerUnreachableError,
     CallbackError,
     DeserializationError,
@@ -12,6 +15,7 @@ from weir.errors import (
     HandlerError,
     KafkaFatalError,
     OffsetResetError,
+    TlsError,
     WeirError,
 )
 from weir.health import Health
@@ -23,7 +27,10 @@ from weir.tracking import BatchProgress, PartitionProgress
 from weir.transactions import TransactionError
 
 __all__ = [
+    "AuthenticationError",
+    "AuthorizationError",
     "BatchProgress",
+    "BrokerRefusedError",
     "BrokerUnreachableError",
     "CallbackError",
     "CommitEvent",
@@ -50,6 +57,7 @@ __all__ = [
     "Record",
     "RetryPolicy",
     "State",
+    "TlsError",
     "TransactionError",
     "WeirError",
 ]

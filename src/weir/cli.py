@@ -67,6 +67,36 @@ def _register_broker(commands: SubParsers) -> None:
     start.add_argument(
         "--timeout", type=_positive_seconds, default=90.0, help="start-up timeout in seconds"
     )
+    secure = start.add_argument_group(
+        "security",
+        "a SASL_SSL listener for clients, as production runs Kafka: TLS with a CA made at "
+        "start, SASL/SCRAM-SHA-512 and PLAIN users. The bootstrap servers printed are that "
+        "listener's; each user's client settings (password included) are written to a file "
+        "only you can read, whose path is printed. No password is ever printed.",
+    )
+    secure.add_argument("--secure", action="store_true", help="turn the secured listener on")
+    secure.add_argument(
+        "--user",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a SASL user with a generated password, repeatable (default: weir)",
+    )
+    secure.add_argument(
+        "--acls",
+        action="store_true",
+        help="KRaft's StandardAuthorizer: only super users may act until ACLs allow others",
+    )
+    secure.add_argument(
+        "--super-user",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a user allowed everything (implies --acls), repeatable",
+    )
+    secure.add_argument(
+        "--mtls", action="store_true", help="clients must also present a certificate"
+    )
     start.set_defaults(handler=_broker_start)
 
     stop = actions.add_parser("stop", help="stop the broker started by `weir broker start`")
@@ -158,9 +188,45 @@ def _write_state(path: Path, state: dict[str, Any]) -> None:
         aside.unlink(missing_ok=True)
 
 
+def _broker_security(args: argparse.Namespace) -> Any:
+    """The `BrokerSecurity` the security options ask for, or None."""
+    users = list(dict.fromkeys([*args.user, *args.super_user]))
+    if not (args.secure or users or args.acls or args.mtls):
+        return None
+    if not args.secure:
+        raise _UsageError("--user, --super-user, --acls and --mtls need --secure")
+    from weir.testing.security import BrokerSecurity
+
+    try:
+        return BrokerSecurity(
+            users=users or ["weir"],
+            super_users=args.super_user,
+            authorizer=args.acls or bool(args.super_user),
+            mtls=args.mtls,
+        )
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+
+
+def _write_client_settings(kafka: EmbeddedKafka) -> dict[str, str]:
+    """Each user's librdkafka settings as a properties file only its owner can read, by user."""
+    from weir.testing.security import write_client_properties
+
+    prepared = kafka.security
+    if prepared is None:
+        return {}
+    paths = {}
+    for user in prepared.users:
+        path = prepared.tls.directory / f"client-{user.name}.properties"
+        write_client_properties(kafka.client_settings(user.name), path)
+        paths[user.name] = str(path)
+    return paths
+
+
 def _broker_start(args: argparse.Namespace) -> int:
     from weir.testing.broker import EmbeddedKafka
 
+    security = _broker_security(args)
     state_path = _state_path(args)
     state = _read_state(state_path)
     if state is not None:
@@ -184,9 +250,11 @@ def _broker_start(args: argparse.Namespace) -> int:
         port=args.port,
         start_timeout=args.timeout,
         die_with_parent=args.foreground,
+        security=security,
     )
     try:
         kafka.start()
+        client_settings = _write_client_settings(kafka)
     except BaseException:
         if restore is not None:
             restore()
@@ -201,6 +269,7 @@ def _broker_start(args: argparse.Namespace) -> int:
                 "log_path": str(kafka.log_path),
                 "remove_workdir": args.dir is None,
                 "started_at": time.time(),
+                "client_settings": client_settings,
             },
         )
     except BaseException as exc:
@@ -217,12 +286,10 @@ def _broker_start(args: argparse.Namespace) -> int:
         raise
     if not args.foreground:
         kafka.detach()  # its JVM holds the work directory's lock from now on
-        print(kafka.bootstrap_servers)
-        print(f"log: {kafka.log_path}", file=sys.stderr)
+        _print_started(kafka, client_settings)
         return 0
     try:
-        print(kafka.bootstrap_servers, flush=True)
-        print(f"log: {kafka.log_path}", file=sys.stderr)
+        _print_started(kafka, client_settings)
         return _run_in_foreground(kafka, stop)
     finally:
         kafka.stop()
@@ -240,6 +307,16 @@ def _check_same_dir(state: dict[str, Any], wanted: Path | None, state_path: Path
             f"the broker of {state_path} runs on {running}, not {wanted}: stop it first "
             f"(weir broker stop --state {state_path}), or start with another --state"
         )
+
+
+def _print_started(kafka: EmbeddedKafka, client_settings: dict[str, str]) -> None:
+    """The bootstrap servers on stdout (scripts read them); where to look next on stderr."""
+    print(kafka.bootstrap_servers, flush=True)
+    print(f"log: {kafka.log_path}", file=sys.stderr)
+    if kafka.security is not None:
+        print(f"CA certificate: {kafka.security.tls.ca_file}", file=sys.stderr)
+    for user, path in client_settings.items():
+        print(f"client settings of {user} (password inside): {path}", file=sys.stderr)
 
 
 def _stop_on_signals(stop: threading.Event) -> Callable[[], None]:
@@ -528,8 +605,10 @@ def _refusal(exc: Exception, settings: dict[str, str]) -> str:
 
 
 def _lag_error_message(exc: Exception, args: argparse.Namespace) -> str:
-    from weir.lag import BrokerUnreachableError
+    from weir.lag import BrokerRefusedError, BrokerUnreachableError
 
+    if isinstance(exc, BrokerRefusedError):
+        return str(exc)  # names the broker, what it refused and the -X settings to check
     if isinstance(exc, BrokerUnreachableError):
         return (
             f"no Kafka broker answered at {args.bootstrap_servers} within {exc.timeout:g} s "

@@ -56,6 +56,14 @@ from weir.logs import (
 from weir.metrics import Metrics
 from weir.ownership import Ownership, PartitionState
 from weir.records import Handler, Partition, Record, is_async_handler, offset_of, size_of
+from weir.refusals import (
+    ALL_BROKERS_DOWN_CODE,
+    denied_topics,
+    refusal_error,
+    refusal_of,
+    startup_refusal,
+    topics_denied_error,
+)
 from weir.replay import ReplayMaps
 from weir.scheduling import Scheduler, lane_of
 from weir.starts import Starts
@@ -183,7 +191,7 @@ class Engine:
         self.failed = 0
         self._client: ConsumerClient | None = None
         # What the client's errors said while start() waited for a broker (None after).
-        self._startup_causes: dict[str, None] | None = None
+        self._startup_causes: dict[str, tuple[str, str]] | None = None
         self.metrics = Metrics()
         # How often the high watermarks are read by a client of their own (None: not at all).
         self._refresh_s = cfg.watermark_refresh_s if refresh_watermarks else None
@@ -274,7 +282,10 @@ class Engine:
         The wait is cut into short requests with the client's queue served in between, so its
         errors and log lines are handled when they happen rather than all at once at close,
         and the error names what they said (a name that does not resolve, a refused
-        connection) instead of the metadata request's "Broker transport failure".
+        connection) instead of the metadata request's "Broker transport failure". A broker
+        that refused the client's credentials or its TLS ends the wait as soon as no broker is
+        left to try, with `AuthenticationError` or `TlsError`: waiting longer changes nothing.
+        A named topic the broker's ACLs hide from the client is an `AuthorizationError`.
         """
         timeout = self.cfg.startup_timeout_s
         deadline = time.monotonic() + timeout
@@ -284,20 +295,34 @@ class Engine:
                 began = time.monotonic()
                 wait = max(min(_STARTUP_SLICE, deadline - began), 0.001)
                 try:
-                    return self.client.list_topics(timeout=wait)
+                    meta = self.client.list_topics(timeout=wait)
                 except KafkaException as exc:
                     failed = exc
+                else:
+                    cfg = self.cfg
+                    left = max(deadline - time.monotonic(), _STARTUP_SLICE)
+                    denied = denied_topics(self.client, cfg.topics, meta, left)
+                    if denied:
+                        raise topics_denied_error(denied, cfg.group_id)
+                    return meta
                 # Nothing is subscribed yet: this only serves error_cb and the log lines.
                 self.client.consume(1, 0)
                 if self.life.failure is not None:
                     raise self.life.failure  # a fatal client error (_on_error)
+                refusal = startup_refusal(self._startup_causes)
                 now = time.monotonic()
                 # A request that failed before its time was refused, not left unanswered.
-                if now >= deadline or now - began < wait / 2:
+                if refusal is not None or now >= deadline or now - began < wait / 2:
                     break
-            causes = list(self._startup_causes)[:_CAUSES]
+            causes = [
+                cause
+                for cause, (code, _) in self._startup_causes.items()
+                if code != ALL_BROKERS_DOWN_CODE
+            ][:_CAUSES]
         finally:
             self._startup_causes = None
+        if refusal is not None:
+            raise refusal_error(refusal, self.cfg.librdkafka_config()) from None
         # One error, not a chain: the metadata request's own ("Broker transport failure") is
         # only the fallback, for when the client said nothing more.
         error = failed.args[0] if failed.args else failed
@@ -1087,8 +1112,9 @@ class Engine:
 
     def _on_error(self, err: KafkaError) -> None:
         code, text = err.code(), err.str()
-        if self._startup_causes is not None and code != KafkaError._ALL_BROKERS_DOWN:
-            self._startup_causes[client_error_cause(text)] = None
+        if self._startup_causes is not None:
+            self._startup_causes.setdefault(client_error_cause(text), (err.name(), text))
+        refused = refusal_of(err.name(), text)
         if err.fatal():
             log.error("kafka_fatal_error", code=err.name(), error=text)
             self.life.fail(KafkaFatalError(str(err)))
@@ -1096,6 +1122,18 @@ class Engine:
             self.life.brokers_down(time.monotonic())
             if self._first("all_brokers_down", err):
                 log.error("all_brokers_down", code=err.name(), error=text)
+        elif refused is not None:
+            # Retried by the client, but into success only once its settings or the broker's
+            # change: an error, not a warning.
+            authentication = refused.kind == "authentication"
+            if self._first(
+                "kafka_authentication_failed" if authentication else "kafka_tls_failed", err
+            ):
+                log.error(
+                    "kafka_authentication_failed" if authentication else "kafka_tls_failed",
+                    code=err.name(),
+                    error=text,
+                )
         elif self._first("kafka_error", err):
             log.warning("kafka_error", code=err.name(), error=text)
 

@@ -6,6 +6,9 @@ from weir.policy import NonRetryable
 from weir.records import Partition, Record
 
 __all__ = [
+    "AuthenticationError",
+    "AuthorizationError",
+    "BrokerRefusedError",
     "BrokerUnreachableError",
     "CallbackError",
     "DeserializationError",
@@ -13,6 +16,7 @@ __all__ = [
     "HandlerError",
     "KafkaFatalError",
     "OffsetResetError",
+    "TlsError",
     "TransactionError",
     "WeirError",
 ]
@@ -34,6 +38,28 @@ class HandlerError(WeirError):
 
 class BrokerUnreachableError(WeirError):
     """No broker answered within the start-up timeout."""
+
+
+class BrokerRefusedError(BrokerUnreachableError):
+    """A broker answered and refused the client: no request can be made until the client's
+    security settings change. A `BrokerUnreachableError`, so code that handles a broker it
+    cannot use at start handles this too; the message says what was refused."""
+
+
+class AuthenticationError(BrokerRefusedError):
+    """The broker refused the client's SASL credentials (a wrong password, an unknown user, a
+    mechanism the user has no credentials for)."""
+
+
+class AuthorizationError(BrokerRefusedError):
+    """The broker's ACLs do not allow the client's principal what the member needs (to
+    describe and read its topics)."""
+
+
+class TlsError(BrokerRefusedError):
+    """The TLS connection to the broker failed: its certificate is not signed by a CA the
+    client trusts, does not name the host the client connected to, or the handshake failed
+    otherwise. Verification is never turned off to get past it."""
 
 
 class KafkaFatalError(WeirError):

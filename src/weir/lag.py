@@ -10,7 +10,10 @@ NOT_COORDINATOR, as a group's coordinator may on first use after a broker start 
 issue 5040: its OffsetFetch handler asks the client's consumer-group object, which an admin client
 has not, to look the coordinator up again). The consumer's own fetch retries that.
 Every call takes one deadline for all its requests: a broker that does not answer costs the
-caller ``timeout`` seconds, not one timeout per request.
+caller ``timeout`` seconds, not one timeout per request. A broker that refuses the client's
+credentials or TLS (`weir.refusals`) ends the call as soon as no broker is left to try, with
+``AuthenticationError`` or ``TlsError``, when the admin client was made by ``admin_client``:
+the client reports those only to its error callback, while its requests just time out.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from confluent_kafka import KafkaError
     from confluent_kafka.admin import AdminClient
 
 TopicPartitionKey = tuple[str, int]
@@ -29,15 +33,39 @@ TopicPartitionKey = tuple[str, int]
 
 def admin_client(config: Mapping[str, Any]) -> AdminClient:
     """An AdminClient for the functions here that keeps ``config``, so that committed offsets
-    of known partitions are read with a consumer (see the module's doc)."""
+    of known partitions are read with a consumer (see the module's doc), and records the
+    errors its client reports, so that a refusal is named (an ``error_cb`` in ``config`` is
+    still called)."""
     from confluent_kafka.admin import AdminClient
 
     class _ConfiguredAdmin(AdminClient):
         def __init__(self, config: Mapping[str, Any]) -> None:
-            super().__init__(dict(config))
             self.weir_client_config = dict(config)
+            self.weir_errors: dict[str, tuple[str, str]] = {}
+            super().__init__(_recording_errors(config, self.weir_errors))
 
     return _ConfiguredAdmin(config)
+
+
+def _recording_errors(
+    config: Mapping[str, Any], errors: dict[str, tuple[str, str]]
+) -> dict[str, Any]:
+    """`config` with an error callback that keeps each distinct error (code name and text, by
+    cause) in `errors`, then calls the one `config` had. An `error_cb` that is no function is
+    left for the client to refuse, as it refuses any bad setting."""
+    from weir.logs import client_error_cause
+
+    then = config.get("error_cb")
+    if then is not None and not callable(then):
+        return dict(config)
+
+    def on_error(err: KafkaError) -> None:
+        text = err.str()
+        errors.setdefault(client_error_cause(text), (err.name(), text))
+        if then is not None:
+            then(err)
+
+    return {**config, "error_cb": on_error}
 
 
 # librdkafka's "nobody answered" codes: a timeout, a refused or dropped connection, no broker up,
@@ -56,6 +84,18 @@ class BrokerUnreachableError(LagError):
         self.timeout = timeout
         self.reason = reason or "no answer"
         super().__init__(f"no broker answered within {timeout:g} s ({self.reason})")
+
+
+class BrokerRefusedError(LagError):
+    """A broker answered and refused the client; the message says what and what to check."""
+
+
+class AuthenticationError(BrokerRefusedError):
+    """The broker refused the client's SASL credentials."""
+
+
+class TlsError(BrokerRefusedError):
+    """The broker's certificate failed verification, or the TLS handshake failed."""
 
 
 class GroupNotFoundError(LagError):
@@ -124,16 +164,45 @@ class GroupLag:
 # --- reading -------------------------------------------------------------------------------------
 
 
+# How often a wait for an answer serves the client's error callback to look for a refusal.
+_REFUSAL_CHECK_S = 0.2
+
+
 class _Deadline:
-    def __init__(self, timeout: float) -> None:
+    """One call's deadline, and the client whose refusals end it early."""
+
+    def __init__(self, timeout: float, admin: AdminClient | None = None) -> None:
         self.timeout = timeout
-        self._end = time.monotonic() + timeout
+        self.end = time.monotonic() + timeout
+        self._admin = admin
+        # The admin client's own record when it keeps one (an empty dict is falsy: not `or`),
+        # emptied: an earlier call's refusal must not outlive the broker's change of mind.
+        recorded = getattr(admin, "weir_errors", None)
+        self.errors: dict[str, tuple[str, str]] = {} if recorded is None else recorded
+        self.errors.clear()
 
     def remaining(self) -> float:
-        left = self._end - time.monotonic()
+        left = self.end - time.monotonic()
         if left <= 0:
-            raise BrokerUnreachableError(self.timeout)
+            raise self.unreachable()
         return left
+
+    def unreachable(self, reason: str = "") -> LagError:
+        """What "no answer in time" means: a refusal the client reported, else unreachable."""
+        refused = self.refused()
+        return refused if refused is not None else BrokerUnreachableError(self.timeout, reason)
+
+    def refused(self) -> BrokerRefusedError | None:
+        from weir.refusals import explain, startup_refusal
+
+        if self._admin is not None:
+            self._admin.poll(0)  # serves the error callback
+        refusal = startup_refusal(self.errors)
+        if refusal is None:
+            return None
+        config = getattr(self._admin, "weir_client_config", {})
+        error = AuthenticationError if refusal.kind == "authentication" else TlsError
+        return error(explain(refusal, config))
 
 
 def group_lag(
@@ -149,7 +218,7 @@ def group_lag(
     Raises ``GroupNotFoundError`` for a group Kafka does not know, ``TopicNotFoundError`` for a
     missing topic in ``topics``, ``BrokerUnreachableError`` when nothing answers in ``timeout``.
     """
-    deadline = _Deadline(timeout)
+    deadline = _Deadline(timeout, admin)
     lags = _groups_lag(admin, [group_id], topics, deadline)
     lag = lags[group_id]
     if (
@@ -165,7 +234,7 @@ def group_lag(
 
 def all_groups_lag(admin: AdminClient, *, timeout: float = 10.0) -> list[GroupLag]:
     """Every group the cluster knows, with its lag, sorted by group id."""
-    deadline = _Deadline(timeout)
+    deadline = _Deadline(timeout, admin)
     listing = _result(admin.list_consumer_groups(request_timeout=deadline.remaining()), deadline)
     errors = list(listing.errors or ())
     if errors and not listing.valid:
@@ -186,14 +255,14 @@ def committed_offsets(
 ) -> dict[TopicPartitionKey, int | None]:
     """The group's committed offsets (None: nothing committed), for ``partitions`` or for every
     partition the group committed to."""
-    return _committed(admin, [group_id], partitions, _Deadline(timeout))[group_id]
+    return _committed(admin, [group_id], partitions, _Deadline(timeout, admin))[group_id]
 
 
 def log_end_offsets(
     admin: AdminClient, partitions: Iterable[TopicPartitionKey], *, timeout: float = 10.0
 ) -> dict[TopicPartitionKey, int]:
     """Each partition's log end offset (the high watermark)."""
-    ends = _log_offsets(admin, list(partitions), _offset_spec("latest"), _Deadline(timeout))
+    ends = _log_offsets(admin, list(partitions), _offset_spec("latest"), _Deadline(timeout, admin))
     return {key: value for key, value in ends.items() if value is not None}
 
 
@@ -201,7 +270,7 @@ def topic_partitions(
     admin: AdminClient, topic: str, *, timeout: float = 10.0
 ) -> list[TopicPartitionKey]:
     """Every partition of ``topic``; ``TopicNotFoundError`` if it does not exist."""
-    return _partitions(admin, [topic], _Deadline(timeout))[topic]
+    return _partitions(admin, [topic], _Deadline(timeout, admin))[topic]
 
 
 def _groups_lag(
@@ -320,18 +389,22 @@ def _committed_by_consumer(
         # A setting the admin client took can still be refused for a consumer (e.g.
         # session.timeout.ms with group.protocol=consumer).
         consumer = Consumer(
-            {
-                **config,
-                "group.id": group_id,
-                "enable.auto.commit": False,
-                "isolation.level": "read_uncommitted",
-            }
+            _recording_errors(
+                {
+                    **config,
+                    "group.id": group_id,
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_uncommitted",
+                },
+                deadline.errors,
+            )
         )
     except Exception as exc:
         raise LagError(f"a consumer refuses the client's configuration: {error_text(exc)}") from exc
     try:
         found = consumer.committed(asked, timeout=deadline.remaining())
     except Exception as exc:
+        consumer.poll(0)  # serves the error callback: a refusal is named
         raise _as_lag_error(exc, deadline) from exc
     finally:
         consumer.close()
@@ -398,13 +471,20 @@ def _offset_spec(which: str) -> Any:
 
 
 def _result(future: concurrent.futures.Future[Any], deadline: _Deadline) -> Any:
-    try:
-        # The request carries the timeout; the extra second lets its own error arrive first.
-        return future.result(timeout=deadline.remaining() + 1.0)
-    except concurrent.futures.TimeoutError as exc:
-        raise BrokerUnreachableError(deadline.timeout) from exc
-    except Exception as exc:
-        raise _as_lag_error(exc, deadline) from exc
+    # The request carries the timeout; the extra second lets its own error arrive first.
+    end = deadline.end + 1.0
+    while True:
+        left = end - time.monotonic()
+        try:
+            return future.result(timeout=max(0.0, min(_REFUSAL_CHECK_S, left)))
+        except concurrent.futures.TimeoutError as exc:
+            refused = deadline.refused()
+            if refused is not None:
+                raise refused from exc
+            if left <= _REFUSAL_CHECK_S:
+                raise BrokerUnreachableError(deadline.timeout) from exc
+        except Exception as exc:
+            raise _as_lag_error(exc, deadline) from exc
 
 
 def _as_lag_error(exc: Any, deadline: _Deadline) -> LagError:
@@ -413,7 +493,7 @@ def _as_lag_error(exc: Any, deadline: _Deadline) -> LagError:
     code = _code(exc)
     text = error_text(exc)
     if code in _UNREACHABLE:
-        return BrokerUnreachableError(deadline.timeout, text)
+        return deadline.unreachable(text)
     return LagError(f"{code or type(exc).__name__}: {text}")
 
 

@@ -265,3 +265,20 @@ def test_start_with_the_state_of_a_broker_on_another_dir_is_refused(
     for same in (["--dir", str(workdir)], []):
         assert main(["broker", "start", "--state", str(state), *same]) == 0
         assert "already running: 127.0.0.1:1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--user", "alice"], "weir: --user, --super-user, --acls and --mtls need --secure\n"),
+        (["--mtls"], "weir: --user, --super-user, --acls and --mtls need --secure\n"),
+        (["--secure", "--user", "a b"], "weir: user name 'a b': use letters, digits and "),
+    ],
+)
+def test_security_options_are_checked_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    state = tmp_path / "broker.json"
+    assert main(["broker", "start", "--state", str(state), *argv]) == 1
+    assert capsys.readouterr().err.startswith(said)
+    assert not state.exists()

@@ -38,6 +38,16 @@ from weir.testing.errors import (
     WorkdirInUseError,
 )
 from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars, require_java
+from weir.testing.security import (
+    LISTENER,
+    SCRAM,
+    BrokerSecurity,
+    ClientSettings,
+    PreparedSecurity,
+    SecureListener,
+    client_settings_of,
+    prepare_security,
+)
 
 log = get_logger(__name__)
 
@@ -347,8 +357,10 @@ class KafkaNode:
         jvm_args: Sequence[str] = (),
         die_with_parent: bool = True,
         lock: WorkdirLock | None = None,
+        secure: SecureListener | None = None,
     ) -> None:
         self.node_id = node_id
+        self.secure = secure
         self.workdir = workdir
         self.port = port
         self.controller_port = controller_port
@@ -371,7 +383,7 @@ class KafkaNode:
         self._log_offset = 0
 
     def _own_properties(self) -> dict[str, str]:
-        return {
+        own = {
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
             "listeners": (
@@ -383,10 +395,17 @@ class KafkaNode:
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.data_dir),
         }
+        return {**own, **secure_listener_properties(self.secure, own)}
 
     @property
     def bootstrap_servers(self) -> str:
+        """The PLAINTEXT listener: the harness's (on a secured node a super user's)."""
         return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def secure_bootstrap_servers(self) -> str | None:
+        """The SASL_SSL listener of a secured node, else None."""
+        return None if self.secure is None else f"{LOOPBACK}:{self.secure.port}"
 
     @property
     def pid(self) -> int | None:
@@ -435,9 +454,15 @@ class KafkaNode:
         ]
         if standalone:
             command.append("--standalone")
+        shown = list(command)
+        if self.secure is not None:
+            scram = self.secure.format_arguments()
+            command += scram
+            # A salted password logs in as well as the password: never in the log.
+            shown += ["--add-scram <SCRAM-SHA-512 credentials>"] * (len(scram) // 2)
         offset = self._log_size()
         with self.log_path.open("ab") as out:
-            out.write(f"--- weir: formatting storage: {' '.join(command)}\n".encode())
+            out.write(f"--- weir: formatting storage: {' '.join(shown)}\n".encode())
             out.flush()
             try:
                 result = subprocess.run(
@@ -585,6 +610,35 @@ class KafkaNode:
         return str(self.jars / "*")
 
 
+def secure_listener_properties(
+    secure: SecureListener | None, own: Mapping[str, str]
+) -> dict[str, str]:
+    """A node's settings for its secured listener, added to its PLAINTEXT and CONTROLLER ones
+    (``own``), which stay for the broker itself and the harness."""
+    if secure is None:
+        return {}
+    listener = f"{LISTENER}://{LOOPBACK}:{secure.port}"
+    return {
+        "listeners": f"{own['listeners']},{listener}",
+        "advertised.listeners": f"{own['advertised.listeners']},{listener}",
+        "listener.security.protocol.map": (
+            f"{own['listener.security.protocol.map']},{LISTENER}:{LISTENER}"
+        ),
+        **secure.properties(),
+    }
+
+
+def remembered_secure_port(workdir: Path) -> int | None:
+    """The secured listener's port in the ``server.properties`` an earlier start wrote."""
+    listeners = _read_properties(workdir / "server.properties").get("listeners", "")
+    for listener in listeners.split(","):
+        name, sep, address = listener.strip().partition("://")
+        port = address.rpartition(":")[2]
+        if sep and name == LISTENER and port.isdigit():
+            return int(port)
+    return None
+
+
 def stop_nodes(nodes: Sequence[KafkaNode], timeout: float) -> None:
     """Stop several nodes in parallel: SIGTERM all, then wait, then SIGKILL stragglers."""
     for node in nodes:
@@ -699,8 +753,13 @@ class EmbeddedKafka:
         jvm_args: Sequence[str] = (),
         kafka_version: str = KAFKA_VERSION,
         die_with_parent: bool = True,
+        security: BrokerSecurity | None = None,
+        secure_port: int | None = None,
     ) -> None:
         self._overrides = dict(overrides or {})
+        self._security = security
+        self._secure_port = secure_port
+        self._prepared: PreparedSecurity | None = None
         self._requested_workdir = workdir
         self._keep = keep
         self._requested_ports = (port, controller_port)
@@ -767,7 +826,7 @@ class EmbeddedKafka:
         if previous is not None:
             self.cluster_id = previous.cluster_id
         for attempt in range(1, _PORT_ATTEMPTS + 1):
-            picked = iter(pick_free_ports(2))
+            picked = iter(pick_free_ports(3))
             remembered = (
                 (previous.port, previous.controller_port)
                 if previous is not None and attempt == 1
@@ -790,6 +849,7 @@ class EmbeddedKafka:
                 jvm_args=self._jvm_args,
                 die_with_parent=self._die_with_parent,
                 lock=self._lock,
+                secure=self._secure_listener(picked, remember=attempt == 1),
             )
             node.write_config()
             if previous is None:
@@ -815,6 +875,22 @@ class EmbeddedKafka:
                 continue
             return node
         raise AssertionError("unreachable: the last attempt raises")
+
+    def _secure_listener(self, picked: Iterator[int], *, remember: bool) -> SecureListener | None:
+        """The secured listener for a start attempt: users and certificates are made once (or
+        found in a kept work directory), the port is the caller's, else the last run's while it
+        is free, else ``picked``."""
+        if self._security is None:
+            return None
+        workdir = self.workdir
+        if self._prepared is None:
+            formatted = (workdir / "data" / "meta.properties").is_file()
+            self._prepared = prepare_security(self._security, workdir, formatted=formatted)
+        if self._secure_port is not None:
+            require_free_port(self._secure_port, "Secured client")
+        remembered = remembered_secure_port(workdir) if remember else None
+        port = _choose_port(self._secure_port, remembered, picked)
+        return SecureListener(self._prepared, port)
 
     def stop(self) -> None:
         unregister_at_exit(self)
@@ -863,7 +939,23 @@ class EmbeddedKafka:
 
     @property
     def bootstrap_servers(self) -> str:
+        """Where clients connect: the secured listener of a secured broker."""
+        return self.node.secure_bootstrap_servers or self.node.bootstrap_servers
+
+    @property
+    def internal_bootstrap_servers(self) -> str:
+        """The PLAINTEXT listener, also on a secured broker: the broker's own and the
+        harness's (a super user there). Never hand it to the code under test."""
         return self.node.bootstrap_servers
+
+    @property
+    def security(self) -> PreparedSecurity | None:
+        """A secured broker's users (with their passwords) and TLS files, once started."""
+        return self._prepared
+
+    def client_settings(self, user: str | None = None, mechanism: str = SCRAM) -> ClientSettings:
+        """How a client logs in to the secured listener as ``user`` (default: the first)."""
+        return client_settings_of(self._prepared, "broker", self.bootstrap_servers, user, mechanism)
 
     @property
     def port(self) -> int:

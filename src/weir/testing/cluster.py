@@ -26,6 +26,15 @@ from weir.testing.broker import (
 )
 from weir.testing.errors import BrokerStartError
 from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars, require_java
+from weir.testing.security import (
+    SCRAM,
+    BrokerSecurity,
+    ClientSettings,
+    PreparedSecurity,
+    SecureListener,
+    client_settings_of,
+    prepare_security,
+)
 
 log = get_logger(__name__)
 
@@ -82,10 +91,13 @@ class EmbeddedKafkaCluster:
         heap: str = "384m",
         jvm_args: Sequence[str] = FAST_START_JVM_ARGS,
         kafka_version: str = KAFKA_VERSION,
+        security: BrokerSecurity | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster needs at least one node")
         self.size = size
+        self._security = security
+        self._prepared: PreparedSecurity | None = None
         self._overrides = dict(overrides or {})
         self._requested_workdir = workdir
         self._keep = keep
@@ -144,8 +156,12 @@ class EmbeddedKafkaCluster:
 
     def _start_nodes(self, java: str, jars: Path, deadline: float) -> None:
         assert self._workdir is not None
+        if self._security is not None:
+            # Every node is formatted anew, with the users of this start.
+            self._prepared = prepare_security(self._security, self._workdir, formatted=False)
+        per_node = 2 if self._prepared is None else 3
         for attempt in range(1, _PORT_ATTEMPTS + 1):
-            self.nodes = self._make_nodes(java, jars, pick_free_ports(2 * self.size))
+            self.nodes = self._make_nodes(java, jars, pick_free_ports(per_node * self.size))
             for node in self.nodes:
                 # No --standalone: the static controller.quorum.voters list defines the quorum.
                 node.prepare(self.cluster_id, standalone=False)
@@ -167,7 +183,8 @@ class EmbeddedKafkaCluster:
 
     def _make_nodes(self, java: str, jars: Path, ports: list[int]) -> list[KafkaNode]:
         assert self._workdir is not None
-        client_ports, controller_ports = ports[: self.size], ports[self.size :]
+        client_ports, controller_ports = ports[: self.size], ports[self.size : 2 * self.size]
+        secure_ports = ports[2 * self.size :]
         voters = ",".join(
             f"{index + 1}@{LOOPBACK}:{port}" for index, port in enumerate(controller_ports)
         )
@@ -189,6 +206,9 @@ class EmbeddedKafkaCluster:
                     heap=self._heap,
                     jvm_args=self._jvm_args,
                     lock=self._lock,
+                    secure=None
+                    if self._prepared is None
+                    else SecureListener(self._prepared, secure_ports[index]),
                 )
             )
         return nodes
@@ -199,7 +219,9 @@ class EmbeddedKafkaCluster:
         from confluent_kafka.admin import AdminClient
 
         # Its refused connections while nodes come up go to the helpers' logger, not to stderr.
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers}, logger=KAFKA_LOG)
+        admin = AdminClient(
+            {"bootstrap.servers": self.internal_bootstrap_servers}, logger=KAFKA_LOG
+        )
         seen = 0
         try:
             while time.monotonic() < deadline:
@@ -321,8 +343,28 @@ class EmbeddedKafkaCluster:
 
     @property
     def bootstrap_servers(self) -> str:
-        """Every node's client address, so clients bootstrap even while one node is down."""
+        """Every node's client address, so clients bootstrap even while one node is down: the
+        secured listeners of a secured cluster."""
+        return ",".join(
+            node.secure_bootstrap_servers or node.bootstrap_servers for node in self.nodes
+        )
+
+    @property
+    def internal_bootstrap_servers(self) -> str:
+        """Every node's PLAINTEXT listener, also on a secured cluster: the brokers' own and the
+        harness's (a super user there). Never hand it to the code under test."""
         return ",".join(node.bootstrap_servers for node in self.nodes)
+
+    @property
+    def security(self) -> PreparedSecurity | None:
+        """A secured cluster's users (with their passwords) and TLS files, once started."""
+        return self._prepared
+
+    def client_settings(self, user: str | None = None, mechanism: str = SCRAM) -> ClientSettings:
+        """How a client logs in to the secured listeners as ``user`` (default: the first)."""
+        return client_settings_of(
+            self._prepared, "cluster", self.bootstrap_servers, user, mechanism
+        )
 
     @property
     def running(self) -> bool:

@@ -14,6 +14,14 @@ Fixtures:
     make_topic            function; ``make_topic(partitions=1, *, config=None, name_prefix=None)``
     kafka_cluster_session session; a 3-node ``EmbeddedKafkaCluster``, started on first use
     kafka_cluster         function; the same cluster; nodes a test stopped are restarted after it
+    kafka_secure_broker   session; an ``EmbeddedKafka`` with a SASL_SSL listener (SCRAM-SHA-512 and
+                          PLAIN users ``admin``, a super user, and ``alice``, who may do nothing
+                          without ACLs; a CA made at start; client certificates required; the
+                          ``StandardAuthorizer``)
+    kafka_secure_client   session; ``ClientSettings`` of ``admin`` on it: bootstrap servers, CA
+                          file, user, password, and ``.config()`` for a client
+    kafka_secure_admin    session; an AdminClient on its PLAINTEXT listener (a super user there),
+                          for setting up topics and ACLs
 """
 
 from __future__ import annotations
@@ -31,8 +39,10 @@ import pytest
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
 
+    from weir.testing.broker import EmbeddedKafka
     from weir.testing.cluster import EmbeddedKafkaCluster
     from weir.testing.providers import BrokerProvider
+    from weir.testing.security import ClientSettings
 
 TOPIC_READY_TIMEOUT_S = 30.0
 PRODUCE_TIMEOUT_S = 30.0
@@ -43,7 +53,20 @@ COMMIT_TIMEOUT_S = 30.0
 # at their own levels (librdkafka errors as ERROR, warnings as WARNING), never straight to stderr.
 KAFKA_LOG = logging.getLogger("weir.testing.kafka")
 
-_BROKER_FIXTURES = frozenset({"kafka_broker", "kafka_bootstrap", "kafka_admin", "make_topic"})
+_BROKER_FIXTURES = frozenset(
+    {
+        "kafka_broker",
+        "kafka_bootstrap",
+        "kafka_admin",
+        "make_topic",
+        "kafka_secure_broker",
+        "kafka_secure_client",
+        "kafka_secure_admin",
+    }
+)
+# The secured session broker's users: a super user, and one the authorizer holds to its ACLs.
+SECURE_SUPER_USER = "admin"
+SECURE_USER = "alice"
 _CLUSTER_FIXTURES = frozenset({"kafka_cluster", "kafka_cluster_session"})
 
 Payload = str | bytes | None
@@ -145,6 +168,40 @@ def kafka_cluster_session() -> Iterator[EmbeddedKafkaCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_secure_broker() -> Iterator[EmbeddedKafka]:
+    """A broker that clients reach as in production: TLS with a CA made at start and client
+    certificates, SASL users (SCRAM-SHA-512 and PLAIN), the ``StandardAuthorizer``.
+    ``client_settings(user)`` says how to connect; ``internal_bootstrap_servers`` is the
+    harness's own way in."""
+    from weir.testing.broker import EmbeddedKafka
+    from weir.testing.security import BrokerSecurity
+
+    kafka = EmbeddedKafka(
+        security=BrokerSecurity(
+            users=(SECURE_SUPER_USER, SECURE_USER),
+            super_users=(SECURE_SUPER_USER,),
+            authorizer=True,
+            mtls=True,
+        )
+    )
+    try:
+        kafka.start()
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_secure_client(kafka_secure_broker: EmbeddedKafka) -> ClientSettings:
+    return kafka_secure_broker.client_settings(SECURE_SUPER_USER)
+
+
+@pytest.fixture(scope="session")
+def kafka_secure_admin(kafka_secure_broker: EmbeddedKafka) -> AdminClient:
+    return admin_client(kafka_secure_broker.internal_bootstrap_servers)
 
 
 @pytest.fixture
@@ -482,6 +539,75 @@ def wait_for_committed(
         admin.poll(0)
 
 
+def allow(
+    admin_or_bootstrap: AdminClient | str,
+    user: str,
+    *,
+    topics: Iterable[str] = (),
+    groups: Iterable[str] = (),
+    operations: Iterable[str] = ("READ", "DESCRIBE"),
+    timeout: float = TOPIC_READY_TIMEOUT_S,
+) -> None:
+    """Allow ``user`` the ``operations`` (``AclOperation`` names) on ``topics`` and ``groups``
+    (literal names, from any host), on a broker with the ``StandardAuthorizer``. Use an admin
+    client of a super user (``kafka_secure_admin``)."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    admin = _admin(admin_or_bootstrap)
+    resources = [(ResourceType.TOPIC, t) for t in topics] + [
+        (ResourceType.GROUP, g) for g in groups
+    ]
+    bindings = [
+        AclBinding(
+            kind,
+            name,
+            ResourcePatternType.LITERAL,
+            f"User:{user}",
+            "*",
+            AclOperation[operation.upper()],
+            AclPermissionType.ALLOW,
+        )
+        for kind, name in resources
+        for operation in operations
+    ]
+    if not bindings:
+        return
+    try:
+        for future in admin.create_acls(bindings, request_timeout=timeout).values():
+            future.result(timeout=timeout + 5)
+        _wait_for_acls(admin, bindings, timeout)
+    finally:
+        admin.poll(0)
+
+
+def _wait_for_acls(admin: AdminClient, bindings: Sequence[Any], timeout: float) -> None:
+    """CreateAcls returns once the controller committed them; the broker's authorizer applies
+    them a moment later. Describing them asks the broker's authorizer itself."""
+    from confluent_kafka.admin import AclBindingFilter
+
+    deadline = time.monotonic() + timeout
+    for b in bindings:
+        query = AclBindingFilter(
+            b.restype,
+            b.name,
+            b.resource_pattern_type,
+            b.principal,
+            b.host,
+            b.operation,
+            b.permission_type,
+        )
+        while not admin.describe_acls(query, request_timeout=timeout).result(timeout=timeout + 5):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the broker does not show the ACL {b} after {timeout:g} s")
+            time.sleep(0.05)
+
+
 def _headers(raw: Any) -> tuple[tuple[str, bytes | None], ...]:
     # librdkafka hands consumed headers back as a list of (name, bytes | None).
     items = raw.items() if isinstance(raw, Mapping) else (raw or ())
@@ -503,9 +629,12 @@ def records_as_text(records: Iterable[ConsumedRecord]) -> list[tuple[str | None,
 
 __all__ = [
     "KAFKA_LOG",
+    "SECURE_SUPER_USER",
+    "SECURE_USER",
     "ConsumedRecord",
     "TopicFactory",
     "admin_client",
+    "allow",
     "client_config",
     "commit_offsets",
     "consume_all",

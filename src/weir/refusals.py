@@ -1,0 +1,214 @@
+"""A broker that answered and refused: SASL authentication and TLS failures, named as such.
+
+librdkafka reports them through the error callback (``_AUTHENTICATION``, ``_SSL``) while the
+request that needed a broker only times out, so a client that looks at its requests alone says
+"no broker answered". `refusal_of` recognises them; `explain` says what was refused for a
+person. A certificate that fails verification is always "certificate verify failed" in
+librdkafka's words, whether its CA is unknown or it names another host: `explain` asks the
+broker once more with Python's own TLS (same CA settings, no credentials sent) to tell which.
+
+Nothing here ever weakens verification: it only reads the settings the client was given.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import ssl
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from confluent_kafka import KafkaError, KafkaException
+
+from weir.errors import AuthenticationError, AuthorizationError, BrokerRefusedError, TlsError
+from weir.logs import client_error_cause
+
+__all__ = [
+    "Refusal",
+    "denied_topics",
+    "explain",
+    "refusal_error",
+    "refusal_of",
+    "startup_refusal",
+    "topics_denied_error",
+]
+
+AUTHENTICATION_CODE = "_AUTHENTICATION"
+TLS_CODE = "_SSL"
+ALL_BROKERS_DOWN_CODE = "_ALL_BROKERS_DOWN"
+_DIAGNOSE_TIMEOUT_S = 2.0
+# The broker librdkafka names at the start of an error: "sasl_ssl://host:9093/bootstrap: ".
+_BROKER = re.compile(r"^(?:[a-z_]+://)?(?P<address>[^\s/]+)/(?:bootstrap|\d+): ")
+# The broker ended the handshake with a TLS alert about the client's certificate: librdkafka
+# reports it as a transport failure ("Receive failed: ...:ssl/tls alert bad certificate: SSL
+# alert number 42"), seen when a broker requires client certificates (mTLS) and gets none or one
+# it does not trust.
+_CERTIFICATE_ALERT = re.compile(
+    r"ssl/tls alert (?:bad certificate|certificate required|unknown ca|certificate unknown|"
+    r"unsupported certificate|certificate revoked|certificate expired)"
+)
+# OpenSSL's verify codes (X509_V_ERR_*): the certificate does not name the host connected to ...
+_NAME_MISMATCH = frozenset({62, 63, 64})
+# ... or it does not chain up to a CA the client trusts.
+_UNKNOWN_CA = frozenset({2, 18, 19, 20, 21})
+
+Kind = Literal["authentication", "tls"]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One refusal as the client reported it: which broker and librdkafka's own words."""
+
+    kind: Kind
+    broker: str | None
+    cause: str
+
+
+def refusal_of(code: str, text: str) -> Refusal | None:
+    """The refusal a client error reports, or None for any other error."""
+    kind: Kind
+    if code == AUTHENTICATION_CODE:
+        kind = "authentication"
+    elif code == TLS_CODE or _CERTIFICATE_ALERT.search(text):
+        kind = "tls"
+    else:
+        return None
+    m = _BROKER.match(text)
+    return Refusal(kind, m.group("address") if m else None, client_error_cause(text))
+
+
+def startup_refusal(errors: Mapping[str, tuple[str, str]]) -> Refusal | None:
+    """The refusal among a starting client's errors (its code name and text by cause), once
+    the client also said that no broker is left to try: a refusal by one broker of several
+    does not stop a client that another one answers."""
+    if not any(code == ALL_BROKERS_DOWN_CODE for code, _ in errors.values()):
+        return None
+    for code, text in errors.values():
+        refusal = refusal_of(code, text)
+        if refusal is not None:
+            return refusal
+    return None
+
+
+def refusal_error(refusal: Refusal, conf: Mapping[str, Any]) -> BrokerRefusedError:
+    """The member's error for ``refusal``: `AuthenticationError` or `TlsError`."""
+    error = AuthenticationError if refusal.kind == "authentication" else TlsError
+    return error(explain(refusal, conf))
+
+
+def explain(refusal: Refusal, conf: Mapping[str, Any]) -> str:
+    """What was refused and what to check, for an error message. Never includes a secret:
+    ``conf`` is read for the mechanism and the CA settings only."""
+    where = f"the broker at {refusal.broker!r}" if refusal.broker else "the broker"
+    if refusal.kind == "authentication":
+        protocol = conf.get("security.protocol", "plaintext")
+        mechanism = conf.get("sasl.mechanism", conf.get("sasl.mechanisms", "GSSAPI"))
+        return (
+            f"authentication failed: {where} refused the client's SASL credentials "
+            f"(security.protocol {protocol}, sasl.mechanism {mechanism}): {refusal.cause}. "
+            "Check sasl.username and sasl.password, and that the user exists for this mechanism"
+        )
+    alert = _CERTIFICATE_ALERT.search(refusal.cause)
+    if alert is not None:
+        return (
+            f"TLS failed: {where} refused the client's certificate ({alert.group(0)}): it "
+            "requires one signed by a CA it trusts; set ssl.certificate.location and "
+            "ssl.key.location"
+        )
+    verified = None
+    if "certificate verify failed" in refusal.cause:
+        verified = _verify(refusal.broker, conf)
+    if verified is None:
+        return f"TLS failed: the TLS handshake with {where} failed: {refusal.cause}"
+    code, message = verified
+    if code in _NAME_MISMATCH:
+        return (
+            f"TLS verification failed: the certificate of {where} does not name the host the "
+            f"client connected to ({message}): connect with a name the certificate holds "
+            "(bootstrap.servers, and the broker's advertised listeners)"
+        )
+    if code in _UNKNOWN_CA:
+        return (
+            f"TLS verification failed: the certificate of {where} is not signed by a CA the "
+            f"client trusts ({message}): set ssl.ca.location to the CA certificate that "
+            "signed it"
+        )
+    return (
+        f"TLS verification failed: {where} presented a certificate the client refuses ({message})"
+    )
+
+
+def _verify(broker: str | None, conf: Mapping[str, Any]) -> tuple[int, str] | None:
+    """OpenSSL's verify code and message for the broker's certificate, checked the way
+    librdkafka is configured to; None if it verifies or the broker cannot be asked."""
+    if broker is None:
+        return None
+    host, _, port = broker.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        return None
+    try:
+        context = _context(conf)
+    except (OSError, ssl.SSLError, ValueError):
+        return None  # a CA setting Python cannot read: librdkafka's words stand
+    try:
+        with (
+            socket.create_connection((host, int(port)), timeout=_DIAGNOSE_TIMEOUT_S) as sock,
+            context.wrap_socket(sock, server_hostname=host),
+        ):
+            return None
+    except ssl.SSLCertVerificationError as exc:
+        return int(exc.verify_code), str(exc.verify_message)
+    except (OSError, ValueError):
+        return None
+
+
+def _context(conf: Mapping[str, Any]) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    location = conf.get("ssl.ca.location")
+    pem = conf.get("ssl.ca.pem")
+    if location and location != "probe":
+        if os.path.isdir(str(location)):
+            context.load_verify_locations(capath=str(location))
+        else:
+            context.load_verify_locations(cafile=str(location))
+    elif pem:
+        context.load_verify_locations(cadata=str(pem))
+    else:
+        context.load_default_certs()
+    algorithm = str(conf.get("ssl.endpoint.identification.algorithm", "https")).lower()
+    context.check_hostname = algorithm == "https"
+    return context
+
+
+def denied_topics(client: Any, topics: Sequence[str], meta: Any, timeout: float) -> list[str]:
+    """The topics named in ``topics`` (not patterns) that the broker's ACLs do not let the
+    client describe. A request for every topic's metadata (``meta``) leaves them out without a
+    word; asking for one that is missing says TOPIC_AUTHORIZATION_FAILED. (Kafka says that
+    also for a topic that does not exist, to a client that may not describe it.)"""
+    known = getattr(meta, "topics", None) or {}
+    denied = []
+    for topic in topics:
+        if topic.startswith("^"):
+            continue
+        found = known.get(topic)
+        if found is None:
+            try:
+                found = client.list_topics(topic, timeout=timeout).topics.get(topic)
+            except KafkaException:
+                continue  # no answer: the subscription reports what it finds
+        error = getattr(found, "error", None)
+        if error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            denied.append(topic)
+    return denied
+
+
+def topics_denied_error(topics: Sequence[str], group_id: str) -> AuthorizationError:
+    names = ", ".join(repr(t) for t in topics)
+    return AuthorizationError(
+        f"authorization failed: the broker's ACLs do not allow this client to describe topic "
+        f"{names} (TOPIC_AUTHORIZATION_FAILED; also said of a topic that does not exist): a "
+        f"member needs DESCRIBE and READ on its topics and READ on its group {group_id!r}"
+    )

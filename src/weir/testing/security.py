@@ -1,0 +1,493 @@
+"""Security for the embedded broker: a throwaway CA, TLS certificates, SASL users and ACLs.
+
+A secured broker (``EmbeddedKafka(security=BrokerSecurity())``, the cluster likewise) gets one
+more listener, ``SASL_SSL``, for clients: TLS with a certificate from a CA made at start, SASL
+with SCRAM-SHA-512 and PLAIN users, optionally client certificates (mTLS) and KRaft's
+``StandardAuthorizer``. The ``PLAINTEXT`` listener stays, for the broker itself and the harness:
+its principal (``User:ANONYMOUS``) is a super user. Hand clients under test the settings of
+``client_settings()``, never the plaintext address.
+
+Needs the ``cryptography`` package (in kafka-weir's ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from weir.testing.errors import BrokerStartError, HarnessError
+
+__all__ = [
+    "LISTENER",
+    "MECHANISMS",
+    "BrokerSecurity",
+    "ClientSettings",
+    "KafkaUser",
+    "SecureListener",
+    "TlsFiles",
+    "client_settings_of",
+    "prepare_security",
+    "write_client_properties",
+]
+
+LISTENER = "SASL_SSL"
+SCRAM = "SCRAM-SHA-512"
+PLAIN = "PLAIN"
+MECHANISMS = (SCRAM, PLAIN)
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+# The broker's own principal on its PLAINTEXT listeners (inter-broker, controller, harness).
+INTERNAL_PRINCIPAL = "User:ANONYMOUS"
+# Kafka refuses fewer than 4096 iterations for SCRAM-SHA-512.
+SCRAM_ITERATIONS = 4096
+CERT_VALID_DAYS = 365
+_MASK = "**********"
+# Names and passwords go into Kafka's `--add-scram` and JAAS syntax: refuse what would need
+# quoting there rather than quote it.
+_NAME = re.compile(r"[A-Za-z0-9._@-]+")
+_PASSWORD = re.compile(r"[!#-\[\]-~]+")  # printable ASCII without space, '"' and '\'
+_SECURITY_DIR = "security"
+_USERS_FILE = "users.json"
+
+
+@dataclass(frozen=True)
+class KafkaUser:
+    """A SASL user of the secured listener (SCRAM-SHA-512 and PLAIN alike)."""
+
+    name: str
+    password: str = field(repr=False)
+
+    def __repr__(self) -> str:
+        return f"KafkaUser(name={self.name!r}, password={_MASK!r})"
+
+
+def _check_user(name: str, password: str | None) -> None:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(
+            f"user name {name!r}: use letters, digits and . _ @ - only (it goes into Kafka's "
+            "SCRAM and JAAS syntax unquoted)"
+        )
+    bad = not isinstance(password, str) or not _PASSWORD.fullmatch(password)
+    if password is not None and bad:
+        # The password itself is never shown.
+        raise ValueError(
+            f"the password of user {name!r} must be printable ASCII without spaces, '\"' or '\\' "
+            "(it goes into a JAAS quoted string)"
+        )
+
+
+@dataclass(frozen=True)
+class BrokerSecurity:
+    """What the secured listener asks of clients.
+
+    ``users``: user names, or a mapping name -> password (None: generate one). Each user can log
+    in with SCRAM-SHA-512 and with PLAIN. Generated passwords are kept in the work directory, so
+    a kept broker started again has the same users.
+    ``mtls``: clients must also present a certificate signed by the broker's CA
+    (``ssl.client.auth=required``); every user gets one.
+    ``authorizer``: KRaft's ``StandardAuthorizer`` with no ACLs: only ``super_users`` (and the
+    harness, on the plaintext listener) may do anything until ACLs are created.
+    ``hostnames``: the names and addresses the broker certificate holds. The broker listens on
+    127.0.0.1 only, so the default makes ``localhost:PORT`` a hostname mismatch, as a client
+    that verifies the broker's name must see it.
+    """
+
+    users: Mapping[str, str | None] | Iterable[str] = ("weir",)
+    mtls: bool = False
+    authorizer: bool = False
+    super_users: Iterable[str] = ()
+    hostnames: Iterable[str] = ("127.0.0.1",)
+
+    def __post_init__(self) -> None:
+        users = (
+            dict(self.users)
+            if isinstance(self.users, Mapping)
+            else dict.fromkeys([self.users] if isinstance(self.users, str) else self.users)
+        )
+        if not users:
+            raise ValueError("a secured broker needs at least one user")
+        for name, password in users.items():
+            _check_user(name, password)
+        super_users = (
+            (self.super_users,) if isinstance(self.super_users, str) else tuple(self.super_users)
+        )
+        unknown = [name for name in super_users if name not in users]
+        if unknown:
+            raise ValueError(f"super users {unknown} are not among the users {list(users)}")
+        hostnames = (self.hostnames,) if isinstance(self.hostnames, str) else tuple(self.hostnames)
+        if not hostnames:
+            raise ValueError("the broker certificate needs at least one host name or address")
+        object.__setattr__(self, "users", users)
+        object.__setattr__(self, "super_users", super_users)
+        object.__setattr__(self, "hostnames", hostnames)
+
+    def __repr__(self) -> str:
+        users = list(self.user_names)
+        return (
+            f"BrokerSecurity(users={users!r}, mtls={self.mtls!r}, authorizer={self.authorizer!r}, "
+            f"super_users={list(self.super_users)!r}, hostnames={list(self.hostnames)!r})"
+        )
+
+    @property
+    def user_names(self) -> tuple[str, ...]:
+        assert isinstance(self.users, dict)
+        return tuple(self.users)
+
+    def resolve_users(self, stored: Mapping[str, str]) -> tuple[KafkaUser, ...]:
+        """Every user with its password: as given, else as stored, else a new one."""
+        assert isinstance(self.users, dict)
+        return tuple(
+            KafkaUser(name, given or stored.get(name) or secrets.token_urlsafe(18))
+            for name, given in self.users.items()
+        )
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files in the work directory: the CA certificate (what clients trust), the broker's
+    key and certificate chain in one file, and a key and certificate per user for mTLS."""
+
+    directory: Path
+
+    @property
+    def ca_file(self) -> Path:
+        return self.directory / "ca.pem"
+
+    @property
+    def broker_file(self) -> Path:
+        return self.directory / "broker.pem"
+
+    def client_cert_file(self, user: str) -> Path:
+        return self.directory / f"client-{user}.pem"
+
+    def client_key_file(self, user: str) -> Path:
+        return self.directory / f"client-{user}.key"
+
+    def complete(self, users: Iterable[str], hostnames: Iterable[str]) -> bool:
+        names = self.directory / "hostnames.json"
+        try:
+            same_names = json.loads(names.read_text()) == list(hostnames)
+        except (OSError, ValueError):
+            return False
+        files = [self.ca_file, self.broker_file]
+        for user in users:
+            files += [self.client_cert_file(user), self.client_key_file(user)]
+        return same_names and all(path.is_file() for path in files)
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How a client connects to the secured listener as one user: what a test hands to the
+    application under test, as production would hand it its own."""
+
+    bootstrap_servers: str
+    ca_file: str | None
+    """The CA certificate that signed the broker's (None: the system's CAs, which did not)."""
+    username: str
+    password: str = field(repr=False)
+    mechanism: str = SCRAM
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def config(self) -> dict[str, str]:
+        """librdkafka settings (confluent-kafka's configuration dict, weir's ``kafka=``)."""
+        conf = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": self.mechanism,
+            "sasl.username": self.username,
+            "sasl.password": self.password,
+        }
+        if self.ca_file is not None:
+            conf["ssl.ca.location"] = self.ca_file
+        if self.cert_file is not None and self.key_file is not None:
+            conf["ssl.certificate.location"] = self.cert_file
+            conf["ssl.key.location"] = self.key_file
+        return conf
+
+    def __repr__(self) -> str:
+        return (
+            f"ClientSettings(bootstrap_servers={self.bootstrap_servers!r}, "
+            f"ca_file={self.ca_file!r}, username={self.username!r}, password={_MASK!r}, "
+            f"mechanism={self.mechanism!r}, cert_file={self.cert_file!r}, "
+            f"key_file={self.key_file!r})"
+        )
+
+
+@dataclass(frozen=True)
+class PreparedSecurity:
+    """A broker's security made concrete in its work directory: users with passwords, files."""
+
+    security: BrokerSecurity
+    users: tuple[KafkaUser, ...]
+    tls: TlsFiles
+
+    def user(self, name: str | None) -> KafkaUser:
+        if name is None:
+            return self.users[0]
+        for user in self.users:
+            if user.name == name:
+                return user
+        raise ValueError(f"no user {name!r}; the broker has {[u.name for u in self.users]}")
+
+    def client_settings(
+        self, bootstrap_servers: str, user: str | None = None, mechanism: str = SCRAM
+    ) -> ClientSettings:
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism {mechanism!r} is not one of {list(MECHANISMS)}")
+        found = self.user(user)
+        cert = key = None
+        if self.security.mtls:
+            cert = str(self.tls.client_cert_file(found.name))
+            key = str(self.tls.client_key_file(found.name))
+        return ClientSettings(
+            bootstrap_servers=bootstrap_servers,
+            ca_file=str(self.tls.ca_file),
+            username=found.name,
+            password=found.password,
+            mechanism=mechanism,
+            cert_file=cert,
+            key_file=key,
+        )
+
+
+def client_settings_of(
+    prepared: PreparedSecurity | None,
+    what: str,
+    bootstrap_servers: str,
+    user: str | None,
+    mechanism: str,
+) -> ClientSettings:
+    """``client_settings()`` of a broker or cluster (``what``)."""
+    if prepared is None:
+        raise RuntimeError(
+            f"client_settings() needs a started {what} made with security=BrokerSecurity(...)"
+        )
+    return prepared.client_settings(bootstrap_servers, user, mechanism)
+
+
+@dataclass(frozen=True)
+class SecureListener:
+    """The secured listener of one node: its port and what it is configured with."""
+
+    prepared: PreparedSecurity
+    port: int
+
+    def properties(self) -> dict[str, str]:
+        """Broker settings of the listener (the listener itself is in ``listeners``)."""
+        security, tls = self.prepared.security, self.prepared.tls
+        prefix = f"listener.name.{LISTENER.lower()}."
+        plain_users = " ".join(f'user_{u.name}="{u.password}"' for u in self.prepared.users)
+        props = {
+            f"{prefix}sasl.enabled.mechanisms": ",".join(MECHANISMS),
+            f"{prefix}{SCRAM.lower()}.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            f"{prefix}{PLAIN.lower()}.sasl.jaas.config": (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};"
+            ),
+            f"{prefix}ssl.keystore.type": "PEM",
+            f"{prefix}ssl.keystore.location": str(tls.broker_file),
+            f"{prefix}ssl.truststore.type": "PEM",
+            f"{prefix}ssl.truststore.location": str(tls.ca_file),
+            f"{prefix}ssl.client.auth": "required" if security.mtls else "none",
+        }
+        if security.authorizer:
+            props["authorizer.class.name"] = AUTHORIZER
+            props["super.users"] = ";".join(
+                [INTERNAL_PRINCIPAL, *(f"User:{name}" for name in security.super_users)]
+            )
+        return props
+
+    def format_arguments(self) -> list[str]:
+        """The storage tool's ``--add-scram`` arguments: SCRAM users exist from the first
+        start. Salted here, so the passwords appear neither on the command line nor in logs."""
+        arguments = []
+        for user in self.prepared.users:
+            salt = secrets.token_bytes(16)
+            salted = hashlib.pbkdf2_hmac("sha512", user.password.encode(), salt, SCRAM_ITERATIONS)
+            arguments += [
+                "--add-scram",
+                f"{SCRAM}=[name={user.name},iterations={SCRAM_ITERATIONS},"
+                f'salt="{_b64(salt)}",saltedpassword="{_b64(salted)}"]',
+            ]
+        return arguments
+
+
+def write_client_properties(settings: ClientSettings, path: Path) -> None:
+    """``settings`` as a librdkafka/Java client properties file only its owner can read."""
+    lines = [f"{key}={value}\n" for key, value in settings.config().items()]
+    _write_private(path, "".join(lines))
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def prepare_security(
+    security: BrokerSecurity, workdir: Path, *, formatted: bool
+) -> PreparedSecurity:
+    """Users and TLS files of a broker in ``workdir``, made once and reused by a later start.
+
+    ``formatted``: the storage exists already, so its SCRAM users cannot change; a user that is
+    new or whose password changed is refused here rather than failing every login later.
+    """
+    directory = workdir / _SECURITY_DIR
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    users_path = directory / _USERS_FILE
+    stored = _read_users(users_path)
+    users = security.resolve_users(stored)
+    if formatted and not stored:
+        raise BrokerStartError(
+            f"the broker in {workdir} was formatted without security, and SCRAM users are made "
+            "when the storage is formatted: start it secured in a new directory"
+        )
+    if formatted:
+        changed = [u.name for u in users if stored.get(u.name) != u.password]
+        if changed:
+            raise BrokerStartError(
+                f"the broker in {workdir} was formatted with other SCRAM users or passwords "
+                f"(users {changed} are new or changed): start it with the same users, or in a "
+                "new directory"
+            )
+    _write_private(users_path, json.dumps({u.name: u.password for u in users}, indent=2))
+    tls = TlsFiles(directory)
+    names = [u.name for u in users]
+    if not tls.complete(names, security.hostnames):
+        _make_tls_files(tls, names, tuple(security.hostnames))
+    return PreparedSecurity(security, users, tls)
+
+
+def _read_users(path: Path) -> dict[str, str]:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): str(v) for k, v in found.items()}
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only its owner may read (it holds passwords or a private key)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.chmod(path, 0o600)
+
+
+# --- certificates -------------------------------------------------------------------------------
+
+
+def _cryptography() -> Any:
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        raise HarnessError(
+            "a secured broker makes its certificates with the cryptography package: "
+            "pip install cryptography (or kafka-weir[test])"
+        ) from None
+    from cryptography import x509
+
+    return x509
+
+
+def _make_tls_files(tls: TlsFiles, users: list[str], hostnames: tuple[str, ...]) -> None:
+    """A new CA, a broker certificate for ``hostnames`` and a client certificate per user.
+    EC P-256 keys: generated in a millisecond, and both Java and OpenSSL take them."""
+    x509 = _cryptography()
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    start, end = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=CERT_VALID_DAYS)
+
+    def name(common: str) -> Any:
+        return x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "weir test"),
+                x509.NameAttribute(NameOID.COMMON_NAME, common),
+            ]
+        )
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = name("weir test CA")
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    def issue(common: str, usage: Any, alt_names: list[Any] | None) -> tuple[bytes, bytes]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(name(common))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(end)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+            )
+        )
+        if alt_names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), False)
+        cert = builder.sign(ca_key, hashes.SHA256())
+        # PKCS#8, unencrypted: the form Kafka's PEM key store reads without a key password.
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+
+    alt: list[Any] = []
+    for host in hostnames:
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            alt.append(x509.DNSName(host))
+    ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
+    key_pem, cert_pem = issue(hostnames[0], ExtendedKeyUsageOID.SERVER_AUTH, alt)
+    _write_private(tls.broker_file, (key_pem + cert_pem + ca_pem).decode("ascii"))
+    for user in users:
+        key_pem, cert_pem = issue(user, ExtendedKeyUsageOID.CLIENT_AUTH, None)
+        _write_private(tls.client_key_file(user), key_pem.decode("ascii"))
+        tls.client_cert_file(user).write_text((cert_pem + ca_pem).decode("ascii"))
+    tls.ca_file.write_text(ca_pem.decode("ascii"))
+    (tls.directory / "hostnames.json").write_text(json.dumps(list(hostnames)))

@@ -1,0 +1,159 @@
+"""The secured embedded broker's pieces that need no JVM: users, certificates, settings."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cryptography")
+
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from weir.testing.broker import KafkaNode, remembered_secure_port
+from weir.testing.errors import BrokerStartError
+from weir.testing.security import (
+    AUTHORIZER,
+    SCRAM_ITERATIONS,
+    BrokerSecurity,
+    SecureListener,
+    prepare_security,
+)
+
+SECRET = "s3cret-Pa55word!"
+
+
+def test_users_are_checked_and_passwords_never_shown() -> None:
+    security = BrokerSecurity(users={"alice": SECRET, "bob": None}, super_users=["alice"])
+    assert SECRET not in repr(security)
+    assert security.user_names == ("alice", "bob")
+    with pytest.raises(ValueError, match="user name 'a,b'"):
+        BrokerSecurity(users=["a,b"])
+    with pytest.raises(ValueError, match="the password of user 'alice'") as raised:
+        BrokerSecurity(users={"alice": 'has"Xyzzy'})
+    assert "Xyzzy" not in str(raised.value)
+    with pytest.raises(ValueError, match=r"super users \['carol'\] are not among"):
+        BrokerSecurity(users=["alice"], super_users=["carol"])
+    with pytest.raises(ValueError, match="at least one user"):
+        BrokerSecurity(users=[])
+    assert BrokerSecurity(users="solo").user_names == ("solo",)
+
+
+def test_prepared_security_is_made_once_and_kept_private(tmp_path: Path) -> None:
+    security = BrokerSecurity(users={"alice": SECRET, "bob": None})
+    prepared = prepare_security(security, tmp_path, formatted=False)
+    bob = prepared.user("bob").password
+    assert len(bob) >= 20 and SECRET not in repr(prepared.users)
+    files = prepared.tls
+    for private in (
+        files.broker_file,
+        files.client_key_file("alice"),
+        tmp_path / "security" / "users.json",
+    ):
+        assert stat.S_IMODE(private.stat().st_mode) == 0o600, private
+    ca_pem = files.ca_file.read_bytes()
+
+    again = prepare_security(security, tmp_path, formatted=True)
+    assert again.user("bob").password == bob  # a generated password is kept
+    assert files.ca_file.read_bytes() == ca_pem  # and so is the CA clients trust
+
+    changed = BrokerSecurity(users={"alice": "another-password", "bob": None})
+    with pytest.raises(BrokerStartError, match=r"users \['alice'\] are new or changed"):
+        prepare_security(changed, tmp_path, formatted=True)
+    # A broker first formatted without security has no SCRAM users to log in with.
+    with pytest.raises(BrokerStartError, match="was formatted without security"):
+        prepare_security(security, tmp_path / "plain", formatted=True)
+    # Storage not formatted yet: new users are fine.
+    assert prepare_security(changed, tmp_path, formatted=False).user("alice").password != SECRET
+
+
+def test_the_broker_certificate_names_its_hosts_and_chains_to_the_ca(tmp_path: Path) -> None:
+    security = BrokerSecurity(users=["alice"], hostnames=["127.0.0.1", "kafka.test"])
+    tls = prepare_security(security, tmp_path, formatted=False).tls
+    ca = x509.load_pem_x509_certificate(tls.ca_file.read_bytes())
+    chain = x509.load_pem_x509_certificates(tls.broker_file.read_bytes())
+    broker = chain[0]
+    assert chain[1] == ca
+    names = broker.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    assert names.get_values_for_type(x509.DNSName) == ["kafka.test"]
+    usage = broker.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    for cert in (
+        broker,
+        x509.load_pem_x509_certificate(tls.client_cert_file("alice").read_bytes()),
+    ):
+        cert.verify_directly_issued_by(ca)
+    # Kafka's PEM key store reads an unencrypted PKCS#8 key.
+    assert tls.broker_file.read_text().startswith("-----BEGIN PRIVATE KEY-----")
+    assert isinstance(ca.public_key(), ec.EllipticCurvePublicKey)
+    # Other host names: new certificates.
+    before = tls.ca_file.read_bytes()
+    other = BrokerSecurity(users=["alice"], hostnames=["127.0.0.1"])
+    assert prepare_security(other, tmp_path, formatted=False).tls.ca_file.read_bytes() != before
+
+
+def test_scram_users_are_formatted_salted(tmp_path: Path) -> None:
+    prepared = prepare_security(BrokerSecurity(users={"alice": SECRET}), tmp_path, formatted=False)
+    arguments = SecureListener(prepared, 9093).format_arguments()
+    assert arguments[0] == "--add-scram" and len(arguments) == 2
+    assert SECRET not in " ".join(arguments)
+    m = re.fullmatch(
+        r'SCRAM-SHA-512=\[name=alice,iterations=(\d+),salt="([^"]+)",saltedpassword="([^"]+)"\]',
+        arguments[1],
+    )
+    assert m is not None, arguments[1]
+    iterations, salt, salted = int(m[1]), base64.b64decode(m[2]), base64.b64decode(m[3])
+    assert iterations == SCRAM_ITERATIONS
+    assert salted == hashlib.pbkdf2_hmac("sha512", SECRET.encode(), salt, iterations)
+
+
+def test_a_secured_node_adds_a_sasl_ssl_listener(tmp_path: Path) -> None:
+    security = BrokerSecurity(
+        users={"admin": None, "alice": SECRET}, super_users=["admin"], authorizer=True, mtls=True
+    )
+    prepared = prepare_security(security, tmp_path, formatted=False)
+    node = KafkaNode(
+        node_id=1,
+        workdir=tmp_path,
+        port=9092,
+        controller_port=9091,
+        quorum={},
+        properties={},
+        java="java",
+        jars=tmp_path,
+        secure=SecureListener(prepared, 9093),
+    )
+    props = node.properties
+    assert props["listeners"] == (
+        "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9091,SASL_SSL://127.0.0.1:9093"
+    )
+    assert props["advertised.listeners"].endswith(",SASL_SSL://127.0.0.1:9093")
+    assert props["listener.security.protocol.map"].endswith(",SASL_SSL:SASL_SSL")
+    assert props["inter.broker.listener.name"] == "PLAINTEXT"
+    prefix = "listener.name.sasl_ssl."
+    assert props[prefix + "sasl.enabled.mechanisms"] == "SCRAM-SHA-512,PLAIN"
+    assert f'user_alice="{SECRET}"' in props[prefix + "plain.sasl.jaas.config"]
+    assert props[prefix + "ssl.client.auth"] == "required"
+    assert props["authorizer.class.name"] == AUTHORIZER
+    assert props["super.users"] == "User:ANONYMOUS;User:admin"
+    assert node.secure_bootstrap_servers == "127.0.0.1:9093"
+    node.write_config()
+    assert remembered_secure_port(tmp_path) == 9093
+    settings = prepared.client_settings(node.secure_bootstrap_servers or "", "alice")
+    assert SECRET not in repr(settings)
+    conf = settings.config()
+    assert conf["sasl.password"] == SECRET
+    assert conf["ssl.certificate.location"].endswith("client-alice.pem")
+    assert conf["ssl.key.location"].endswith("client-alice.key")
+    with pytest.raises(ValueError, match="no user 'carol'"):
+        prepared.client_settings("x:1", "carol")
+    with pytest.raises(ValueError, match="mechanism 'GSSAPI'"):
+        prepared.client_settings("x:1", "alice", "GSSAPI")

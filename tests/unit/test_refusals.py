@@ -1,0 +1,169 @@
+"""A broker that refuses the client's credentials or TLS is named as such, at once.
+
+The client reports a refusal only to its error callback (`_AUTHENTICATION`, `_SSL`); its
+requests just fail or time out. The real broker cases are in
+tests/integration/test_security_broker.py; these drive the member's start with a FakeConsumer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from tests.waiting import wait_until
+
+from weir import AuthenticationError, BrokerUnreachableError, GroupConsumer, TlsError
+from weir.refusals import Refusal, explain, refusal_of, startup_refusal
+from weir.testing.fake import FakeConsumer
+
+AUTH = (
+    "sasl_ssl://b1:9093/bootstrap: SASL authentication error: Authentication failed during "
+    "authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512 (after 330ms "
+    "in state AUTH_REQ)"
+)
+TLS = (
+    "sasl_ssl://b1.invalid:9093/bootstrap: SSL handshake failed: error:0A000086:SSL "
+    "routines::certificate verify failed: broker certificate could not be verified, verify that "
+    "ssl.ca.location is correctly configured or root CA certificates are installed (install "
+    "ca-certificates package) (after 13ms in state SSL_HANDSHAKE)"
+)
+MTLS = (
+    "sasl_ssl://b1:9093/bootstrap: Receive failed: error:0A000412:SSL routines::ssl/tls alert "
+    "bad certificate: SSL alert number 42 (after 4ms in state APIVERSION_QUERY)"
+)
+DOWN = KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down")
+SECRET = "the-Password-1"
+
+
+def test_refusals_are_recognised_by_code() -> None:
+    assert refusal_of("_AUTHENTICATION", AUTH) == Refusal(
+        "authentication",
+        "b1:9093",
+        "SASL authentication error: Authentication failed during authentication due to invalid "
+        "credentials with SASL mechanism SCRAM-SHA-512",
+    )
+    tls = refusal_of("_SSL", TLS)
+    assert tls is not None and tls.kind == "tls" and tls.broker == "b1.invalid:9093"
+    assert refusal_of("_TRANSPORT", "b1:9093/bootstrap: Connection refused") is None
+    alert = refusal_of("_TRANSPORT", MTLS)
+    assert alert is not None and alert.kind == "tls"
+    assert explain(alert, {}) == (
+        "TLS failed: the broker at 'b1:9093' refused the client's certificate (ssl/tls alert "
+        "bad certificate): it requires one signed by a CA it trusts; set "
+        "ssl.certificate.location and ssl.key.location"
+    )
+
+
+def test_a_refusal_ends_the_start_only_when_no_broker_is_left() -> None:
+    auth = ("_AUTHENTICATION", AUTH)
+    assert startup_refusal({"a": auth}) is None  # another broker may still answer
+    found = startup_refusal({"a": auth, "down": ("_ALL_BROKERS_DOWN", "2/2 brokers are down")})
+    assert found is not None and found.kind == "authentication"
+    assert startup_refusal({"x": ("_TRANSPORT", "t"), "d": ("_ALL_BROKERS_DOWN", "d")}) is None
+
+
+def test_an_explanation_names_no_secret() -> None:
+    refusal = refusal_of("_AUTHENTICATION", AUTH)
+    assert refusal is not None
+    conf = {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "alice-the-user",
+        "sasl.password": SECRET,
+    }
+    text = explain(refusal, conf)
+    assert "sasl.mechanism PLAIN" in text and "security.protocol SASL_SSL" in text
+    assert SECRET not in text and "alice-the-user" not in text
+
+
+def member(fake: FakeConsumer, **settings: Any) -> GroupConsumer:
+    return GroupConsumer(
+        lambda record: None,
+        bootstrap_servers="b1:9093",
+        group_id="g",
+        topics=["t"],
+        consumer_factory=fake.factory,
+        **settings,
+    )
+
+
+def start_refused(errors: list[KafkaError], timeout: float = 30.0) -> tuple[BaseException, float]:
+    fake = FakeConsumer()
+    fake.unreachable = KafkaException(
+        KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure")
+    )
+    for error in errors:
+        fake.raise_error_cb(error)
+    gc = member(
+        fake,
+        startup_timeout_s=timeout,
+        kafka={
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "alice",
+            "sasl.password": SECRET,
+        },
+    )
+    began = time.monotonic()
+    with pytest.raises(BrokerUnreachableError) as raised:
+        gc.run()
+    return raised.value, time.monotonic() - began
+
+
+def test_a_refused_password_is_an_authentication_error() -> None:
+    """Regression: "no Kafka broker answered at 'b1:9093' within 30s (startup_timeout_s): SASL
+    authentication error: ..." (a BrokerUnreachableError) for a broker that answered."""
+    error, took = start_refused([KafkaError(KafkaError._AUTHENTICATION, AUTH), DOWN])
+    assert type(error) is AuthenticationError, repr(error)
+    assert str(error).startswith(
+        "authentication failed: the broker at 'b1:9093' refused the client's SASL credentials "
+        "(security.protocol SASL_SSL, sasl.mechanism SCRAM-SHA-512): SASL authentication error: "
+    )
+    assert SECRET not in str(error) and took < 5, took
+
+
+def test_a_failed_tls_handshake_is_a_tls_error() -> None:
+    error, took = start_refused([KafkaError(KafkaError._SSL, TLS), DOWN])
+    assert type(error) is TlsError, repr(error)
+    # b1.invalid does not resolve, so the certificate could not be asked about again.
+    assert str(error).startswith(
+        "TLS failed: the TLS handshake with the broker at 'b1.invalid:9093' failed: SSL "
+        "handshake failed: error:0A000086:SSL routines::certificate verify failed"
+    )
+    assert took < 5, took
+
+
+def test_without_a_refusal_the_error_is_still_unreachable() -> None:
+    refused = KafkaError(KafkaError._TRANSPORT, "b1:9093/bootstrap: Connect to b1 failed: refused")
+    error, _ = start_refused([refused, DOWN], timeout=1.0)
+    assert type(error) is BrokerUnreachableError
+    assert str(error).endswith("(startup_timeout_s): Connect to b1 failed: refused")
+
+
+def test_a_refusal_while_running_is_logged_as_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="weir")
+    fake = FakeConsumer()
+    fake.script_assign([("t", 0)])
+    gc = member(fake)
+    gc.start()
+    try:
+        assert gc.wait_started(10)
+        for _ in range(3):
+            fake.raise_error_cb(KafkaError(KafkaError._AUTHENTICATION, AUTH))
+        fake.raise_error_cb(KafkaError(KafkaError._SSL, TLS))
+        # The owner serves them in its next consume call: wait for the one after that.
+        calls = fake.consume_calls
+        wait_until(lambda: fake.consume_calls >= calls + 2, "two more consume calls", 10)
+    finally:
+        gc.stop()
+        gc.join(10)
+    events = [
+        (r.levelname, dict(r.msg)["event"]) for r in caplog.records if isinstance(r.msg, dict)
+    ]
+    assert events.count(("ERROR", "kafka_authentication_failed")) == 1, events
+    assert events.count(("ERROR", "kafka_tls_failed")) == 1, events
+    assert ("WARNING", "error_repeated") in events
+    assert not [e for e in events if e[1] == "kafka_error"], events
