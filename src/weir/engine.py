@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import queue
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import groupby
 from typing import Any, cast
 
 from confluent_kafka import (
@@ -40,7 +38,7 @@ from weir.committing import CommitEvent, Committer
 from weir.config import ConsumerConfig
 from weir.deadletter import DeadLetters
 from weir.errors import BrokerUnreachableError, FencedError, KafkaFatalError, OffsetResetError
-from weir.failures import Failed, Failures
+from weir.failures import Failures
 from weir.fencing.base import Fence
 from weir.intake import Run, runs_of
 from weir.lifecycle import Lifecycle
@@ -55,7 +53,7 @@ from weir.logs import (
 )
 from weir.metrics import Metrics
 from weir.ownership import Ownership, PartitionState
-from weir.records import Handler, Partition, Record, is_async_handler, offset_of, size_of
+from weir.records import Handler, Partition, is_async_handler, size_of
 from weir.refusals import (
     ALL_BROKERS_DOWN_CODE,
     denied_topics,
@@ -66,13 +64,13 @@ from weir.refusals import (
 )
 from weir.replay import ReplayMaps
 from weir.scheduling import Scheduler, lane_of
+from weir.settlement import Settlement
 from weir.starts import Starts
 from weir.stats import ConsumerStats, PartitionStats
-from weir.tasks import DONE, FAILED, FENCED, Assignment, Task
-from weir.tracking import BatchProgress
+from weir.tasks import Assignment
 from weir.transactions import Outcome, TransactionError, Transactions
 from weir.watermarks import WatermarkRefresher
-from weir.workers import Progress, ThreadWorkers, Workers
+from weir.workers import ThreadWorkers, Workers
 
 __all__ = ["Engine"]
 
@@ -81,20 +79,6 @@ log = get_logger(__name__)
 # How long the owner waits on the completion queue when work is in flight and nothing was fetched:
 # short enough that new records are picked up promptly, long enough not to spin.
 _IDLE_WAIT = 0.01
-# The longest the owner sleeps while long tasks run: their finished records are read, not sent
-# (`Task.report`), and leave the budget and move the watermark when the owner looks.
-_REPORT_WAIT = 0.005
-# ... once a task has run this long: longer than a lane task's 40 ms of records
-# (`scheduling._LANE_SECONDS`), which comes back soon enough on its own. Reading the progress of
-# every running lane task at each wake-up held the interpreter lock while workers woke from
-# their sleeps (CHANGELOG.md has the figures). A task that runs long, a slow record or a
-# misjudged handler time, still reports every 5 ms.
-_REPORT_AFTER = 0.05
-# A task whose worker has been on it this long gives the records it has not reached to other
-# workers (`Scheduler.take_unstarted`): a slow record then holds only what its ordering
-# requires, not the unrelated records packed behind it. Longer than a lane task's 40 ms, which
-# would only be cut into more hand-offs.
-_MOVE_AFTER = 0.1
 # Stats are published at every commit, and at least this often.
 _PUBLISH_EVERY = 1.0
 # While waiting for a broker at start, the longest metadata request before the client's queue is
@@ -156,7 +140,7 @@ class Engine:
                 cfg, producer_factory or _producer, logger=ClientLog(self._repeats)
             )
         self.failures = Failures(
-            cfg, self.scheduler, self.budget, life, self._finish_failed, dead_letters
+            cfg, self.scheduler, self.budget, life, lambda f: self.settle.given_up(f), dead_letters
         )
         self.replay = ReplayMaps(cfg.offset_map, cfg.offset_map_max_bytes)
         self.commits = CommitPath(lambda: self.client, self.own, self.committer, self.replay)
@@ -185,14 +169,21 @@ class Engine:
         self.fence = fence
         self.paused: set[Partition] = set()  # paused in the client, as weir asked it
         self._last_poll = 0.0
-        self._next_report = 0.0
-        self._next_move = 0.0
-        self.processed = 0
-        self.failed = 0
         self._client: ConsumerClient | None = None
         # What the client's errors said while start() waited for a broker (None after).
         self._startup_causes: dict[str, tuple[str, str]] | None = None
         self.metrics = Metrics()
+        self.settle = Settlement(
+            self.own,
+            self.scheduler,
+            self.workers,
+            self.budget,
+            self.committer,
+            self.metrics,
+            lambda: self.failures,
+            self.txn,
+            self._fenced,
+        )
         # How often the high watermarks are read by a client of their own (None: not at all).
         self._refresh_s = cfg.watermark_refresh_s if refresh_watermarks else None
         self._watermarks: WatermarkRefresher | None = None
@@ -366,17 +357,17 @@ class Engine:
                 and time.monotonic() < deadline
                 and not life.hurry.is_set()
             ):
-                self._drain(0.05)
+                self.settle.drain(0.05)
                 # Keep serving the group while handlers finish; nothing new is dispatched.
                 client.consume(1, 0)
                 life.polled_at = time.monotonic()
-            self._drain(0)
+            self.settle.drain(0)
             dead_letters = self.failures.dead_letters
             if dead_letters is not None and dead_letters.pending:
                 # Confirmed dead letters count as finished before the final commit.
                 dead_letters.flush(deadline - time.monotonic())
-                self._drain(0)
-            self._settle_started(self.own.assignments())
+                self.settle.drain(0)
+            self.settle.settle_started(self.own.assignments())
             left = self.scheduler.running(self.own.assignments())
             if left:
                 self.own.cancel_all()
@@ -421,7 +412,7 @@ class Engine:
             self.workers.stop(max(0.0, deadline - time.monotonic()))
             if self._watermarks is not None:
                 self._watermarks.stop(max(0.0, min(1.0, deadline - time.monotonic())))
-            log.info("consumer_stopped", processed=self.processed)
+            log.info("consumer_stopped", processed=self.settle.processed)
 
     # -- one turn of the loop --------------------------------------------------------------
 
@@ -438,7 +429,7 @@ class Engine:
             wait = self._last_poll + self.cfg.poll_timeout_s - time.monotonic()
             msgs: Sequence[KafkaMessage]
             if wait > 0:
-                self._drain(self.failures.wait(wait))
+                self.settle.drain(self.failures.wait(wait))
                 msgs = ()
                 polled = False
             else:
@@ -450,9 +441,9 @@ class Engine:
         if msgs:
             self._register(msgs)
         if busy and not msgs:
-            self._drain(_IDLE_WAIT)
+            self.settle.drain(_IDLE_WAIT)
         else:
-            self._drain(0)
+            self.settle.drain(0)
         budget.admit_starved()
         now = time.monotonic()
         if polled:
@@ -560,9 +551,8 @@ class Engine:
             done = self.replay.finished_before(tp, recs)
             if done:
                 # An earlier owner finished these (its offset map): finished now, not run.
-                st.progress.mark_finished(batch, done)
-                self.committer.finished(len(done))
                 skip = set(done)
+                self.settle.replayed(st, batch, [r for r in recs if r.offset in skip])
                 recs = [r for r in recs if r.offset not in skip]
                 nbytes = sum(map(size_of, recs))
                 if not recs:
@@ -570,56 +560,6 @@ class Engine:
         return self.budget.register(tp, batch, recs, nbytes)
 
     # -- settle: what came back from the workers -------------------------------------------
-
-    def _drain(self, wait: float) -> int:
-        """Settle the tasks that came back (waiting up to `wait` for the first) and the
-        progress of long tasks still running; returns the tasks settled."""
-        sched = self.scheduler
-        q = self.workers.completions
-        reporting = sched.reporting
-        if reporting and wait > _REPORT_WAIT:
-            wait = _REPORT_WAIT
-        n = 0
-        try:
-            # Never on the main thread (`GroupConsumer` runs the engine on a thread of its
-            # own), where a signal could interrupt this wait (Python 3.10-3.12 then waited
-            # forever with a negative timeout).
-            t = q.get_nowait() if wait <= 0 else q.get(timeout=wait)
-            while True:
-                if isinstance(t, Progress):
-                    for p in t:
-                        self._progress_done(p)
-                else:
-                    self._complete(t)
-                n += 1
-                t = q.get_nowait()
-        except queue.Empty:
-            pass
-        if reporting:
-            now = time.monotonic()
-            if now >= self._next_report:
-                self._next_report = now + _REPORT_WAIT
-                ran_long = time.perf_counter() - _REPORT_AFTER
-                for t in reporting:
-                    if t.finished > t.reported and t.started <= ran_long:
-                        self._progress(t, t.finished)
-        if sched.outstanding():
-            now = time.monotonic()
-            if now >= self._next_move:
-                self._next_move = now + _MOVE_AFTER / 2
-                for t in sched.running_long(time.perf_counter() - _MOVE_AFTER):
-                    moved = sched.take_unstarted(t)
-                    if moved:
-                        log.debug("records_moved", tp=str(t.assignment.tp), records=moved)
-                # Any task that runs long (a slow record among fast ones, not only a long
-                # task): the records it finished ahead of the slow one move the watermark and
-                # go into the offset map now, not when the slow one ends.
-                ran_long = time.perf_counter() - _REPORT_AFTER
-                for t in sched.started():
-                    if t.finished > t.reported and t.started <= ran_long:
-                        self._progress(t, t.finished)
-        sched.dispatch()  # freed lanes, and records admitted from a partition's reserve
-        return n
 
     def _drain_until(self, deadline: float, assignments: list[Assignment]) -> None:
         """A revoke's drain: wait for running handlers, and for dead-letter writes of these
@@ -631,184 +571,18 @@ class Engine:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            self._drain(min(remaining, 0.05))
+            self.settle.drain(min(remaining, 0.05))
             if failures.dead_letters is not None:
                 failures.dead_letters.poll()
-        self._settle_started(assignments)
-
-    def _settle_started(self, assignments: list[Assignment]) -> None:
-        """Before a hand-off commit: what tasks still running finished ahead of the record
-        they are on counts as finished, so the commit and its offset map include it (the next
-        owner would handle it again otherwise). Before any cancel: a handler that returns
-        because it was cancelled may not have finished its record."""
-        for t in self.scheduler.started(assignments):
-            if t.finished > t.reported:
-                self._progress(t, t.finished)
-
-    def _owner_of(self, a: Assignment) -> PartitionState | None:
-        st = self.own.partitions.get(a.tp)
-        if st is None or st.assignment is not a:
-            return None  # revoked or lost: its budget was released, its batches are fenced
-        return st
-
-    def _progress(self, t: Task, upto: int) -> None:
-        """A long task (one lane's records, or a deep unordered batch) finished its records up
-        to `upto` and goes on: they leave the budget and move the watermark now, not when the
-        task ends."""
-        lo = t.reported
-        if upto <= lo:
-            return
-        nbytes = sum(map(size_of, t.records[lo:upto]))
-        t.reported, t.reported_bytes = upto, t.reported_bytes + nbytes
-        self._settle(t, self._owner_of(t.assignment), lo, upto, nbytes)
-
-    def _progress_done(self, t: Task) -> None:
-        """A task of concurrent workers finished more records, in any order (`Task.done`):
-        they leave the budget and move the watermark now, and the lanes the task no longer
-        needs are freed."""
-        done = t.done
-        assert done is not None
-        lo, hi = t.reported, len(done)
-        if hi <= lo:
-            return
-        idx = done[lo:hi]
-        recs = t.records
-        picked = [recs[i] for i in idx]
-        nbytes = sum(map(size_of, picked))
-        t.reported, t.reported_bytes = hi, t.reported_bytes + nbytes
-        st = self._owner_of(t.assignment)
-        if st is not None:
-            a = st.assignment
-            self.budget.finished(a.tp, hi - lo, nbytes)
-            if not a.cancel.is_set():
-                if t.outputs:
-                    self._produce_outputs(t, idx)
-                batches = [] if t.batch is not None else [t.batches[i] for i in idx]
-                self._mark_done(picked, batches, t.batch)
-                self.metrics.settled(a.tp, picked[0])
-                if a.attempts:  # some record of this assignment is being retried
-                    self.failures.settled(a, picked)
-        self.scheduler.progressed(t, idx)
-
-    def _complete(self, t: Task) -> None:
-        self.scheduler.returned(t)
-        self.metrics.task_done(t)
-        if t.done is not None:
-            # Concurrent workers: whatever finished since the last notice, then the rest.
-            self._progress_done(t)
-            if t.outcomes is not None:
-                self._complete_mixed(t, self._owner_of(t.assignment))
-            self.scheduler.advance(t)
-            return
-        st = self._owner_of(t.assignment)
-        if t.outcomes is None:
-            self._settle(t, st, t.reported, len(t.records), t.nbytes - t.reported_bytes)
-        else:
-            self._complete_mixed(t, st)
-        self.scheduler.advance(t)
-
-    def _settle(self, t: Task, st: PartitionState | None, lo: int, hi: int, nbytes: int) -> None:
-        """Records `lo:hi` of `t` finished: they leave the budget of their (still owned)
-        partition and move its watermark. A handler may return early once ctx.cancelled is set:
-        its record is not known to be finished, so it never moves the watermark."""
-        if st is None:
-            return
-        a = t.assignment
-        self.budget.finished(a.tp, hi - lo, nbytes)
-        if not a.cancel.is_set():
-            whole = lo == 0 and hi == len(t.records)
-            recs = t.records if whole else t.records[lo:hi]
-            if t.outputs:
-                self._produce_outputs(t, range(lo, hi))
-            self._mark_done(recs, t.batches if whole else t.batches[lo:hi], t.batch)
-            if recs:  # none: every record of a long task was settled as progress already
-                self.metrics.settled(a.tp, recs[0])
-            if a.attempts:  # some record of this assignment is being retried
-                self.failures.settled(a, recs)
-
-    def _mark_done(
-        self, recs: list[Record], batches: list[BatchProgress], batch: BatchProgress | None
-    ) -> None:
-        """Finished records move their batches' watermarks (`batch`: the one batch of all)."""
-        offsets = list(map(offset_of, recs))
-        if batch is not None:
-            done = batch.completed_many(offsets, batch.token)
-        else:
-            # Records of a batch sit next to each other (a lane's waiting records come in read
-            # order): one call per run of the same batch.
-            done = i = 0
-            for b, run in groupby(batches):
-                n = len(list(run))
-                done += b.completed_many(offsets[i : i + n], b.token)
-                i += n
-        self.processed += done
-        self.committer.finished(done)
-        if self.txn is not None:
-            self.txn.records += done
-
-    def _complete_mixed(self, t: Task, st: PartitionState | None) -> None:
-        """A task with failures or fenced records. Failed records stay unfinished and in the
-        budget; the scheduler holds their lanes. Records already reported as progress were
-        accounted for then."""
-        assert t.outcomes is not None
-        count = nbytes = done = 0
-        a = t.assignment
-        ok = st is not None and not a.cancel.is_set()
-        finished = []
-        # Concurrent workers' finished records were all settled as progress (`Task.done`);
-        # records moved to other tasks (`Scheduler.take_unstarted`) are theirs to settle.
-        settled = t.done is not None
-        for i in range(0 if settled else t.reported, len(t.outcomes) - t.moved):
-            code = t.outcomes[i]
-            if settled and code == DONE:
-                continue
-            rec = t.records[i]
-            if code in (DONE, FENCED):
-                count += 1
-                nbytes += rec.size
-                b = t.batches[i]
-                if code == DONE and ok and b.completed(rec.offset, b.token):
-                    done += 1
-                    finished.append(rec)
-                    if t.outputs and i in t.outputs:
-                        self._produce_outputs(t, (i,))
-            elif code == FAILED:
-                self.failed += 1
-                error = (t.errors or {}).get(i)
-                if isinstance(error, FencedError):
-                    self._fenced(a, error)
-                elif st is not None:
-                    self.failures.failed(t, i)  # retry, or the final policy
-        if st is not None:
-            self.budget.finished(a.tp, count, nbytes)
-            if finished:
-                self.metrics.settled(a.tp, finished[0])
-        self.processed += done
-        self.committer.finished(done)
-        if self.txn is not None:
-            self.txn.records += done
-        if finished and a.attempts:
-            self.failures.settled(a, finished)
-
-    def _produce_outputs(self, t: Task, indexes: Iterable[int]) -> None:
-        """Outputs of records of `t` marked finished now: into the open transaction, which
-        will commit them with these records' offsets, or abort them with them. A record of a
-        batch that can no longer move its watermark (its partition was rewound: it will be
-        read and run again) is not marked finished, so its outputs are dropped too."""
-        assert t.outputs is not None and self.txn is not None
-        batch = t.batch
-        for i in indexes:
-            outputs = t.outputs.get(i)
-            if outputs and not (batch or t.batches[i]).revoked:
-                self.txn.produce(outputs)
+        self.settle.settle_started(assignments)
 
     def _fenced(self, a: Assignment, error: FencedError) -> None:
         """A handler's fenced write was refused: another member owns the partition in the
         fence's database. The partition is lost for this member: nothing more is committed or
         run for it, and it is paused until the group hands it over."""
-        st = self._owner_of(a)
-        if st is None:
-            return
+        st = self.own.partitions.get(a.tp)
+        if st is None or st.assignment is not a:
+            return  # revoked or lost since
         tp = a.tp
         log.error("partition_fenced", tp=str(tp), held=error.held, stored=error.stored)
         self.own.lost([tp])
@@ -819,21 +593,6 @@ class Engine:
             # this member may no longer commit.
             self.txn.abort()
             self._rewind(list(self.own.partitions))
-
-    def _finish_failed(self, f: Failed) -> None:
-        """A failed record is done with (dead-lettered, or skipped): it leaves the budget,
-        moves the watermark, and its lane runs on."""
-        a, rec = f.assignment, f.record
-        st = self._owner_of(a)
-        if st is None:
-            return
-        self.budget.finished(a.tp, 1, rec.size)
-        if not a.cancel.is_set() and f.batch.completed(rec.offset, f.batch.token):
-            self.processed += 1
-            self.committer.finished(1)
-        if self.scheduler.ordered:
-            self.scheduler.finish_held(a, f.lane, rec)
-        self.scheduler.dispatch()
 
     # -- commits ---------------------------------------------------------------------------
 
@@ -1234,14 +993,14 @@ class Engine:
                 )
             )
         ahead_bytes = budget.read_ahead_bytes
-        rate, window = m.rate(self.processed, now)
+        rate, window = m.rate(self.settle.processed, now)
         flow = self.cfg.flow
         self.life.publish(
             ConsumerStats(
                 at=now,
                 running=running,
-                processed=self.processed,
-                failed=self.failed,
+                processed=self.settle.processed,
+                failed=self.settle.failed,
                 in_flight=budget.records,
                 in_flight_bytes=budget.bytes - ahead_bytes,
                 peak_in_flight=budget.peak_records,

@@ -39,6 +39,7 @@ from weir import committing as committing_module
 from weir import engine as engine_module
 from weir import failures as failures_module
 from weir import ownership as ownership_module
+from weir import settlement as settlement_module
 from weir.config import ConsumerConfig
 from weir.engine import Engine
 from weir.errors import HandlerError
@@ -868,10 +869,16 @@ for machine in (EngineMachine, ConcurrentEngineMachine):
 
 @pytest.fixture(autouse=True)
 def _machine_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in (engine_module, ownership_module, committing_module, failures_module):
+    for module in (
+        engine_module,
+        ownership_module,
+        committing_module,
+        failures_module,
+        settlement_module,
+    ):
         monkeypatch.setattr(module, "time", _TIME)
     # A slow task gives its unreached records away after a few turns of machine time.
-    monkeypatch.setattr(engine_module, "_MOVE_AFTER", 0.01)
+    monkeypatch.setattr(settlement_module, "_MOVE_AFTER", 0.01)
 
 
 TestEngineMachine = EngineMachine.TestCase

@@ -38,6 +38,7 @@ from weir.offsetmap import FinishedMap
 from weir.ownership import PartitionState
 from weir.records import Partition, Record
 from weir.scheduling import Scheduler, _Lane
+from weir.settlement import Settlement
 from weir.tasks import Assignment
 from weir.tracking import BatchProgress
 
@@ -133,17 +134,17 @@ def test_catches_budget_kept_on_close(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_catches_late_completion_credited_to_new_assignment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Bug: `Engine._owner_of` finds a returning task's partition by name, not by assignment,
+    """Bug: `Settlement._owner_of` finds a returning task's partition by name, not by assignment,
     so a task of a revoked or lost assignment that comes back late is settled against the
     partition's new assignment: the new assignment's budget is released for records it never
     ran (it then overruns its capacity, or goes negative).
     Caught by: the budget's invariants (`budget_holds`: tracking's unfinished records equal
     the budget's, and `Budget.check`'s counts are never negative)."""
 
-    def owner_of(self: Engine, a: Assignment) -> PartitionState | None:
-        return self.own.partitions.get(a.tp)  # the bug: no `st.assignment is a` check
+    def owner_of(self: Settlement, a: Assignment) -> PartitionState | None:
+        return self._own.partitions.get(a.tp)  # the bug: no `st.assignment is a` check
 
-    monkeypatch.setattr(Engine, "_owner_of", owner_of)
+    monkeypatch.setattr(Settlement, "_owner_of", owner_of)
     _caught(EngineMachine, r"negative counts|\d+ unfinished tracked, \d+ \+ \d+ in the budget")
 
 
@@ -216,7 +217,7 @@ def test_catches_revoke_without_drain(monkeypatch: pytest.MonkeyPatch) -> None:
     finished within the revoke's budget)."""
 
     def drain_until(self: Engine, deadline: float, assignments: list[Assignment]) -> None:
-        self._settle_started(assignments)  # the bug: no waiting before it
+        self.settle.settle_started(assignments)  # the bug: no waiting before it
 
     monkeypatch.setattr(Engine, "_drain_until", drain_until)
     _caught(EngineMachine, r"revoke of .* did not wait for", SLOW)

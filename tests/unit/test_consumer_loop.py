@@ -39,7 +39,7 @@ from weir import (
     RetryPolicy,
     State,
 )
-from weir import engine as engine_module
+from weir import settlement as settlement_module
 from weir.config import ConsumerSettings
 from weir.engine import Engine
 from weir.lifecycle import Lifecycle
@@ -323,11 +323,11 @@ def test_progress_is_read_only_once_a_task_has_run_a_while(
     """A lane task of a slow handler comes back soon enough on its own: the owner reads its
     finished count only once it has run `_REPORT_AFTER` (reading 16 such counts every 5 ms was a
     tenth of the owner's time with 1 ms handlers)."""
-    monkeypatch.setattr(engine_module, "_REPORT_AFTER", 3600.0)
+    monkeypatch.setattr(settlement_module, "_REPORT_AFTER", 3600.0)
     fake, gate, gc = _lane_task_held_at_1(launch)
-    time.sleep(20 * engine_module._REPORT_WAIT)  # many report turns: none may read the count
+    time.sleep(20 * settlement_module._REPORT_WAIT)  # many report turns: none may read the count
     assert (gc.stats().processed, gc.stats().in_flight) == (0, 3)
-    monkeypatch.setattr(engine_module, "_REPORT_AFTER", 0.0)  # now it has run long enough
+    monkeypatch.setattr(settlement_module, "_REPORT_AFTER", 0.0)  # now it has run long enough
     wait_until(lambda: gc.stats().processed == 1, "offset 0 read while 1 runs")
     assert gc.stats().in_flight == 2
     gate.set()
