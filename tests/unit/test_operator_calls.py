@@ -31,10 +31,14 @@ WAIT = 10.0
 
 
 class FailsOne(Handler):
-    """Fails record 1 of partition 0, every time."""
+    """Fails record 1 of partition 0, every time, counting its attempts."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
 
     def handle(self, record: Record, ctx: Context) -> None:
         if (record.partition, record.offset) == (0, 1):
+            self.attempts += 1
             raise RuntimeError("poison")
 
 
@@ -73,8 +77,15 @@ def assert_running_and_committing(gc: GroupConsumer, fake: FakeConsumer) -> None
     fake.produce_many(TOPIC, 1, range(3, 6))
     waiting.wait_until(lambda: committed(fake, P1) == 6, "partition 1 still committed")
     # The same calls with good arguments are served.
+    handler = gc._handler
+    assert isinstance(handler, FailsOne)
+    before = handler.attempts
     assert gc.retry_now(P0).result(WAIT) is True
-    assert gc.skip(Partition(*P0), 1).result(WAIT) is True
+    # A skip while the record runs again finds nothing to skip: wait for its failure.
+    waiting.wait_until(lambda: handler.attempts > before, "record 1 tried again")
+    waiting.wait_until(
+        lambda: gc.skip(Partition(*P0), 1).result(WAIT), "record 1 skipped once blocked again"
+    )
     waiting.wait_until(lambda: committed(fake, P0) == 3, "committed past the skipped record")
 
 
