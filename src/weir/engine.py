@@ -31,7 +31,6 @@ from weir.client import (
     ProducerClient,
     ProducerFactory,
     TransactionalProducerFactory,
-    topic_partitions,
 )
 from weir.commits import CommitPath
 from weir.committing import CommitEvent, Committer
@@ -40,6 +39,7 @@ from weir.deadletter import DeadLetters
 from weir.errors import BrokerUnreachableError, FencedError, KafkaFatalError, OffsetResetError
 from weir.failures import Failures
 from weir.fencing.base import Fence
+from weir.fetching import FetchControl
 from weir.intake import Run, runs_of
 from weir.lifecycle import Lifecycle
 from weir.logs import (
@@ -129,6 +129,7 @@ class Engine:
         self.scheduler = Scheduler(self.workers, cfg.ordering)
         self.committer = Committer(cfg.commit_interval_s, cfg.commit_every, self._emit_commit)
         self.budget = Budget(cfg, self.scheduler)
+        self.fetch = FetchControl(lambda: self.client, self._read_position)
         self.own = Ownership(
             handler, self.scheduler, self.committer, self.budget, self.callbacks,
             cfg.revoke_timeout_s, hook=self._hook,
@@ -140,7 +141,13 @@ class Engine:
                 cfg, producer_factory or _producer, logger=ClientLog(self._repeats)
             )
         self.failures = Failures(
-            cfg, self.scheduler, self.budget, life, lambda f: self.settle.given_up(f), dead_letters
+            cfg,
+            self.scheduler,
+            self.budget,
+            self.fetch,
+            life,
+            lambda f: self.settle.given_up(f),
+            dead_letters,
         )
         self.replay = ReplayMaps(cfg.offset_map, cfg.offset_map_max_bytes)
         self.commits = CommitPath(lambda: self.client, self.own, self.committer, self.replay)
@@ -164,10 +171,10 @@ class Engine:
             self.commits,
             self.committer,
             self.replay,
+            self.fetch,
             ready=None if txn is None else lambda: txn.ready,
         )
         self.fence = fence
-        self.paused: set[Partition] = set()  # paused in the client, as weir asked it
         self._last_poll = 0.0
         self._client: ConsumerClient | None = None
         # What the client's errors said while start() waited for a broker (None after).
@@ -351,7 +358,7 @@ class Engine:
         try:
             self.own.deadline_cap = deadline
             self.own.stop_dispatch()
-            self._set_paused(list(self.own.partitions), True, reason="shutdown")
+            self.fetch.hold(list(self.own.partitions), "shutdown")
             while (
                 self.scheduler.running(self.own.assignments())
                 and time.monotonic() < deadline
@@ -455,8 +462,7 @@ class Engine:
         if self.life.broker_probe_due(now):
             self._probe_brokers()
         if self.starts.pending:
-            sought = self.starts.turn(now)
-            self._resume([tp for tp in sought if self._paused_for_start(tp)])
+            self.starts.turn(now)
         if self.txn is not None:
             if not self.txn.ready:
                 self.txn.recover(now)  # a replaced producer: its partitions wait meanwhile
@@ -470,15 +476,15 @@ class Engine:
             # Stats at least this often, however long the commit interval.
             self.commits.catch_up_positions()
             self._publish(running=True)
+        was_paused = budget.paused
         pause, resume = budget.end_turn()
-        blocked: list[Partition] = []
-        if failures.to_pause or failures.to_resume:
-            blocked = failures.to_pause
-            resume = [*resume, *(tp for tp in failures.to_resume if tp in self.own.partitions)]
-            failures.to_pause, failures.to_resume = [], []
-        self._set_paused(pause, True, reason="capacity")
-        self._set_paused(blocked, True, reason="blocked")
-        self._resume(resume)
+        if pause or resume or budget.paused != was_paused:
+            # The budget decides capacity (every partition) and share (one partition holding
+            # its reserve); fetch control follows its state.
+            parts = budget.parts
+            self.fetch.follow(parts, "capacity", lambda tp: budget.paused)
+            self.fetch.follow(parts, "share", lambda tp: parts[tp].over_share)
+        self.fetch.turn()
 
     def _probe_brokers(self) -> None:
         """Every broker was reported down, and librdkafka never reports that one is back: does
@@ -526,7 +532,7 @@ class Engine:
                 full.append(tp)
         # One call for all: each pause waits for librdkafka's broker thread while holding the
         # interpreter lock (confluent-kafka does not release it there).
-        self._set_paused(full, True, reason="share")
+        self.fetch.hold(full, "share")
         self.scheduler.dispatch()
 
     def _register_run(self, st: PartitionState | None, run: Run, now: float) -> bool:
@@ -587,7 +593,7 @@ class Engine:
         log.error("partition_fenced", tp=str(tp), held=error.held, stored=error.stored)
         self.own.lost([tp])
         self._left([a], [tp])
-        self._set_paused([tp], True, reason="fenced")
+        self.fetch.hold([tp], "fenced")  # until the group moves it
         if self.txn is not None:
             # As for a lost partition: the open transaction holds its outputs, whose offsets
             # this member may no longer commit.
@@ -661,9 +667,9 @@ class Engine:
             self.failures.forget([a])
             self.starts.rewind(a.tp, reread=reread)
 
-    def _paused_for_start(self, tp: Partition) -> bool:
-        """Sought to its start: paused for that alone (not for the budget), so resume it."""
-        return tp in self.paused and self.budget.pause_reason(tp) is None
+    def _read_position(self, tp: Partition) -> int | None:
+        st = self.own.partitions.get(tp)
+        return None if st is None else st.progress.read_position
 
     def _emit_commit(self, event: CommitEvent) -> None:
         self.metrics.commit_result(event)
@@ -725,13 +731,16 @@ class Engine:
                 client.incremental_assign(at)
             else:
                 client.assign(at)
-        self.own.assign(parts, self._set_paused, lambda added: self._prepare(added, began))
+        self.own.assign(parts, lambda added: self._prepare(added, began))
 
     def _prepare(self, added: list[Partition], began: float) -> None:
         """New partitions, before `on_assigned` and before their first record: those whose
         start is not settled yet paused, fence epochs, offset maps, their metrics."""
         self.metrics.assigned(added, began)
-        self._set_paused(self.starts.paused(added), True, reason="start_offset_unknown")
+        if self.budget.paused:
+            self.fetch.hold(added, "capacity")
+        self.starts.hold_waiting(added)
+        self.fetch.assigned(added)
         known = self.starts.committed
         committed = {tp: known[tp] for tp in added if tp in known}
         # For stats: the group's committed offset until this member commits.
@@ -758,8 +767,6 @@ class Engine:
         parts = [Partition(t.topic, t.partition) for t in tps]
         self.own.revoke(parts, self._drain_until, self._commit_sync)
         self._left(gone, parts)
-        self.starts.forget(parts)
-        self.paused.difference_update(parts)
 
     def _on_lost(self, client: Any, tps: list[TopicPartition]) -> None:
         self.metrics.rebalance_began(time.monotonic())
@@ -768,13 +775,11 @@ class Engine:
         parts = [Partition(t.topic, t.partition) for t in tps]
         self.own.lost(parts)
         self._left(gone, parts)
-        self.starts.forget(parts)
         if self.txn is not None and gone:
             # The open transaction holds outputs of the lost partitions, whose offsets this
             # member may no longer commit: abort it, and start the others over.
             self.txn.abort()
             self._rewind(list(self.own.partitions))
-        self.paused.difference_update(parts)
 
     def _left(self, gone: list[Assignment], parts: list[Partition]) -> None:
         """Partitions left this member (revoked, lost, fenced): what is kept of them outside
@@ -782,6 +787,8 @@ class Engine:
         self.failures.forget(gone)
         self.replay.forget(parts)
         self.metrics.removed(parts)
+        self.starts.forget(parts)
+        self.fetch.forget(parts)
         self._owned_changed()
 
     def _owned_changed(self) -> None:
@@ -796,76 +803,6 @@ class Engine:
             for tp in (Partition(t.topic, t.partition) for t in tps)
             if tp in parts
         ]
-
-    def _set_paused(
-        self, tps: Sequence[Partition], paused: bool, *, reason: str = "assignment"
-    ) -> None:
-        """Pause or resume `tps` in the client. `reason` goes to the log: `capacity` (the
-        budget is full), `share` (a partition holds its share read ahead), `blocked` (a failure
-        policy), `budget` (a resume: below the low marks, the reserve ran low, or a block
-        lifted), `assignment` (weir's state re-applied to new partitions),
-        `start_offset_unknown`, `fenced`, `shutdown`."""
-        if not tps:
-            return
-        log.debug(
-            "partitions_paused" if paused else "partitions_resumed",
-            partitions=[str(tp) for tp in tps],
-            reason=reason,
-        )
-        try:
-            if paused:
-                self.client.pause(topic_partitions(tps))
-                self.paused.update(tps)
-            else:
-                self.client.resume(topic_partitions(tps))
-                self.paused.difference_update(tps)
-        except KafkaException as exc:
-            log.warning("pause_resume_failed", paused=paused, error=str(exc))
-
-    def _resume(self, tps: list[Partition]) -> None:
-        """Resume from the owner loop (never inside a rebalance callback) and get the fetches
-        going at once.
-
-        librdkafka's resume only clears a flag: a broker thread that went idle because all its
-        partitions were paused sleeps on (up to 1 s, `rd_kafka_max_block_ms`). A seek restarts
-        the partition's fetch state, which wakes the broker thread of its leader. Each resumed
-        partition is sought to where the resume would fetch from anyway, the client's position
-        (its last handed-out offset + 1; after an earlier seek, before anything new was handed
-        out, the read position weir tracked): no request, no skip, no replay. Only when no
-        partition has a position yet (nothing consumed) does a metadata request wake the broker
-        that answers it."""
-        if not tps:
-            return
-        self._set_paused(tps, False, reason="budget")
-        parts = self.own.partitions
-        woken = 0
-        try:
-            positions = self.client.position(topic_partitions(tps))
-        except KafkaException as exc:
-            log.debug("position_failed", error=str(exc))
-            positions = []
-        for r in positions:
-            st = parts.get(Partition(r.topic, r.partition))
-            at = r.offset if r.offset >= 0 else st.progress.read_position if st else None
-            if at is None or at < 0:
-                continue
-            try:
-                self.client.seek(TopicPartition(r.topic, r.partition, at))
-                woken += 1
-            except KafkaException as exc:
-                log.debug("resume_seek_failed", tp=f"{r.topic}[{r.partition}]", error=str(exc))
-        if not woken:
-            self._wake_fetcher(tps[0].topic)
-
-    def _wake_fetcher(self, topic: str) -> None:
-        """Any request to a broker wakes its thread; a metadata request is the cheapest one the
-        Python client exposes (2 to 5 ms here, blocking the owner). Only the broker that
-        answers is woken. Never call this from a rebalance callback: confluent-kafka aborts the
-        process (CallState_get assertion) on a nested blocking call."""
-        try:
-            self.client.list_topics(topic, timeout=1.0)
-        except KafkaException as exc:
-            log.debug("wake_fetcher_failed", error=str(exc))
 
     # -- errors ----------------------------------------------------------------------------
 
@@ -969,12 +906,8 @@ class Engine:
                     in_flight_bytes=pb.bytes if pb else 0,
                     committable=committable,
                     committed=committed,
-                    paused=tp in self.paused,
-                    pause_reason=(
-                        budget.pause_reason(tp) or self.starts.pause_reason(tp)
-                        if tp in self.paused
-                        else None
-                    ),
+                    paused=tp in self.fetch.paused,
+                    pause_reason=self.fetch.reason(tp),
                     read_ahead=ahead,
                     offset_map_bytes=self.replay.sizes.get(tp, 0),
                     position=position,

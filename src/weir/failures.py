@@ -29,6 +29,7 @@ from weir.budget import Budget
 from weir.config import ConsumerConfig
 from weir.deadletter import DeadLetters, WriteFailure
 from weir.errors import DeserializationError, HandlerError
+from weir.fetching import FetchControl
 from weir.lifecycle import Lifecycle
 from weir.logs import get_logger
 from weir.policy import FailurePolicy
@@ -78,6 +79,7 @@ class Failures:
         cfg: ConsumerConfig,
         scheduler: Scheduler,
         budget: Budget,
+        fetch: FetchControl,
         life: Lifecycle,
         finish: Finish,
         dead_letters: DeadLetters | None,
@@ -85,6 +87,7 @@ class Failures:
         self._cfg = cfg
         self._scheduler = scheduler
         self._budget = budget
+        self._fetch = fetch
         self._life = life
         self._finish = finish
         self.dead_letters = dead_letters
@@ -92,10 +95,6 @@ class Failures:
         self._seq = itertools.count()
         self._failed: dict[tuple[Assignment, int], Failed] = {}
         self._rng = random.Random()
-        # Pause and resume requests, applied by the engine in its loop (never inside a
-        # rebalance callback, where waking the fetcher aborts the process).
-        self.to_pause: list[Partition] = []
-        self.to_resume: list[Partition] = []
         self._blocked_logged: set[Partition] = set()  # logged as blocked, not yet unblocked
         self.retries = 0
         self.dead_lettered = 0
@@ -203,7 +202,6 @@ class Failures:
             del self._failed[key]
         gone = {a.tp for a in assignments}
         self._blocked_logged -= gone
-        self.to_pause = [tp for tp in self.to_pause if tp not in gone]
 
     def pending(self, assignments: Collection[Assignment]) -> int:
         """Dead-letter writes of these assignments still waiting for the broker."""
@@ -357,9 +355,7 @@ class Failures:
         f.parked = True
         tp = f.assignment.tp
         if self._budget.block(tp):
-            self.to_pause.append(tp)
-            if tp in self.to_resume:
-                self.to_resume.remove(tp)  # unblocked and blocked again in one turn
+            self._fetch.hold([tp], "blocked")
 
     def _unblock(self, tp: Partition) -> None:
         pb = self._budget.parts.get(tp)
@@ -371,10 +367,7 @@ class Failures:
         if tp in self._blocked_logged:
             self._blocked_logged.discard(tp)
             log.info("partition_unblocked", tp=str(tp))
-        if tp in self.to_pause:
-            self.to_pause.remove(tp)  # paused and let go in one turn: never paused
-        elif self._budget.pause_reason(tp) is None:
-            self.to_resume.append(tp)
+        self._fetch.release([tp], "blocked")  # applied at the loop's next turn
 
     def _rerun(self, f: Failed) -> None:
         a = f.assignment

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 from weir.budget import Budget
 from weir.callbacks import Callbacks, callback_name
@@ -49,7 +49,6 @@ class PartitionState:
 
 Drain = Callable[[float, list[Assignment]], None]
 CommitSync = Callable[[dict[Partition, int | None]], dict[Partition, int]]
-Pauser = Callable[[Sequence[Partition], bool], None]
 
 
 class Ownership:
@@ -83,11 +82,10 @@ class Ownership:
     def assign(
         self,
         tps: Iterable[Partition],
-        set_paused: Pauser,
         prepare: Callable[[list[Partition]], None] | None = None,
     ) -> list[Partition]:
-        """New partitions get their state; `prepare(added)` runs before `on_assigned` (fence
-        epochs, start offsets), so the hook sees them ready."""
+        """New partitions get their state; `prepare(added)` runs before `on_assigned` (their
+        fetch state, fence epochs, start offsets), so the hook sees them ready."""
         added = []
         for tp in tps:
             if tp in self.partitions:
@@ -97,10 +95,6 @@ class Ownership:
             self._committer.track(tp)
             added.append(tp)
         self.rebalances += 1
-        if added:
-            # librdkafka keeps its own pause flag across rebalances: state it explicitly so a
-            # partition that comes back matches weir's paused set, whichever way it was left.
-            set_paused(added, self._budget.paused)
         log.info(
             "partitions_assigned",
             partitions=[str(tp) for tp in added],

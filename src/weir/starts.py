@@ -5,8 +5,10 @@ OffsetFetch error it does not retry while the assignment changes) or fall back t
 `auto.offset.reset` (UNSTABLE_OFFSET_COMMIT while the assignment changes: committed input read
 again, or skipped). So weir reads the committed offsets itself in the assign callback and
 assigns every partition at an explicit offset. A partition whose start is not settled in the
-callback is assigned paused at a placeholder it never reads from (its records are dropped until
-it is sought, `holds`) and settled from the owner loop (`turn`):
+callback is assigned at a placeholder it never reads from (its records are dropped until it is
+sought, `holds`), not fetched meanwhile (`FetchControl` reason `start_offset_unknown`, or
+`start_committing` while its reset position is committed), and settled from the owner loop
+(`turn`):
 
 - **read**: its committed offset could not be read in time: read again every 0.5 s, each read
   bounded, so the other partitions keep going;
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Literal
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, KafkaException
 from confluent_kafka import TopicPartition as TP
@@ -34,6 +35,7 @@ from confluent_kafka import TopicPartition as TP
 from weir.client import ConsumerClient, topic_partitions
 from weir.commits import CommitPath
 from weir.committing import Committer
+from weir.fetching import FetchControl, Reason
 from weir.logs import get_logger
 from weir.records import Partition
 from weir.replay import ReplayMaps
@@ -41,8 +43,6 @@ from weir.replay import ReplayMaps
 __all__ = ["Committed", "Starts"]
 
 log = get_logger(__name__)
-
-StartPause = Literal["start_offset_unknown", "start_committing"]
 
 Committed = tuple[int, str | None]
 """A partition's committed offset (negative: none) and its metadata (the offset map)."""
@@ -86,6 +86,7 @@ class Starts:
         commits: CommitPath,
         committer: Committer,
         replay: ReplayMaps,
+        fetch: FetchControl,
         ready: Callable[[], bool] | None = None,
     ) -> None:
         self._reset = auto_offset_reset
@@ -94,6 +95,8 @@ class Starts:
         self._commits = commits
         self._committer = committer
         self._replay = replay
+        self._fetch = fetch
+        self._assigning = False  # inside `assign`: the client has not assigned them yet
         # Whether a partition may be sought now (a transactional member: not while its
         # producer is being replaced, whose init resolves the transaction that was open).
         self._ready = ready or _always
@@ -113,21 +116,38 @@ class Starts:
         to assign it at. Partitions not settled here start paused (`paused`)."""
         found = self.read(tps, self._callback_timeout)
         out = []
-        for tp in tps:
-            committed = found.get(tp)
-            if committed is None:
-                self.pending[tp] = _Pending(Wait.READ)
-                out.append(TP(tp.topic, tp.partition, OFFSET_END))  # a placeholder
-                continue
-            self.committed[tp] = committed
-            self.pending.pop(tp, None)
-            offset = self._offset_of(tp, committed[0])
-            out.append(TP(tp.topic, tp.partition, OFFSET_END if offset is None else offset))
+        self._assigning = True
+        try:
+            for tp in tps:
+                committed = found.get(tp)
+                if committed is None:
+                    self._wait(tp, Wait.READ)
+                    out.append(TP(tp.topic, tp.partition, OFFSET_END))  # a placeholder
+                    continue
+                self.committed[tp] = committed
+                self.pending.pop(tp, None)
+                offset = self._offset_of(tp, committed[0])
+                out.append(TP(tp.topic, tp.partition, OFFSET_END if offset is None else offset))
+        finally:
+            self._assigning = False
         return out
 
-    def paused(self, added: Iterable[Partition]) -> list[Partition]:
-        """Of partitions just added, those whose start waits: the engine pauses them."""
-        return [tp for tp in added if tp in self.pending]
+    def hold_waiting(self, added: Iterable[Partition]) -> None:
+        """Partitions just assigned whose start waits: not fetched until it is settled."""
+        for tp in added:
+            p = self.pending.get(tp)
+            if p is not None:
+                self._fetch.hold([tp], _reason(p.wait))
+
+    def _wait(self, tp: Partition, wait: Wait, offset: int | None = None) -> _Pending:
+        """`tp`'s start waits for `wait`: not fetched meanwhile (its records are dropped, and
+        fetching them is a waste)."""
+        p = self.pending[tp] = _Pending(wait, offset)
+        if not self._assigning:
+            reason = _reason(wait)
+            self._fetch.hold([tp], reason)
+            self._fetch.release([tp], _other(reason))
+        return p
 
     def _offset_of(self, tp: Partition, committed: int) -> int | None:
         """Where a partition with this committed offset starts (None: resolve and commit the
@@ -136,7 +156,7 @@ class Starts:
             return committed
         if self._reset == "error":
             return OFFSET_STORED  # librdkafka's fetch finds nothing and reports it
-        self.pending[tp] = _Pending(Wait.RESOLVE)
+        self._wait(tp, Wait.RESOLVE)
         return None
 
     # -- reads -----------------------------------------------------------------------------
@@ -170,15 +190,9 @@ class Starts:
         """Records of `tp` are dropped: it was fetched before its start was sought."""
         return tp in self.pending
 
-    def pause_reason(self, tp: Partition) -> StartPause | None:
-        p = self.pending.get(tp)
-        if p is None:
-            return None
-        return "start_committing" if p.wait is Wait.CONFIRM else "start_offset_unknown"
-
     def turn(self, now: float) -> list[Partition]:
         """Move each waiting partition's start on by what can be done now; returns the
-        partitions sought to their start (the engine resumes them)."""
+        partitions sought to their start (fetched again from the next turn)."""
         if not self.pending or not self._ready():
             return []
         waiting = {w: [tp for tp, p in self.pending.items() if p.wait is w] for w in Wait}
@@ -203,9 +217,11 @@ class Starts:
                 client.seek(TP(tp.topic, tp.partition, p.offset))
             except KafkaException as exc:
                 log.warning("seek_failed", tp=str(tp), offset=p.offset, error=str(exc))
-                self.pending[tp] = _Pending(Wait.READ)  # read it again
+                self._wait(tp, Wait.READ)  # read it again
                 continue
             del self.pending[tp]
+            self._fetch.release([tp], "start_offset_unknown")
+            self._fetch.release([tp], "start_committing")
             sought.append(tp)
         return sought
 
@@ -227,7 +243,7 @@ class Starts:
         }
         for tp, offset in resolved.items():
             if tp in self.pending:
-                self.pending[tp] = _Pending(Wait.CONFIRM, offset)
+                self._wait(tp, Wait.CONFIRM, offset)
         if resolved:
             log.info(
                 "start_offsets_reset",
@@ -242,7 +258,7 @@ class Starts:
         confirmed = self._committer.confirmed(tp)
         if confirmed is not None and confirmed >= p.offset:
             self.committed[tp] = (p.offset, None)
-            self.pending[tp] = _Pending(Wait.SEEK, p.offset)
+            self._wait(tp, Wait.SEEK, p.offset)
         elif now - p.sent_at >= _RESEND_AFTER:
             # Failed (the committer forgot it) or no answer yet: once more.
             self._send({tp: p.offset}, now)
@@ -260,7 +276,7 @@ class Starts:
         self.committed[tp] = committed
         offset = self._offset_of(tp, committed[0])
         if offset is not None:
-            self.pending[tp] = _Pending(Wait.SEEK, offset)
+            self._wait(tp, Wait.SEEK, offset)
         if self._replay.enabled:
             self._replay.forget([tp])
             self._replay.restore({tp: committed})
@@ -272,7 +288,7 @@ class Starts:
             self.committed.pop(tp, None)
         known = self.committed.get(tp)
         if known is None:
-            self.pending[tp] = _Pending(Wait.READ)
+            self._wait(tp, Wait.READ)
         else:
             self.restart_at(tp, known)
 
@@ -284,3 +300,11 @@ class Starts:
 
 def _always() -> bool:
     return True
+
+
+def _reason(wait: Wait) -> Reason:
+    return "start_committing" if wait is Wait.CONFIRM else "start_offset_unknown"
+
+
+def _other(reason: Reason) -> Reason:
+    return "start_offset_unknown" if reason == "start_committing" else "start_committing"

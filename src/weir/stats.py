@@ -14,13 +14,25 @@ from typing import Literal
 
 from weir.records import Partition
 
-__all__ = ["BUCKETS", "ConsumerStats", "LatencyHistogram", "PartitionStats"]
+__all__ = ["BUCKETS", "ConsumerStats", "LatencyHistogram", "PartitionStats", "PauseReason"]
 
 # Upper bounds (seconds, inclusive) of the latency histograms: four log-scale buckets per decade
 # from 10 microseconds to 10,000 seconds, then +Inf. Fixed, so a histogram is a list of counts and
 # an observation is one bisect; a quantile read from them is exact to within a bucket (a factor
 # of 10**0.25 = 1.78 between neighbouring bounds), interpolated inside it.
 BUCKETS: tuple[float, ...] = tuple(float(f"{10 ** (k / 4):.3g}") for k in range(-20, 17))
+
+
+PauseReason = Literal[
+    "fenced",
+    "shutdown",
+    "blocked",
+    "start_offset_unknown",
+    "start_committing",
+    "capacity",
+    "share",
+]
+"""Why the client does not fetch a partition, in the order `pause_reason` names the first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +94,8 @@ class PartitionStats:
     here, or the read failed)."""
     paused: bool
     """The client is not fetching this partition (see `pause_reason`)."""
-    pause_reason: (
-        Literal["capacity", "share", "blocked", "start_offset_unknown", "start_committing"] | None
-    ) = None
+    pause_reason: PauseReason | None = None
+    """Why (`weir.fetching`): the first of these that holds it."""
     read_ahead: int = 0
     """Records read ahead of the partition's share of the budget (flow-control.md): registered,
     so the watermark waits for them, but not yet in the lanes."""

@@ -1407,7 +1407,7 @@ def test_resume_wakes_with_a_metadata_request_when_no_position_is_known() -> Non
     engine = Engine(gc.config, gc._handler, fake.factory, Lifecycle())
     engine._client = fake.factory(gc.config.librdkafka_config())
     fake.assign([TopicPartition(TOPIC, 0)])
-    engine._resume([Partition(TOPIC, 0)])
+    engine.fetch._resume([Partition(TOPIC, 0)])
     names = [name for name, _ in fake.calls]
     assert "seek" not in names
     assert names[-1] == "list_topics"

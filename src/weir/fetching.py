@@ -1,0 +1,183 @@
+"""Fetch control: the one owner of which partitions the client fetches, and why not.
+
+Several parts of weir want a partition not fetched, each for a reason of its own; a partition is
+paused in the client while any reason holds it, and resumed when the last one is released:
+
+| reason | held by | while |
+|---|---|---|
+| `fenced` | the engine | a fence refused a write for it: until the group moves it |
+| `shutdown` | the engine | the member drains and stops |
+| `blocked` | `Failures` | a failed record blocks it (policy `block`, a dead letter not written) |
+| `start_offset_unknown` | `Starts` | its committed offset is read, or its reset position resolved |
+| `start_committing` | `Starts` | the reset position is committed, until the broker confirms it |
+| `capacity` | `Budget` | the in-flight budget is full: every partition |
+| `share` | `Budget` | the partition holds its share of the budget in reserve |
+
+`pause_reason` (stats) is the first that holds it, in this order. A hold applies at once (a
+pause only sets a flag in the client, allowed inside a rebalance callback); a release is applied
+at the next `turn` of the owner loop, never inside a rebalance callback, because resuming also
+wakes the partition's fetcher, and confluent-kafka aborts the process on a nested blocking call.
+
+librdkafka keeps a partition's pause flag across unassign and assign: new partitions get weir's
+state stated explicitly (`assigned`), whichever way the client left them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import get_args
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from weir.client import ConsumerClient, topic_partitions
+from weir.logs import get_logger
+from weir.records import Partition
+from weir.stats import PauseReason as Reason
+
+__all__ = ["FetchControl", "Reason"]
+
+log = get_logger(__name__)
+
+# The order stats name them in: the first that holds a partition is its `pause_reason`.
+_ORDER: tuple[Reason, ...] = get_args(Reason)
+
+
+class FetchControl:
+    """Owner thread only."""
+
+    def __init__(
+        self,
+        client: Callable[[], ConsumerClient],
+        read_position: Callable[[Partition], int | None],
+    ) -> None:
+        self._client = client
+        # Where weir expects the next batch of a partition (after a seek the client does not
+        # know its position until it hands out a message).
+        self._read_position = read_position
+        self._why: dict[Partition, set[Reason]] = {}
+        self.paused: set[Partition] = set()  # paused in the client, as weir asked it
+        self._releasing: set[Partition] = set()  # to resume at the next turn
+
+    def reason(self, tp: Partition) -> Reason | None:
+        """Why `tp` is not fetched (the first reason that holds it), or None."""
+        why = self._why.get(tp)
+        if not why:
+            return None
+        return next(r for r in _ORDER if r in why)
+
+    def holds(self, tp: Partition, reason: Reason) -> bool:
+        return reason in self._why.get(tp, ())
+
+    def hold(self, tps: Iterable[Partition], reason: Reason) -> None:
+        """Stop fetching `tps` for `reason` (now)."""
+        newly = []
+        for tp in tps:
+            self._why.setdefault(tp, set()).add(reason)
+            self._releasing.discard(tp)
+            if tp not in self.paused:
+                newly.append(tp)
+        self._set(newly, True, reason)
+
+    def release(self, tps: Iterable[Partition], reason: Reason) -> None:
+        """`reason` no longer holds `tps`; those nothing else holds resume at the next turn."""
+        for tp in tps:
+            why = self._why.get(tp)
+            if why is None or reason not in why:
+                continue
+            why.discard(reason)
+            if not why:
+                del self._why[tp]
+                if tp in self.paused:
+                    self._releasing.add(tp)
+
+    def follow(
+        self, tps: Iterable[Partition], reason: Reason, wanted: Callable[[Partition], bool]
+    ) -> None:
+        """Hold or release `reason` on each of `tps` as `wanted` says."""
+        held: list[Partition] = []
+        freed: list[Partition] = []
+        for tp in tps:
+            (held if wanted(tp) else freed).append(tp)
+        self.hold([tp for tp in held if not self.holds(tp, reason)], reason)
+        self.release(freed, reason)
+
+    def assigned(self, tps: Sequence[Partition]) -> None:
+        """New partitions: weir's state for them stated to the client, both ways (librdkafka
+        keeps its own flag from an earlier assignment)."""
+        held = [tp for tp in tps if self._why.get(tp)]
+        self._set(held, True, "assignment")
+        self._set([tp for tp in tps if not self._why.get(tp)], False, "assignment")
+
+    def forget(self, tps: Iterable[Partition]) -> None:
+        """Partitions that left this member: nothing of theirs is kept."""
+        for tp in tps:
+            self._why.pop(tp, None)
+            self.paused.discard(tp)
+            self._releasing.discard(tp)
+
+    def turn(self) -> None:
+        """Owner loop, never inside a rebalance callback: resume what was released."""
+        if not self._releasing:
+            return
+        tps = [tp for tp in self._releasing if tp in self.paused and not self._why.get(tp)]
+        self._releasing.clear()
+        if tps:
+            self._resume(tps)
+
+    def _set(self, tps: Sequence[Partition], paused: bool, reason: str) -> None:
+        if not tps:
+            return
+        log.debug(
+            "partitions_paused" if paused else "partitions_resumed",
+            partitions=[str(tp) for tp in tps],
+            reason=reason,
+        )
+        try:
+            if paused:
+                self._client().pause(topic_partitions(tps))
+                self.paused.update(tps)
+            else:
+                self._client().resume(topic_partitions(tps))
+                self.paused.difference_update(tps)
+        except KafkaException as exc:
+            log.warning("pause_resume_failed", paused=paused, error=str(exc))
+
+    def _resume(self, tps: list[Partition]) -> None:
+        """Resume and get the fetches going at once.
+
+        librdkafka's resume only clears a flag: a broker thread that went idle because all its
+        partitions were paused sleeps on (up to 1 s, `rd_kafka_max_block_ms`). A seek restarts
+        the partition's fetch state, which wakes the broker thread of its leader. Each resumed
+        partition is sought to where the resume would fetch from anyway, the client's position
+        (its last handed-out offset + 1; after an earlier seek, before anything new was handed
+        out, the read position weir tracked): no request, no skip, no replay. Only when no
+        partition has a position yet (nothing consumed) does a metadata request wake the broker
+        that answers it."""
+        self._set(tps, False, "released")
+        client = self._client()
+        woken = 0
+        try:
+            positions = client.position(topic_partitions(tps))
+        except KafkaException as exc:
+            log.debug("position_failed", error=str(exc))
+            positions = []
+        for r in positions:
+            at = r.offset if r.offset >= 0 else self._read_position(Partition(r.topic, r.partition))
+            if at is None or at < 0:
+                continue
+            try:
+                client.seek(TopicPartition(r.topic, r.partition, at))
+                woken += 1
+            except KafkaException as exc:
+                log.debug("resume_seek_failed", tp=f"{r.topic}[{r.partition}]", error=str(exc))
+        if not woken:
+            self._wake_fetcher(tps[0].topic)
+
+    def _wake_fetcher(self, topic: str) -> None:
+        """Any request to a broker wakes its thread; a metadata request is the cheapest one the
+        Python client exposes (2 to 5 ms here, blocking the owner). Only the broker that
+        answers is woken."""
+        try:
+            self._client().list_topics(topic, timeout=1.0)
+        except KafkaException as exc:
+            log.debug("wake_fetcher_failed", error=str(exc))
