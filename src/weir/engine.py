@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from confluent_kafka import (
-    KafkaError,
     KafkaException,
     TopicPartition,
 )
@@ -32,41 +31,30 @@ from weir.client import (
     ProducerFactory,
     TransactionalProducerFactory,
 )
+from weir.client_errors import ClientErrors
 from weir.commits import CommitPath
 from weir.committing import CommitEvent, Committer
 from weir.config import ConsumerConfig
 from weir.deadletter import DeadLetters
-from weir.errors import BrokerUnreachableError, FencedError, KafkaFatalError, OffsetResetError
+from weir.errors import FencedError
 from weir.failures import Failures
 from weir.fencing.base import Fence
 from weir.fetching import FetchControl
 from weir.intake import Run, runs_of
 from weir.lifecycle import Lifecycle
 from weir.logs import (
-    Burst,
     ClientLog,
     Repeats,
-    client_error_cause,
     get_logger,
-    timestamp,
-    without_retry_details,
 )
 from weir.metrics import Metrics
 from weir.ownership import Ownership, PartitionState
 from weir.records import Handler, Partition, is_async_handler, size_of
-from weir.refusals import (
-    ALL_BROKERS_DOWN_CODE,
-    denied_topics,
-    refusal_error,
-    refusal_of,
-    startup_refusal,
-    topics_denied_error,
-)
 from weir.replay import ReplayMaps
 from weir.scheduling import Scheduler, lane_of
 from weir.settlement import Settlement
+from weir.snapshot import Snapshot
 from weir.starts import Starts
-from weir.stats import ConsumerStats, PartitionStats
 from weir.tasks import Assignment
 from weir.transactions import Outcome, TransactionError, Transactions
 from weir.watermarks import WatermarkRefresher
@@ -81,14 +69,9 @@ log = get_logger(__name__)
 _IDLE_WAIT = 0.01
 # Stats are published at every commit, and at least this often.
 _PUBLISH_EVERY = 1.0
-# While waiting for a broker at start, the longest metadata request before the client's queue is
-# served: its errors and log lines are handled within this long of happening.
-_STARTUP_SLICE = 0.25
 # While every broker is reported down: the longest the owner waits for one to answer, once a
 # second (`Lifecycle.broker_probe_due`).
 _PROBE_WAIT = 0.25
-# How many of the client's distinct errors a BrokerUnreachableError names.
-_CAUSES = 3
 
 
 class Engine:
@@ -115,6 +98,7 @@ class Engine:
         # The client's errors and librdkafka's log lines repeat while a broker is down (a
         # refused connection every 50 ms): the first of each is logged, the rest counted.
         self._repeats = Repeats()
+        self.errors = ClientErrors(cfg, life, self._repeats)
         transactional = cfg.transactional_id is not None
         if workers is None:
             if is_async_handler(handler):
@@ -177,8 +161,6 @@ class Engine:
         self.fence = fence
         self._last_poll = 0.0
         self._client: ConsumerClient | None = None
-        # What the client's errors said while start() waited for a broker (None after).
-        self._startup_causes: dict[str, tuple[str, str]] | None = None
         self.metrics = Metrics()
         self.settle = Settlement(
             self.own,
@@ -190,6 +172,23 @@ class Engine:
             lambda: self.failures,
             self.txn,
             self._fenced,
+        )
+        self.snapshot = Snapshot(
+            client=lambda: self.client,
+            own=self.own,
+            budget=self.budget,
+            metrics=self.metrics,
+            committer=self.committer,
+            commits=self.commits,
+            fetch=self.fetch,
+            replay=self.replay,
+            settle=self.settle,
+            failures=self.failures,
+            callbacks=self.callbacks,
+            workers=self.workers,
+            life=life,
+            flow=cfg.flow,
+            refresher=lambda: self._watermarks,
         )
         # How often the high watermarks are read by a client of their own (None: not at all).
         self._refresh_s = cfg.watermark_refresh_s if refresh_watermarks else None
@@ -238,10 +237,10 @@ class Engine:
         cfg = self.cfg
         conf = cfg.librdkafka_config()
         conf["on_commit"] = self.commits.on_commit
-        conf["error_cb"] = self._on_error
+        conf["error_cb"] = self.errors.on_error
         conf["logger"] = ClientLog(self._repeats)  # librdkafka's lines: weir.librdkafka
         self._client = self._factory(conf)
-        meta = self._check_reachable()
+        meta = self.errors.check_reachable(self.client)
         if self._refresh_s is not None:
             # Its own configuration drops the member's callbacks (on_commit, error_cb, logger).
             self._watermarks = WatermarkRefresher(conf, self._refresh_s)
@@ -273,62 +272,6 @@ class Engine:
         )
         self.life.running()
         self.life.started.set()
-
-    def _check_reachable(self) -> Any:
-        """Wait up to startup_timeout_s for a broker to answer a metadata request.
-
-        The wait is cut into short requests with the client's queue served in between, so its
-        errors and log lines are handled when they happen rather than all at once at close,
-        and the error names what they said (a name that does not resolve, a refused
-        connection) instead of the metadata request's "Broker transport failure". A broker
-        that refused the client's credentials or its TLS ends the wait as soon as no broker is
-        left to try, with `AuthenticationError` or `TlsError`: waiting longer changes nothing.
-        A named topic the broker's ACLs hide from the client is an `AuthorizationError`.
-        """
-        timeout = self.cfg.startup_timeout_s
-        deadline = time.monotonic() + timeout
-        self._startup_causes = {}
-        try:
-            while True:
-                began = time.monotonic()
-                wait = max(min(_STARTUP_SLICE, deadline - began), 0.001)
-                try:
-                    meta = self.client.list_topics(timeout=wait)
-                except KafkaException as exc:
-                    failed = exc
-                else:
-                    cfg = self.cfg
-                    left = max(deadline - time.monotonic(), _STARTUP_SLICE)
-                    denied = denied_topics(self.client, cfg.topics, meta, left)
-                    if denied:
-                        raise topics_denied_error(denied, cfg.group_id)
-                    return meta
-                # Nothing is subscribed yet: this only serves error_cb and the log lines.
-                self.client.consume(1, 0)
-                if self.life.failure is not None:
-                    raise self.life.failure  # a fatal client error (_on_error)
-                refusal = startup_refusal(self._startup_causes)
-                now = time.monotonic()
-                # A request that failed before its time was refused, not left unanswered.
-                if refusal is not None or now >= deadline or now - began < wait / 2:
-                    break
-            causes = [
-                cause
-                for cause, (code, _) in self._startup_causes.items()
-                if code != ALL_BROKERS_DOWN_CODE
-            ][:_CAUSES]
-        finally:
-            self._startup_causes = None
-        if refusal is not None:
-            raise refusal_error(refusal, self.cfg.librdkafka_config()) from None
-        # One error, not a chain: the metadata request's own ("Broker transport failure") is
-        # only the fallback, for when the client said nothing more.
-        error = failed.args[0] if failed.args else failed
-        said = error.str() if isinstance(error, KafkaError) else str(error)
-        raise BrokerUnreachableError(
-            f"no Kafka broker answered at {self.cfg.bootstrap_servers!r} within "
-            f"{timeout:g}s (startup_timeout_s): {'; '.join(causes) or said}"
-        ) from None
 
     def _start_dead_letters(self, meta: Any) -> None:
         """The dead-letter producer, and the dead-letter topics of the topics named in the
@@ -526,7 +469,7 @@ class Engine:
         partitions = self.own.partitions
         full = []
         now = time.monotonic()
-        for run in runs_of(msgs, self._on_message_error):
+        for run in runs_of(msgs, self.errors.on_message_error):
             tp = Partition(run.topic, run.partition)
             if self._register_run(partitions.get(tp), run, now):
                 full.append(tp)
@@ -804,182 +747,12 @@ class Engine:
             if tp in parts
         ]
 
-    # -- errors ----------------------------------------------------------------------------
-
-    def _on_error(self, err: KafkaError) -> None:
-        code, text = err.code(), err.str()
-        if self._startup_causes is not None:
-            self._startup_causes.setdefault(client_error_cause(text), (err.name(), text))
-        refused = refusal_of(err.name(), text)
-        if err.fatal():
-            log.error("kafka_fatal_error", code=err.name(), error=text)
-            self.life.fail(KafkaFatalError(str(err)))
-        elif code == KafkaError._ALL_BROKERS_DOWN:
-            self.life.brokers_down(time.monotonic())
-            if self._first("all_brokers_down", err):
-                log.error("all_brokers_down", code=err.name(), error=text)
-        elif refused is not None:
-            # Retried by the client, but into success only once its settings or the broker's
-            # change: an error, not a warning.
-            authentication = refused.kind == "authentication"
-            if self._first(
-                "kafka_authentication_failed" if authentication else "kafka_tls_failed", err
-            ):
-                log.error(
-                    "kafka_authentication_failed" if authentication else "kafka_tls_failed",
-                    code=err.name(),
-                    error=text,
-                )
-        elif self._first("kafka_error", err):
-            log.warning("kafka_error", code=err.name(), error=text)
-
-    def _first(self, event: str, err: KafkaError) -> bool:
-        """Whether `err` is the first of a run of the same error (log it); later ones are
-        counted and reported by `_repeated`."""
-        text, suppressed = without_retry_details(err.str())
-        return self._repeats.seen((event, err.name(), text), self._repeated, 1 + suppressed)
-
-    def _repeated(self, key: object, burst: Burst, ongoing: bool) -> None:
-        assert isinstance(key, tuple)
-        event, code, text = key
-        log.warning(
-            "error_repeated",
-            of=event,
-            code=code,
-            error=text,
-            count=burst.count,
-            first=timestamp(burst.first),
-            last=timestamp(burst.last),
-            ongoing=ongoing,
-        )
-
-    def _on_message_error(self, err: KafkaError, msg: KafkaMessage) -> None:
-        if err.fatal():
-            self._on_error(err)
-        elif err.code() == KafkaError._MAX_POLL_EXCEEDED:
-            log.error("max_poll_interval_exceeded", code=err.name(), error=err.str())
-        elif err.code() == KafkaError._AUTO_OFFSET_RESET:
-            # auto_offset_reset="error" and no valid committed offset: nothing can be read
-            # without a decision the application made not to let weir take.
-            topic, partition = msg.topic(), msg.partition()
-            tp = None if topic is None or partition is None else Partition(topic, partition)
-            failure = self.life.failure
-            if isinstance(failure, OffsetResetError):
-                failure.add(tp)
-            elif self.life.fail(OffsetResetError(err.str(), tp)):
-                log.error("offset_reset_failed", tp=str(tp), error=err.str())
-        elif self._first("consume_error", err):
-            log.warning("consume_error", code=err.name(), error=err.str())
-
     # -- observability ---------------------------------------------------------------------
 
     def _publish(self, *, running: bool) -> None:
-        budget = self.budget
-        m = self.metrics
         now = time.monotonic()
         self._next_publish = now + _PUBLISH_EVERY
-        refreshed = self._watermarks.high() if self._watermarks is not None else {}
-        parts = []
-        for tp, st in sorted(self.own.partitions.items()):
-            pb = budget.parts.get(tp)
-            pm = m.parts.get(tp)
-            committable = st.progress.committable()
-            committed = self.committer.confirmed(tp)
-            if committed is None and pm is not None:
-                committed = pm.group_committed
-            position = self.commits.positions.get(tp, st.progress.read_position)
-            low, high = self._watermarks_of(tp)
-            if tp in refreshed and (high is None or refreshed[tp] > high):
-                high = refreshed[tp]
-            in_flight = pb.records if pb else 0
-            ahead = pb.ahead_records if pb else 0
-            stalled = 0.0
-            oldest_age = oldest_fetched = None
-            if pm is not None:
-                stalled = pm.watermark(committable, bool(in_flight or ahead), now)
-                oldest_fetched, oldest_age = pm.oldest_ages(now)
-            parts.append(
-                PartitionStats(
-                    tp=tp,
-                    token=st.assignment.token,
-                    in_flight=in_flight,
-                    in_flight_bytes=pb.bytes if pb else 0,
-                    committable=committable,
-                    committed=committed,
-                    paused=tp in self.fetch.paused,
-                    pause_reason=self.fetch.reason(tp),
-                    read_ahead=ahead,
-                    offset_map_bytes=self.replay.sizes.get(tp, 0),
-                    position=position,
-                    high_watermark=high,
-                    log_start=low,
-                    throttled=budget.throttled,
-                    blocked=pb.blocked if pb else False,
-                    oldest_age_s=oldest_age,
-                    oldest_fetched_s=oldest_fetched,
-                    stalled_s=stalled,
-                    last_commit_time=pm.last_commit_time if pm else None,
-                    last_commit_offset=pm.last_commit_offset if pm else None,
-                    last_commit_error=pm.last_commit_error if pm else None,
-                    assigned_time=pm.assigned_time if pm else 0.0,
-                    recovery_s=pm.recovery_s if pm else None,
-                )
-            )
-        ahead_bytes = budget.read_ahead_bytes
-        rate, window = m.rate(self.settle.processed, now)
-        flow = self.cfg.flow
-        self.life.publish(
-            ConsumerStats(
-                at=now,
-                running=running,
-                processed=self.settle.processed,
-                failed=self.settle.failed,
-                in_flight=budget.records,
-                in_flight_bytes=budget.bytes - ahead_bytes,
-                peak_in_flight=budget.peak_records,
-                peak_in_flight_bytes=budget.peak_bytes,
-                throttled=budget.throttled,
-                throttles=budget.throttles,
-                paused=budget.paused,
-                pauses=budget.pauses,
-                rebalances=m.rebalances,
-                partitions=tuple(parts),
-                read_ahead=sum(p.read_ahead for p in parts),
-                read_ahead_bytes=ahead_bytes,
-                callback_failures=self.callbacks.failures,
-                workers_replaced=self.workers.replaced,
-                loop_blocked=getattr(self.workers, "loop_blocked", 0),
-                retries=self.failures.retries,
-                waiting_retry=self.failures.waiting,
-                dead_lettered=self.failures.dead_lettered,
-                skipped=self.failures.skipped,
-                blocked=tuple(self.failures.blocked()),
-                offset_map_truncations=self.replay.truncations,
-                replay_skipped=self.replay.skipped,
-                commit_failures=m.commit_failures,
-                rate=rate,
-                rate_window_s=window,
-                handler_latency=m.handler.snapshot(),
-                end_to_end_latency=m.end_to_end.snapshot(),
-                rebalance_last_s=m.rebalance_last_s,
-                rebalance_seconds=m.rebalance_seconds,
-                rebalancing=m.rebalancing,
-                joined=self.life.joined,
-                capacity_records=flow.capacity_records,
-                capacity_bytes=flow.capacity_bytes,
-            )
-        )
-
-    def _watermarks_of(self, tp: Partition) -> tuple[int | None, int | None]:
-        """The client's log start and high watermark of `tp` from its last fetch response: a
-        local read, no request (None where unknown)."""
-        try:
-            low, high = self.client.get_watermark_offsets(
-                TopicPartition(tp.topic, tp.partition), cached=True
-            )
-        except KafkaException:
-            return None, None
-        return (low if low >= 0 else None), (high if high >= 0 else None)
+        self.life.publish(self.snapshot.take(running=running, now=now))
 
 
 def _producer(conf: dict[str, Any]) -> ProducerClient:

@@ -1,0 +1,179 @@
+"""The client's errors: what they mean for the member, said once, counted after.
+
+librdkafka reports errors through `error_cb` (served inside the owner's consume) and inside
+consumed messages. Here each is classified: fatal (the member stops), every broker down
+(readiness, `Lifecycle.brokers_down`), a broker refusing the client (authentication, TLS), an
+offset reset the application forbade (`OffsetResetError`), or one of the errors the client
+retries by itself. The first of a run of the same error is logged, the rest counted
+(`Repeats`): a broker that is down repeats its refusal every 50 ms. `check_reachable` waits
+for a broker at start and names why none answered.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+
+from weir.client import ConsumerClient, KafkaMessage
+from weir.config import ConsumerConfig
+from weir.errors import BrokerUnreachableError, KafkaFatalError, OffsetResetError
+from weir.lifecycle import Lifecycle
+from weir.logs import (
+    Burst,
+    Repeats,
+    client_error_cause,
+    get_logger,
+    timestamp,
+    without_retry_details,
+)
+from weir.records import Partition
+from weir.refusals import (
+    ALL_BROKERS_DOWN_CODE,
+    denied_topics,
+    refusal_error,
+    refusal_of,
+    startup_refusal,
+    topics_denied_error,
+)
+
+__all__ = ["ClientErrors"]
+
+log = get_logger(__name__)
+
+# While waiting for a broker at start, the longest metadata request before the client's queue is
+# served: its errors and log lines are handled within this long of happening.
+_STARTUP_SLICE = 0.25
+# How many of the client's distinct errors a BrokerUnreachableError names.
+_CAUSES = 3
+
+
+class ClientErrors:
+    """Owner thread only (the client's callbacks run there)."""
+
+    def __init__(self, cfg: ConsumerConfig, life: Lifecycle, repeats: Repeats) -> None:
+        self._cfg = cfg
+        self._life = life
+        self._repeats = repeats
+        # What the client's errors said while `check_reachable` waited (None otherwise).
+        self._causes: dict[str, tuple[str, str]] | None = None
+
+    def check_reachable(self, client: ConsumerClient) -> Any:
+        """Wait up to startup_timeout_s for a broker to answer a metadata request.
+
+        The wait is cut into short requests with the client's queue served in between, so its
+        errors and log lines are handled when they happen rather than all at once at close,
+        and the error names what they said (a name that does not resolve, a refused
+        connection) instead of the metadata request's "Broker transport failure". A broker
+        that refused the client's credentials or its TLS ends the wait as soon as no broker is
+        left to try, with `AuthenticationError` or `TlsError`: waiting longer changes nothing.
+        A named topic the broker's ACLs hide from the client is an `AuthorizationError`.
+        """
+        timeout = self._cfg.startup_timeout_s
+        deadline = time.monotonic() + timeout
+        self._causes = {}
+        try:
+            while True:
+                began = time.monotonic()
+                wait = max(min(_STARTUP_SLICE, deadline - began), 0.001)
+                try:
+                    meta = client.list_topics(timeout=wait)
+                except KafkaException as exc:
+                    failed = exc
+                else:
+                    cfg = self._cfg
+                    left = max(deadline - time.monotonic(), _STARTUP_SLICE)
+                    denied = denied_topics(client, cfg.topics, meta, left)
+                    if denied:
+                        raise topics_denied_error(denied, cfg.group_id)
+                    return meta
+                # Nothing is subscribed yet: this only serves error_cb and the log lines.
+                client.consume(1, 0)
+                if self._life.failure is not None:
+                    raise self._life.failure  # a fatal client error (on_error)
+                refusal = startup_refusal(self._causes)
+                now = time.monotonic()
+                # A request that failed before its time was refused, not left unanswered.
+                if refusal is not None or now >= deadline or now - began < wait / 2:
+                    break
+            causes = [
+                cause for cause, (code, _) in self._causes.items() if code != ALL_BROKERS_DOWN_CODE
+            ][:_CAUSES]
+        finally:
+            self._causes = None
+        if refusal is not None:
+            raise refusal_error(refusal, self._cfg.librdkafka_config()) from None
+        # One error, not a chain: the metadata request's own ("Broker transport failure") is
+        # only the fallback, for when the client said nothing more.
+        error = failed.args[0] if failed.args else failed
+        said = error.str() if isinstance(error, KafkaError) else str(error)
+        raise BrokerUnreachableError(
+            f"no Kafka broker answered at {self._cfg.bootstrap_servers!r} within "
+            f"{timeout:g}s (startup_timeout_s): {'; '.join(causes) or said}"
+        ) from None
+
+    def on_error(self, err: KafkaError) -> None:
+        code, text = err.code(), err.str()
+        if self._causes is not None:
+            self._causes.setdefault(client_error_cause(text), (err.name(), text))
+        refused = refusal_of(err.name(), text)
+        if err.fatal():
+            log.error("kafka_fatal_error", code=err.name(), error=text)
+            self._life.fail(KafkaFatalError(str(err)))
+        elif code == KafkaError._ALL_BROKERS_DOWN:
+            self._life.brokers_down(time.monotonic())
+            if self._first("all_brokers_down", err):
+                log.error("all_brokers_down", code=err.name(), error=text)
+        elif refused is not None:
+            # Retried by the client, but into success only once its settings or the broker's
+            # change: an error, not a warning.
+            authentication = refused.kind == "authentication"
+            if self._first(
+                "kafka_authentication_failed" if authentication else "kafka_tls_failed", err
+            ):
+                log.error(
+                    "kafka_authentication_failed" if authentication else "kafka_tls_failed",
+                    code=err.name(),
+                    error=text,
+                )
+        elif self._first("kafka_error", err):
+            log.warning("kafka_error", code=err.name(), error=text)
+
+    def _first(self, event: str, err: KafkaError) -> bool:
+        """Whether `err` is the first of a run of the same error (log it); later ones are
+        counted and reported by `_repeated`."""
+        text, suppressed = without_retry_details(err.str())
+        return self._repeats.seen((event, err.name(), text), self._repeated, 1 + suppressed)
+
+    def _repeated(self, key: object, burst: Burst, ongoing: bool) -> None:
+        assert isinstance(key, tuple)
+        event, code, text = key
+        log.warning(
+            "error_repeated",
+            of=event,
+            code=code,
+            error=text,
+            count=burst.count,
+            first=timestamp(burst.first),
+            last=timestamp(burst.last),
+            ongoing=ongoing,
+        )
+
+    def on_message_error(self, err: KafkaError, msg: KafkaMessage) -> None:
+        if err.fatal():
+            self.on_error(err)
+        elif err.code() == KafkaError._MAX_POLL_EXCEEDED:
+            log.error("max_poll_interval_exceeded", code=err.name(), error=err.str())
+        elif err.code() == KafkaError._AUTO_OFFSET_RESET:
+            # auto_offset_reset="error" and no valid committed offset: nothing can be read
+            # without a decision the application made not to let weir take.
+            topic, partition = msg.topic(), msg.partition()
+            tp = None if topic is None or partition is None else Partition(topic, partition)
+            failure = self._life.failure
+            if isinstance(failure, OffsetResetError):
+                failure.add(tp)
+            elif self._life.fail(OffsetResetError(err.str(), tp)):
+                log.error("offset_reset_failed", tp=str(tp), error=err.str())
+        elif self._first("consume_error", err):
+            log.warning("consume_error", code=err.name(), error=err.str())
