@@ -132,7 +132,8 @@ def test_after_sigkill_the_next_owner_rehandles_only_the_held_record_and_what_fi
 
     evs = members.events()
     done_by_m1 = set(_offsets(evs, "m1", "done"))
-    assert _committed_by(evs, "m1") == [0]
+    # The new group's start (0, committed before the first record: weir.starts), then 0 again.
+    assert _committed_by(evs, "m1") == [0, 0]
     handled_by_m2 = _offsets(evs, "m2", "start")
     twice = done_by_m1 & set(handled_by_m2)
     assert twice == set(range(10_001, 10_501)), f"{len(twice)} records handled twice"
@@ -181,7 +182,8 @@ def test_a_graceful_stop_in_key_mode_leaves_nothing_finished_to_rehandle(
     assert twice == set(), f"{len(twice)} finished records handled again"
     assert handled_by_m2 == sorted(queued)  # k0 in order, and nothing else
     assert _offsets(evs, "m1", "abandoned") == [100]
-    assert _committed_by(evs, "m1") == [100]  # the shutdown's commit, the only one
+    # The new group's start (weir.starts), then the shutdown's commit, the only other one.
+    assert _committed_by(evs, "m1") == [0, 100]
     # The shutdown's map lists exactly what m1 finished above the committed offset.
     assert _finished_in(offset, metadata) == {o for o in done_by_m1 if o > 100}
     assert _last_stats(evs, "m2")["skipped"] == len({o for o in done_by_m1 if o > 100})

@@ -6,6 +6,7 @@ copies of itself) lets the Makefile's set-up run in a second, without pip or a n
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import subprocess
@@ -40,6 +41,9 @@ def make_demo(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], list[st
         text=True,
         timeout=20,
         check=False,
+        # As a user types it: not as a sub-make of `make test`, whose MAKEFLAGS/MAKELEVEL make
+        # it print "Entering directory".
+        env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")},
     )
     calls = log.read_text().splitlines() if log.exists() else []
     log.unlink(missing_ok=True)

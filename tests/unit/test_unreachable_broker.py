@@ -91,7 +91,9 @@ def test_an_unreachable_broker_is_one_error_naming_the_cause(servers: str) -> No
     assert all(re.match(r"(WARNING|ERROR|CRITICAL) weir\.", line) for line in logged), logged
     kafka_errors = [line for line in logged if "weir.client_errors: kafka_error " in line]
     assert len(kafka_errors) == 1, logged
-    [repeated] = [line for line in logged if "weir.client_errors: error_repeated of=kafka_error" in line]
+    [repeated] = [
+        line for line in logged if "weir.client_errors: error_repeated of=kafka_error" in line
+    ]
     m = re.search(r" count=(\d+) first=(\S+) last=(\S+) ongoing=False$", repeated)
     assert m is not None, repeated
     # librdkafka retries about every 50 ms: dozens in 3 s, collapsed into one line.
