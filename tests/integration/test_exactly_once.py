@@ -760,8 +760,9 @@ def test_a_transaction_ends_after_its_record_count_well_before_its_interval(
     kafka_bootstrap: str, make_topic: TopicFactory
 ) -> None:
     """`transaction_max_records` is a boundary of its own: with a 60 s interval, transactions
-    of 10 records commit one after another (the member would otherwise sit on 35 finished
-    records for a minute), each holding at least its 10."""
+    of 10 records or more commit one after another (the member would otherwise sit on 35
+    finished records for a minute): 30 is committed within 15 s, by two transactions or more,
+    each holding at least its 10."""
     src, out = make_topic(1), make_topic(1)
     produce(kafka_bootstrap, src, _inputs(35))
     group = _group()
@@ -781,15 +782,19 @@ def test_a_transaction_ends_after_its_record_count_well_before_its_interval(
     gc.add_commit_listener(events.append)
     with gc:
         wait_for_committed(kafka_bootstrap, group, src, [30], timeout=15)
-        # The transactions' commits (sync events), not the new group's start commit.
-        wait_until(
-            lambda: len([e for e in events if e.ok and e.sync]) >= 3, 5, "three commit events"
-        )
-        offsets = [e.offset for e in events if e.ok and e.sync]
+
+        # The transactions' commits (sync events), not the new group's start commit. At least
+        # two before 30: the worker may run ahead while the owner waits on a commit, and the
+        # next transaction then holds more than 10 (one run: 10, then 34).
+        def commits() -> list[int]:
+            return [e.offset for e in events if e.ok and e.sync]
+
+        wait_until(lambda: commits() and commits()[-1] >= 30, 5, "the commit events up to 30")
+        offsets = commits()
         # The last five stay in the open transaction until the stop commits it: handled first,
         # so that the stop has nothing left to drop.
         wait_until(lambda: sum(calls.count.values()) >= 35, 10, "every record handled")
-    assert len(offsets) >= 3, offsets
+    assert len(offsets) >= 2, offsets
     steps = [b - a for a, b in zip([0, *offsets], offsets, strict=False)]
     assert all(step >= 10 for step in steps), steps
     assert wait_for_committed(kafka_bootstrap, group, src, "end", timeout=10) == {0: 35}
