@@ -5,7 +5,7 @@ sent to the client, and the results handed back.
 (weir.replay) writes the maps; this module makes the requests between them: asynchronous at every
 commit turn, synchronous at a hand-off (revoke, shutdown), and the client's results, which may
 come back in any order. In transactional mode the engine sends the same watermarks and maps into
-the transaction instead (`Engine._commit_transaction`), through `committable`, `with_maps` and
+the transaction instead (`ExactlyOnce.commit`), through `committable`, `with_maps` and
 `sent` here.
 """
 

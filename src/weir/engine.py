@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from confluent_kafka import (
@@ -37,6 +37,7 @@ from weir.committing import CommitEvent, Committer
 from weir.config import ConsumerConfig
 from weir.deadletter import DeadLetters
 from weir.errors import FencedError
+from weir.exactly_once import ExactlyOnce
 from weir.failures import Failures
 from weir.fencing.base import Fence
 from weir.fetching import FetchControl
@@ -56,7 +57,7 @@ from weir.settlement import Settlement
 from weir.snapshot import Snapshot
 from weir.starts import Starts
 from weir.tasks import Assignment
-from weir.transactions import Outcome, TransactionError, Transactions
+from weir.transactions import TransactionError, Transactions
 from weir.watermarks import WatermarkRefresher
 from weir.workers import ThreadWorkers, Workers
 
@@ -157,6 +158,20 @@ class Engine:
             self.replay,
             self.fetch,
             ready=None if txn is None else lambda: txn.ready,
+        )
+        self.eos = (
+            None
+            if txn is None
+            else ExactlyOnce(
+                txn,
+                client=lambda: self.client,
+                own=self.own,
+                commits=self.commits,
+                committer=self.committer,
+                starts=self.starts,
+                failures=self.failures,
+                life=life,
+            )
         )
         self.fence = fence
         self._last_poll = 0.0
@@ -406,11 +421,8 @@ class Engine:
             self._probe_brokers()
         if self.starts.pending:
             self.starts.turn(now)
-        if self.txn is not None:
-            if not self.txn.ready:
-                self.txn.recover(now)  # a replaced producer: its partitions wait meanwhile
-            elif self.txn.due(now):
-                self._commit_transaction(())
+        if self.eos is not None:
+            if self.eos.turn(now):
                 self._publish(running=True)
         elif self.committer.due(now):
             self.commits.send_async(now)
@@ -537,78 +549,20 @@ class Engine:
         self.own.lost([tp])
         self._left([a], [tp])
         self.fetch.hold([tp], "fenced")  # until the group moves it
-        if self.txn is not None:
+        if self.eos is not None:
             # As for a lost partition: the open transaction holds its outputs, whose offsets
             # this member may no longer commit.
-            self.txn.abort()
-            self._rewind(list(self.own.partitions))
+            self.eos.abort_all()
 
     # -- commits ---------------------------------------------------------------------------
 
     def _commit_sync(self, committable: Mapping[Partition, int | None]) -> dict[Partition, int]:
         """A hand-off commit (revoke, shutdown): the watermark of these partitions, with their
         offset maps; returns what was sent."""
-        if self.txn is not None:
+        if self.eos is not None:
             # The transaction holds outputs of every partition: it commits them all.
-            return self._commit_transaction(committable)
+            return self.eos.commit(committable)
         return self.commits.send_sync(committable)
-
-    def _commit_transaction(self, handing_off: Iterable[Partition]) -> dict[Partition, int]:
-        """Send the watermark of every owned partition (and its offset map) into the open
-        transaction and commit it: the outputs written so far are exactly those of the
-        records below these watermarks and in their maps. If it aborted, every owned partition
-        but those `handing_off` starts over from its committed offset."""
-        txn = self.txn
-        assert txn is not None
-        if txn.fatal is not None and not self.life.should_run:
-            return {}  # the member stops with it: nothing can be committed any more
-        if not txn.ready:
-            # The producer is being replaced: every owned partition was rewound then and waits
-            # for its committed offset; nothing was marked finished since.
-            return {}
-        commits = self.commits
-        commits.catch_up_positions()
-        offsets = {tp: off for tp, off in commits.committable().items() if off is not None}
-        _, metadata = commits.with_maps(offsets, dict(offsets))
-        gone = set(handing_off)
-        if (
-            txn.empty
-            and not gone
-            and all(
-                self.starts.committed.get(tp) == (off, metadata.get(tp) or None)
-                for tp, off in offsets.items()
-            )
-        ):
-            # Nothing finished and nothing moved since the last commit: no transaction (an
-            # idle member would otherwise send its offsets and commit every interval). A
-            # hand-off commits even so: an idle member writes nothing else, and this is how it
-            # learns that a newer producer with its transactional id fenced it (that producer
-            # fences before it joins the group, so its join is what started this hand-off).
-            txn.opened_at = time.monotonic()
-            return {}
-        outcome = txn.commit(offsets, metadata, self.client.consumer_group_metadata())
-        if outcome is Outcome.COMMITTED:
-            now = time.monotonic()
-            for tp, off in offsets.items():
-                self.starts.committed[tp] = (off, metadata.get(tp) or None)
-            commits.sent(offsets, metadata, now, sync=True)
-            for tp, off in offsets.items():
-                self.committer.result(tp, off, None, sync=True)
-            return offsets
-        staying = [tp for tp in self.own.partitions if tp not in gone]
-        self._rewind(staying, reread=outcome is Outcome.UNKNOWN)
-        return {}
-
-    def _rewind(self, tps: list[Partition], *, reread: bool = False) -> None:
-        """After an aborted transaction: these partitions start over locally, and their
-        records are dropped until the client is back at their committed offsets. The committed
-        offset map comes back with the offset: the records it lists had their outputs
-        committed, and must not run again. `reread`: the commit's fate is unknown (the
-        producer was replaced during it), so the committed offsets are read from the broker
-        again, once the new producer has resolved that transaction."""
-        for a in self.own.reset(tps):
-            self.failures.forget([a])
-            self.starts.rewind(a.tp, reread=reread)
 
     def _read_position(self, tp: Partition) -> int | None:
         st = self.own.partitions.get(tp)
@@ -718,11 +672,10 @@ class Engine:
         parts = [Partition(t.topic, t.partition) for t in tps]
         self.own.lost(parts)
         self._left(gone, parts)
-        if self.txn is not None and gone:
+        if self.eos is not None and gone:
             # The open transaction holds outputs of the lost partitions, whose offsets this
             # member may no longer commit: abort it, and start the others over.
-            self.txn.abort()
-            self._rewind(list(self.own.partitions))
+            self.eos.abort_all()
 
     def _left(self, gone: list[Assignment], parts: list[Partition]) -> None:
         """Partitions left this member (revoked, lost, fenced): what is kept of them outside
