@@ -7,11 +7,11 @@ the partition only when no newer offset was confirmed since.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from weir.clock import SYSTEM, Clock
 from weir.logs import get_logger
 from weir.records import Partition
 
@@ -49,12 +49,17 @@ class Committer:
     application's commit listeners)."""
 
     def __init__(
-        self, interval_s: float, every: int, emit: Callable[[CommitEvent], None] | None = None
+        self,
+        interval_s: float,
+        every: int,
+        emit: Callable[[CommitEvent], None] | None = None,
+        *,
+        clock: Clock = SYSTEM,
     ) -> None:
         self._interval = interval_s
         self._every = every
         self._state: dict[Partition, _State] = {}
-        self._last = time.monotonic()
+        self._last = clock.monotonic()
         self._finished_since = 0
         self._emit = emit or _ignore
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -32,6 +31,7 @@ from weir.client import (
     TransactionalProducerFactory,
 )
 from weir.client_errors import ClientErrors
+from weir.clock import SYSTEM, Clock
 from weir.commits import CommitPath
 from weir.committing import CommitEvent, Committer
 from weir.config import ConsumerConfig
@@ -90,8 +90,10 @@ class Engine:
         loop: asyncio.AbstractEventLoop | None = None,
         *,
         refresh_watermarks: bool = False,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.cfg = cfg = config
+        self.clock = clock
         self.handler = handler
         self.life = life
         self._factory = client_factory
@@ -112,12 +114,14 @@ class Engine:
                 )
         self.workers = workers
         self.scheduler = Scheduler(self.workers, cfg.ordering)
-        self.committer = Committer(cfg.commit_interval_s, cfg.commit_every, self._emit_commit)
+        self.committer = Committer(
+            cfg.commit_interval_s, cfg.commit_every, self._emit_commit, clock=clock
+        )
         self.budget = Budget(cfg, self.scheduler)
         self.fetch = FetchControl(lambda: self.client, self._read_position)
         self.own = Ownership(
             handler, self.scheduler, self.committer, self.budget, self.callbacks,
-            cfg.revoke_timeout_s, hook=self._hook,
+            cfg.revoke_timeout_s, hook=self._hook, clock=clock,
         )  # fmt: skip
         policies = [cfg.failure, *cfg.failure_by_topic.values()]
         dead_letters = None
@@ -133,6 +137,7 @@ class Engine:
             life,
             lambda f: self.settle.given_up(f),
             dead_letters,
+            clock=clock,
         )
         self.replay = ReplayMaps(cfg.offset_map, cfg.offset_map_max_bytes)
         self.commits = CommitPath(lambda: self.client, self.own, self.committer, self.replay)
@@ -144,6 +149,7 @@ class Engine:
                 cast(TransactionalProducerFactory, producer_factory or _producer),
                 logger=ClientLog(self._repeats),
                 interrupt=life.hurry,
+                clock=clock,
             )
             if transactional
             else None
@@ -171,6 +177,7 @@ class Engine:
                 starts=self.starts,
                 failures=self.failures,
                 life=life,
+                clock=clock,
             )
         )
         self.fence = fence
@@ -187,6 +194,7 @@ class Engine:
             lambda: self.failures,
             self.txn,
             self._fenced,
+            clock=clock,
         )
         self.snapshot = Snapshot(
             client=lambda: self.client,
@@ -272,7 +280,9 @@ class Engine:
             on_lost=self._guard(self._on_lost),
         )
         self.workers.start()
-        self.life.polled_at = time.monotonic()  # liveness counts from here until the first poll
+        self.life.polled_at = (
+            self.clock.monotonic()
+        )  # liveness counts from here until the first poll
         log.info(
             "consumer_started",
             group_id=cfg.group_id,
@@ -308,7 +318,7 @@ class Engine:
         life = self.life
         life.stopping()
         client = self._client
-        deadline = time.monotonic() + self.cfg.shutdown_timeout_s
+        deadline = self.clock.monotonic() + self.cfg.shutdown_timeout_s
         if client is None:
             self.workers.stop(0)
             return
@@ -319,18 +329,18 @@ class Engine:
             self.fetch.hold(list(self.own.partitions), "shutdown")
             while (
                 self.scheduler.running(self.own.assignments())
-                and time.monotonic() < deadline
+                and self.clock.monotonic() < deadline
                 and not life.hurry.is_set()
             ):
                 self.settle.drain(0.05)
                 # Keep serving the group while handlers finish; nothing new is dispatched.
                 client.consume(1, 0)
-                life.polled_at = time.monotonic()
+                life.polled_at = self.clock.monotonic()
             self.settle.drain(0)
             dead_letters = self.failures.dead_letters
             if dead_letters is not None and dead_letters.pending:
                 # Confirmed dead letters count as finished before the final commit.
-                dead_letters.flush(deadline - time.monotonic())
+                dead_letters.flush(deadline - self.clock.monotonic())
                 self.settle.drain(0)
             self.settle.settle_started(self.own.assignments())
             left = self.scheduler.running(self.own.assignments())
@@ -357,7 +367,7 @@ class Engine:
                 log.exception("close_failed")
             if self.txn is not None:
                 try:
-                    self.txn.close(deadline - time.monotonic())
+                    self.txn.close(deadline - self.clock.monotonic())
                 except Exception:  # the steps after it (the workers' stop) must still run
                     log.exception("transactions_close_failed")
             if self.fence is not None:
@@ -370,13 +380,13 @@ class Engine:
             # The closes served the last of the clients' errors and lines.
             self._repeats.flush()
             hook = self.handler.on_shutdown
-            hook_s = max(1.0, deadline - time.monotonic())
+            hook_s = max(1.0, deadline - self.clock.monotonic())
             self.callbacks.call(
                 callback_name(hook), self._hook(hook, hook_s), hook_name="on_shutdown"
             )
-            self.workers.stop(max(0.0, deadline - time.monotonic()))
+            self.workers.stop(max(0.0, deadline - self.clock.monotonic()))
             if self._watermarks is not None:
-                self._watermarks.stop(max(0.0, min(1.0, deadline - time.monotonic())))
+                self._watermarks.stop(max(0.0, min(1.0, deadline - self.clock.monotonic())))
             log.info("consumer_stopped", processed=self.settle.processed)
 
     # -- one turn of the loop --------------------------------------------------------------
@@ -391,14 +401,14 @@ class Engine:
             # Throttled: poll once per poll_timeout_s (callbacks, max.poll.interval.ms) taking
             # at most one record, and otherwise wait for completions. The client keeps its
             # prefetch.
-            wait = self._last_poll + self.cfg.poll_timeout_s - time.monotonic()
+            wait = self._last_poll + self.cfg.poll_timeout_s - self.clock.monotonic()
             msgs: Sequence[KafkaMessage]
             if wait > 0:
                 self.settle.drain(self.failures.wait(wait))
                 msgs = ()
                 polled = False
             else:
-                self._last_poll = time.monotonic()
+                self._last_poll = self.clock.monotonic()
                 msgs = self.client.consume(1, 0)
         else:
             wait = 0 if busy else self.failures.wait(self.cfg.poll_timeout_s)
@@ -410,7 +420,7 @@ class Engine:
         else:
             self.settle.drain(0)
         budget.admit_starved()
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if polled:
             self.life.polled_at = now
         failures = self.failures
@@ -452,7 +462,7 @@ class Engine:
             self.client.list_topics(topic, timeout=_PROBE_WAIT)
         except KafkaException:
             return
-        down = self.life.broker_answered(time.monotonic())
+        down = self.life.broker_answered(self.clock.monotonic())
         log.info("brokers_reachable", down_s=round(down, 1))
 
     def _serve_requests(self) -> None:
@@ -480,7 +490,7 @@ class Engine:
         offsets increasing: a rewind mid-call starts a new run)."""
         partitions = self.own.partitions
         full = []
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for run in runs_of(msgs, self.errors.on_message_error):
             tp = Partition(run.topic, run.partition)
             if self._register_run(partitions.get(tp), run, now):
@@ -529,7 +539,7 @@ class Engine:
         while (
             self.scheduler.running(assignments) or failures.pending(assignments)
         ) and not self.life.hurry.is_set():
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 break
             self.settle.drain(min(remaining, 0.05))
@@ -601,14 +611,14 @@ class Engine:
     def _on_assign(self, client: Any, tps: list[TopicPartition]) -> None:
         """An assignment ends a rebalance: counted once, with its duration from the
         rebalance's first callback (a revoke or lost before it), however many callbacks."""
-        began = time.monotonic()
+        began = self.clock.monotonic()
         m = self.metrics
         try:
             self._assign(client, tps, began)
         finally:
             self.life.joined = True
             self._owned_changed()
-            seconds = m.rebalance_done(began, time.monotonic())
+            seconds = m.rebalance_done(began, self.clock.monotonic())
             log.info(
                 "rebalance_done",
                 rebalances=m.rebalances,
@@ -659,14 +669,14 @@ class Engine:
         log.info("fence_epochs_acquired", epochs={str(tp): epochs[tp] for tp in added})
 
     def _on_revoke(self, client: Any, tps: list[TopicPartition]) -> None:
-        self.metrics.rebalance_began(time.monotonic())
+        self.metrics.rebalance_began(self.clock.monotonic())
         gone = self._assignments_of(tps)
         parts = [Partition(t.topic, t.partition) for t in tps]
         self.own.revoke(parts, self._drain_until, self._commit_sync)
         self._left(gone, parts)
 
     def _on_lost(self, client: Any, tps: list[TopicPartition]) -> None:
-        self.metrics.rebalance_began(time.monotonic())
+        self.metrics.rebalance_began(self.clock.monotonic())
         self.life.joined = False
         gone = self._assignments_of(tps)
         parts = [Partition(t.topic, t.partition) for t in tps]
@@ -703,7 +713,7 @@ class Engine:
     # -- observability ---------------------------------------------------------------------
 
     def _publish(self, *, running: bool) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         self._next_publish = now + _PUBLISH_EVERY
         self.life.publish(self.snapshot.take(running=running, now=now))
 

@@ -10,10 +10,10 @@ when partitions were lost or fenced. docs/exactly-once.md argues the invariant.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 
 from weir.client import ConsumerClient
+from weir.clock import SYSTEM, Clock
 from weir.commits import CommitPath
 from weir.committing import Committer
 from weir.failures import Failures
@@ -40,7 +40,9 @@ class ExactlyOnce:
         starts: Starts,
         failures: Failures,
         life: Lifecycle,
+        clock: Clock = SYSTEM,
     ) -> None:
+        self._clock = clock
         self.txn = txn
         self._client = client
         self._own = own
@@ -98,11 +100,11 @@ class ExactlyOnce:
             # hand-off commits even so: an idle member writes nothing else, and this is how it
             # learns that a newer producer with its transactional id fenced it (that producer
             # fences before it joins the group, so its join is what started this hand-off).
-            txn.opened_at = time.monotonic()
+            txn.opened_at = self._clock.monotonic()
             return {}
         outcome = txn.commit(offsets, metadata, self._client().consumer_group_metadata())
         if outcome is Outcome.COMMITTED:
-            now = time.monotonic()
+            now = self._clock.monotonic()
             for tp, off in offsets.items():
                 self._starts.committed[tp] = (off, metadata.get(tp) or None)
             commits.sent(offsets, metadata, now, sync=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from weir.budget import Budget
+from weir.clock import SYSTEM, Clock
 from weir.config import ConsumerConfig
 from weir.deadletter import DeadLetters, WriteFailure
 from weir.errors import DeserializationError, HandlerError
@@ -83,7 +84,10 @@ class Failures:
         life: Lifecycle,
         finish: Finish,
         dead_letters: DeadLetters | None,
+        *,
+        clock: Clock = SYSTEM,
     ) -> None:
+        self._clock = clock
         self._cfg = cfg
         self._scheduler = scheduler
         self._budget = budget
@@ -110,7 +114,7 @@ class Failures:
             return  # revoked, lost or stopping: its state goes with the assignment
         rec = task.records[index]
         error = (task.errors or {})[index]
-        now = time.monotonic()
+        now = self._clock.monotonic()
         attempt = a.attempts.get(rec.offset, 1)
         key = (a, rec.offset)
         f = self._failed.get(key)
@@ -194,7 +198,7 @@ class Failures:
         through it in a poll (with nothing else in flight a 50 ms backoff took 200 ms)."""
         if not self._due:
             return timeout
-        return max(0.0, min(timeout, self._due[0][0] - time.monotonic()))
+        return max(0.0, min(timeout, self._due[0][0] - self._clock.monotonic()))
 
     def forget(self, assignments: Collection[Assignment]) -> None:
         """Revoked or lost: their retries, blocks and dead-letter results no longer matter."""
@@ -223,7 +227,7 @@ class Failures:
 
     def retry_now(self, tp: Partition) -> bool:
         """Try the blocked (or waiting) records of `tp` again at once."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         found = False
         for f in list(self._failed.values()):
             if f.assignment.tp == tp and f.state in ("blocked", "retry"):
@@ -323,7 +327,9 @@ class Failures:
                 )
                 f.dead_letter_failed = True
                 policy = self._cfg.policy_for(f.record.topic)
-                self._block(f, policy, time.monotonic(), reason=failure.reason, **failure.fields)
+                self._block(
+                    f, policy, self._clock.monotonic(), reason=failure.reason, **failure.fields
+                )
 
         self.dead_letters.send(f.record, f.attempt, f.error, f.failed_at, done)
 

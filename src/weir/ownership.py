@@ -11,11 +11,11 @@ for it (`Scheduler`), and its worker is replaced (`Workers.abandon`).
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Iterable
 
 from weir.budget import Budget
 from weir.callbacks import Callbacks, callback_name
+from weir.clock import SYSTEM, Clock
 from weir.committing import Committer
 from weir.logs import get_logger
 from weir.records import Handler, Partition
@@ -62,7 +62,9 @@ class Ownership:
         revoke_timeout_s: float,
         *,
         hook: Callable[[Callable[..., object]], Callable[..., object]] | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
+        self._clock = clock
         self._handler = handler
         # Wraps a handler hook for calling (an async hook runs on the handler's event loop).
         self._hook = hook
@@ -106,7 +108,7 @@ class Ownership:
         return added
 
     def revoke(self, tps: Iterable[Partition], drain: Drain, commit_sync: CommitSync) -> None:
-        started = time.monotonic()
+        started = self._clock.monotonic()
         deadline = started + self._revoke_timeout
         if self.deadline_cap is not None:
             deadline = min(deadline, self.deadline_cap)
@@ -147,7 +149,7 @@ class Ownership:
             committed=committed,
             sent={str(tp): off for tp, off in to_send.items()},
             unfinished=left,
-            seconds=round(time.monotonic() - started, 3),
+            seconds=round(self._clock.monotonic() - started, 3),
         )
         self._call_hook("on_revoked", sorted(owned))
 

@@ -29,12 +29,12 @@ the failure policy, until it finishes them (`given_up`) or runs them again.
 from __future__ import annotations
 
 import queue
-import time
 from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby
 from typing import Literal
 
 from weir.budget import Budget
+from weir.clock import SYSTEM, Clock
 from weir.committing import Committer
 from weir.errors import FencedError
 from weir.failures import Failed, Failures
@@ -84,7 +84,10 @@ class Settlement:
         failures: Callable[[], Failures],
         txn: Transactions | None,
         on_fenced: Callable[[Assignment, FencedError], None],
+        *,
+        clock: Clock = SYSTEM,
     ) -> None:
+        self._clock = clock
         self._own = own
         self._scheduler = scheduler
         self._workers = workers
@@ -310,25 +313,25 @@ class Settlement:
         except queue.Empty:
             pass
         if reporting:
-            now = time.monotonic()
+            now = self._clock.monotonic()
             if now >= self._next_report:
                 self._next_report = now + _REPORT_WAIT
-                ran_long = time.perf_counter() - _REPORT_AFTER
+                ran_long = self._clock.perf_counter() - _REPORT_AFTER
                 for t in reporting:
                     if t.finished > t.reported and t.started <= ran_long:
                         self._progress(t, t.finished)
         if sched.outstanding():
-            now = time.monotonic()
+            now = self._clock.monotonic()
             if now >= self._next_move:
                 self._next_move = now + _MOVE_AFTER / 2
-                for t in sched.running_long(time.perf_counter() - _MOVE_AFTER):
+                for t in sched.running_long(self._clock.perf_counter() - _MOVE_AFTER):
                     moved = sched.take_unstarted(t)
                     if moved:
                         log.debug("records_moved", tp=str(t.assignment.tp), records=moved)
                 # Any task that runs long (a slow record among fast ones, not only a long
                 # task): the records it finished ahead of the slow one move the watermark and
                 # go into the offset map now, not when the slow one ends.
-                ran_long = time.perf_counter() - _REPORT_AFTER
+                ran_long = self._clock.perf_counter() - _REPORT_AFTER
                 for t in sched.started():
                     if t.finished > t.reported and t.started <= ran_long:
                         self._progress(t, t.finished)

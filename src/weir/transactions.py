@@ -34,6 +34,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from weir.bounded import CallAbandoned, call_within
 from weir.client import TransactionalProducer, TransactionalProducerFactory, offsets_to_commit
+from weir.clock import SYSTEM, Clock
 from weir.config import ConsumerConfig
 from weir.deadletter import shared_settings
 from weir.errors import TransactionError
@@ -78,7 +79,10 @@ class Transactions:
         factory: TransactionalProducerFactory,
         logger: object | None = None,
         interrupt: threading.Event | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
+        # The boundaries' clock (the engine's); the waits for the producer are real ones.
+        self._clock = clock
         assert cfg.transactional_id is not None
         self._cfg = cfg
         self._factory = factory
@@ -150,7 +154,7 @@ class Transactions:
         self.open = True
         self.records = self.outputs = 0
         self.failed = None
-        self.opened_at = time.monotonic()
+        self.opened_at = self._clock.monotonic()
 
     @property
     def empty(self) -> bool:
@@ -320,9 +324,9 @@ class Transactions:
         self.failed = None
         if old is not None and not abandoned:
             _let_go(old)
-        self._down_since = time.monotonic()
+        self._down_since = self._clock.monotonic()
         self._next_recover = 0.0
-        self.recover(time.monotonic())
+        self.recover(self._clock.monotonic())
 
     def recover(self, now: float) -> bool:
         """While the producer is being replaced (owner loop, every turn): one bounded attempt
@@ -358,7 +362,7 @@ class Transactions:
         finally:
             # The owner polls between attempts: the next one is a pause away from the end of
             # this one, however long this one took.
-            self._next_recover = time.monotonic() + _RECOVER_EVERY
+            self._next_recover = self._clock.monotonic() + _RECOVER_EVERY
         down = now - self._down_since if self._down_since is not None else 0.0
         self._down_since = None
         self.begin()

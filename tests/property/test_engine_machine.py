@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import os
 import queue
-import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from typing import Any, Literal
@@ -35,10 +34,6 @@ from hypothesis.stateful import (
     rule,
 )
 
-from weir import committing as committing_module
-from weir import engine as engine_module
-from weir import failures as failures_module
-from weir import ownership as ownership_module
 from weir import settlement as settlement_module
 from weir.config import ConsumerConfig
 from weir.engine import Engine
@@ -47,6 +42,7 @@ from weir.lifecycle import Lifecycle
 from weir.policy import FailurePolicy, RetryPolicy
 from weir.records import Context, Handler, Partition, Record
 from weir.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
+from weir.testing.clock import ManualClock
 from weir.testing.fake import FakeConsumer
 from weir.workers import Progress
 
@@ -60,33 +56,10 @@ EXAMPLES = int(os.environ.get("WEIR_MACHINE_EXAMPLES", "40"))
 STEPS = int(os.environ.get("WEIR_MACHINE_STEPS", "40"))
 
 
-class _Clock:
-    """The engine's time, advancing 1 ms at every reading: runs are deterministic (hypothesis
-    replays them), and every wait the engine loops on still ends."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        self.now += 0.001
-        return self.now
-
-    def reset(self) -> None:
-        self.now = 1000.0
-
-
-CLOCK = _Clock()
-# The machine's clock stands in for the monotonic ones; the wall clock (a dead letter's
+# The engine's time, advancing 1 ms at every reading: runs are deterministic (hypothesis
+# replays them), and every wait the engine loops on still ends. The wall clock (a dead letter's
 # weir.dlq.failed_at) stays the real one.
-_TIME = type(
-    "_Time",
-    (),
-    {
-        "monotonic": staticmethod(CLOCK),
-        "perf_counter": staticmethod(CLOCK),
-        "time": staticmethod(time.time),
-    },
-)
+CLOCK = ManualClock(tick=0.001)
 
 
 class _Completions:
@@ -155,7 +128,7 @@ class ManualWorkers:
         self.queued.remove(task)
         task.it = iter(task.records)
         next(task.it)
-        task.started = CLOCK()
+        task.started = CLOCK.perf_counter()
         self.running.append(task)
 
     def finish(
@@ -299,7 +272,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.life = Lifecycle()
         self.soon.clear()
         engine = self.engine = Engine(
-            self._config(), _Unused(), fake.factory, self.life, self.workers
+            self._config(), _Unused(), fake.factory, self.life, self.workers, clock=CLOCK
         )
         if self.fast:
             engine.scheduler._per_record = 1e-6
@@ -869,14 +842,6 @@ for machine in (EngineMachine, ConcurrentEngineMachine):
 
 @pytest.fixture(autouse=True)
 def _machine_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in (
-        engine_module,
-        ownership_module,
-        committing_module,
-        failures_module,
-        settlement_module,
-    ):
-        monkeypatch.setattr(module, "time", _TIME)
     # A slow task gives its unreached records away after a few turns of machine time.
     monkeypatch.setattr(settlement_module, "_MOVE_AFTER", 0.01)
 

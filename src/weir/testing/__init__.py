@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from weir.testing.broker import TEST_BROKER_DEFAULTS, EmbeddedKafka, KafkaNode
+    from weir.testing.clock import ManualClock
     from weir.testing.cluster import EmbeddedKafkaCluster
     from weir.testing.errors import (
         BrokerStartError,
@@ -71,6 +72,7 @@ _WHERE = {
     "KAFKA_VERSION": "jars",
     "ensure_kafka_jars": "jars",
     "capture_events": "events",
+    "ManualClock": "clock",
     "BrokerProvider": "providers",
     "EmbeddedBroker": "providers",
     "ExternalBroker": "providers",
@@ -99,6 +101,7 @@ __all__ = [
     "JavaNotFoundError",
     "JavaVersionError",
     "KafkaNode",
+    "ManualClock",
     "MavenError",
     "MavenNotFoundError",
     "PortInUseError",
