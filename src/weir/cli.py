@@ -549,7 +549,7 @@ _OWN_SETTINGS = {
 
 
 def _parse_setting(item: str) -> tuple[str, str]:
-    from weir.config import is_secret_key
+    from weir._secrets import is_secret_key
 
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
@@ -594,7 +594,7 @@ def _admin(args: argparse.Namespace) -> Any:
 
 def _refusal(exc: Exception, settings: dict[str, str]) -> str:
     """librdkafka's reason for refusing the -X settings, without the value of a secret."""
-    from weir.config import is_secret_key
+    from weir._secrets import is_secret_key
     from weir.lag import error_text
 
     reason = error_text(exc).removeprefix("Failed to create admin client: ")
