@@ -55,6 +55,22 @@ def _refuse(problem: str | None) -> None:
 _MAX_QUEUED_KBYTES = 2_097_151
 
 
+# Each mark of the flow budget and the mark it must stay below: by how much at least, and how
+# to say so. The byte headroom holds the client's fetch buffer, which is at least 1 MiB.
+_BELOW = "must be below {above} ({high})"
+_MARK_BELOW: dict[str, tuple[str, int, str]] = {
+    "pause_records": ("capacity_records", 1, _BELOW),
+    "resume_records": ("pause_records", 1, _BELOW),
+    "pause_bytes": (
+        "capacity_bytes",
+        1024 * 1024,
+        "must leave at least 1 MiB of headroom below {above} ({high}) for the client's fetch "
+        "buffer",
+    ),
+    "resume_bytes": ("pause_bytes", 1, _BELOW),
+}
+
+
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
@@ -91,45 +107,26 @@ class FlowConfig(BaseModel):
                 exc, lambda loc: suggest(str(loc[-1]), cls.model_fields)
             ) from None
 
-    @field_validator("pause_records")
+    @field_validator(*_MARK_BELOW)
     @classmethod
-    def _pause_records(cls, v: int, info: ValidationInfo) -> int:
-        cap = info.data.get("capacity_records")
-        if cap is not None and v >= cap:
-            raise ValueError(f"pause_records ({v}) must be below capacity_records ({cap})")
-        return v
-
-    @field_validator("resume_records")
-    @classmethod
-    def _resume_records(cls, v: int, info: ValidationInfo) -> int:
-        high = info.data.get("pause_records")
-        if high is not None and v >= high:
-            raise ValueError(f"resume_records ({v}) must be below pause_records ({high})")
+    def _below_the_mark_above(cls, v: int, info: ValidationInfo) -> int:
+        name = str(info.field_name)
+        above, least_gap, rule = _MARK_BELOW[name]
+        high = info.data.get(above)
+        if high is not None and high - v < least_gap:
+            raise ValueError(f"{name} ({v}) {rule.format(above=above, high=high)}")
         return v
 
     @field_validator("pause_bytes")
     @classmethod
-    def _pause_bytes(cls, v: int, info: ValidationInfo) -> int:
+    def _fetch_buffer_bound(cls, v: int, info: ValidationInfo) -> int:
         cap = info.data.get("capacity_bytes")
-        if cap is not None and cap - v < 1024 * 1024:
-            raise ValueError(
-                f"pause_bytes ({v}) must leave at least 1 MiB of headroom below "
-                f"capacity_bytes ({cap}) for the client's fetch buffer"
-            )
         if cap is not None and cap - v > _MAX_QUEUED_KBYTES * 1024:
             raise ValueError(
                 f"capacity_bytes - pause_bytes ({cap - v}) must stay within 2 GiB: the client's "
                 "fetch buffer is sized to it, and librdkafka's queued.max.messages.kbytes "
                 f"stops at {_MAX_QUEUED_KBYTES}"
             )
-        return v
-
-    @field_validator("resume_bytes")
-    @classmethod
-    def _resume_bytes(cls, v: int, info: ValidationInfo) -> int:
-        high = info.data.get("pause_bytes")
-        if high is not None and v >= high:
-            raise ValueError(f"resume_bytes ({v}) must be below pause_bytes ({high})")
         return v
 
     @property

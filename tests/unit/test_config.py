@@ -180,6 +180,41 @@ def test_pause_bytes_must_leave_a_mebibyte_of_headroom() -> None:
     assert FlowConfig(capacity_bytes=3 * mib, pause_bytes=2 * mib, resume_bytes=0)
 
 
+MIB = 1024 * 1024
+VALID_MARKS = {
+    "capacity_records": 300,
+    "pause_records": 200,
+    "resume_records": 100,
+    "capacity_bytes": 8 * MIB,
+    "pause_bytes": 4 * MIB,
+    "resume_bytes": 2 * MIB,
+}
+
+
+@pytest.mark.parametrize(
+    ("mark", "above", "least_gap"),
+    [
+        ("pause_records", "capacity_records", 1),
+        ("resume_records", "pause_records", 1),
+        ("pause_bytes", "capacity_bytes", MIB),
+        ("resume_bytes", "pause_bytes", 1),
+    ],
+)
+def test_each_flow_mark_stays_below_the_mark_above_it(
+    mark: str, above: str, least_gap: int
+) -> None:
+    """The four marks share one rule: the closest each may come to the mark above it is
+    accepted, one more is refused, at the mark's own name and with both values."""
+    high = VALID_MARKS[above]
+    closest = FlowConfig(**{**VALID_MARKS, mark: high - least_gap})
+    assert getattr(closest, mark) == high - least_gap
+    with pytest.raises(ValidationError) as info:
+        FlowConfig(**{**VALID_MARKS, mark: high - least_gap + 1})
+    assert locs(info.value) == [(mark,)]
+    assert f"{mark} ({high - least_gap + 1}) must " in messages(info.value)
+    assert f"below {above} ({high})" in messages(info.value)
+
+
 def test_the_byte_headroom_fits_librdkafkas_fetch_queue_bound() -> None:
     gib = 1024**3
     with pytest.raises(ValidationError) as info:
