@@ -24,6 +24,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from typing_extensions import Required, TypedDict
 
 from weir._ids import id_problem, member_id_problem, shown, text_problem
@@ -149,6 +150,39 @@ def async_flow(max_in_flight: int) -> FlowConfig:
     return FlowConfig(
         pause_records=pause, resume_records=pause * 2 // 5, capacity_records=pause * 6 // 5
     )
+
+
+def for_async_handler(config: ConsumerConfig) -> ConsumerConfig:
+    """`config` as an async handler's member runs it: with `async_flow` in place of the default
+    `flow` (a `flow` given is kept), validated again as a whole, since every rule that reads
+    the flow must hold for the budget the member will use."""
+    if "flow" in config.model_fields_set:
+        return config
+    flow = async_flow(config.max_in_flight)
+    given = {name: getattr(config, name) for name in config.model_fields_set}
+    try:
+        return ConsumerConfig(**given, flow=flow)
+    except ValidationError as exc:
+        raise _noted(
+            exc,
+            f"flow was not given, and an async handler's is async_flow(max_in_flight="
+            f"{config.max_in_flight}) = {flow!r}: pass flow=FlowConfig(...) to choose it",
+        ) from None
+
+
+def _noted(error: ValidationError, note: str) -> ValidationError:
+    """`error` with `note` after each of its messages."""
+    details: list[InitErrorDetails] = [
+        {
+            "type": PydanticCustomError(
+                e["type"], "{message}", {"message": f"{e['msg']} ({note})"}
+            ),
+            "loc": e["loc"],
+            "input": e["input"],
+        }
+        for e in error.errors()
+    ]
+    return ValidationError.from_exception_data(error.title, details, hide_input=True)
 
 
 # librdkafka's session.timeout.ms default, which max.poll.interval.ms may not be below.
