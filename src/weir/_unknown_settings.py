@@ -12,19 +12,25 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 __all__ = ["RENAMED", "suggest", "with_suggestions"]
 
 
-# Names of 0.1, before every duration said its unit.
-RENAMED = {
-    old: f"{old}_s"
-    for old in (
-        "poll_timeout",
-        "commit_interval",
-        "revoke_timeout",
-        "shutdown_timeout",
-        "startup_timeout",
-    )
-} | {
-    f"{name}_ms": f"{name}_s"
-    for name in ("session_timeout", "heartbeat_interval", "max_poll_interval")
+# Names of earlier versions, before every setting said its unit: the name now, and the unit.
+RENAMED: dict[str, tuple[str, str]] = {
+    **{
+        old: (f"{old}_s", "seconds")
+        for old in (
+            "poll_timeout",
+            "commit_interval",
+            "revoke_timeout",
+            "shutdown_timeout",
+            "startup_timeout",
+        )
+    },
+    **{
+        f"{name}_ms": (f"{name}_s", "seconds")
+        for name in ("session_timeout", "heartbeat_interval", "max_poll_interval")
+    },
+    # A count of records, not of bytes (a Kafka producer's batch.size is bytes).
+    "commit_every": ("commit_every_records", "records"),
+    "max_batch": ("max_batch_records", "records"),
 }
 
 

@@ -302,7 +302,7 @@ class ConsumerConfig(BaseModel):
         description="The in-flight budget of records and bytes "
         "([flow-control.md](flow-control.md)); its counts are strict ints.",
     )
-    max_batch: int = Field(
+    max_batch_records: int = Field(
         200,
         ge=1,
         le=100_000,
@@ -324,11 +324,11 @@ class ConsumerConfig(BaseModel):
         gt=0,
         strict=True,
         allow_inf_nan=False,
-        description="An async commit when this much time or `commit_every` records have passed, "
-        "whichever comes first (a restart replays at most about this much).",
+        description="An async commit when this much time or `commit_every_records` records have "
+        "passed, whichever comes first (a restart replays at most about this much).",
     )
     # Each commit request is a write to __consumer_offsets.
-    commit_every: int = Field(
+    commit_every_records: int = Field(
         10_000,
         ge=1,
         strict=True,
@@ -519,7 +519,8 @@ class ConsumerConfig(BaseModel):
     def _explain(cls, loc: tuple[int | str, ...]) -> str:
         name = str(loc[-1])  # flow's own names are explained by FlowConfig
         if name in RENAMED:
-            return f"{name} is now {RENAMED[name]} (seconds)"
+            new, unit = RENAMED[name]
+            return f"{name} is now {new} ({unit})"
         if name in FlowConfig.model_fields:
             return f"{name} is a flow setting: pass flow=FlowConfig({name}=...)"
         if name in TYPED_KEYS:
@@ -629,13 +630,13 @@ class ConsumerConfig(BaseModel):
             )
         return v
 
-    @field_validator("max_batch")
+    @field_validator("max_batch_records")
     @classmethod
-    def _max_batch(cls, v: int, info: ValidationInfo) -> int:
+    def _max_batch_records(cls, v: int, info: ValidationInfo) -> int:
         flow = info.data.get("flow")
         if flow is not None and v > flow.headroom_records:
             raise ValueError(
-                f"max_batch ({v}) is larger than the flow headroom flow.capacity_records - "
+                f"max_batch_records ({v}) is larger than the flow headroom flow.capacity_records - "
                 f"flow.pause_records ({flow.headroom_records}): one fetched batch could pass "
                 "the capacity"
             )
@@ -809,10 +810,10 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "auto_offset_reset": Literal["earliest", "latest", "error"],
         "topic_refresh_s": float,
         "flow": FlowConfig,
-        "max_batch": int,
+        "max_batch_records": int,
         "poll_timeout_s": float,
         "commit_interval_s": float,
-        "commit_every": int,
+        "commit_every_records": int,
         "revoke_timeout_s": float,
         "shutdown_timeout_s": float,
         "startup_timeout_s": float,

@@ -143,7 +143,9 @@ class Engine:
                 )
         self.workers = workers
         self.scheduler = Scheduler(self.workers, cfg.ordering)
-        self.committer = Committer(cfg.commit_interval_s, cfg.commit_every, self._emit_commit)
+        self.committer = Committer(
+            cfg.commit_interval_s, cfg.commit_every_records, self._emit_commit
+        )
         self.budget = Budget(cfg, self.scheduler)
         self.own = Ownership(
             handler, self.scheduler, self.committer, self.budget, self.callbacks,

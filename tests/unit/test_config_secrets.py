@@ -48,7 +48,7 @@ def test_every_sensitive_setting_is_masked_and_still_reaches_the_client(key: str
 def test_every_sensitive_setting_is_masked_in_validation_errors(key: str) -> None:
     for overrides in (
         {"workers": 0},  # a field error
-        {"max_batch": 10_000},  # a rule across fields
+        {"max_batch_records": 10_000},  # a rule across fields
         {"kafka": {key: SECRET, "no.such.property": 1}},  # librdkafka refuses another key
         {"kafka": {key: [SECRET]}},  # the secret itself has the wrong type
     ):
@@ -155,7 +155,7 @@ INVALID_WITH_SECRET: list[dict[str, Any]] = [
     {"kafka": {"sasl.password": [SECRET]}},
     {"kafka": {"sasl.password": SECRET, "logger": print}},
     {"kafka": {"sasl.password": SECRET, "security.protocol": "sasl_plaintext"}},
-    {"kafka": {"sasl.password": SECRET}, "max_batch": 10_000},
+    {"kafka": {"sasl.password": SECRET}, "max_batch_records": 10_000},
     {"kafka": {"sasl.password": SECRET}, "revoke_timeout_s": 1_000.0},
     {"kafka": {"sasl.password": SECRET}, "workers": 0},
 ]
