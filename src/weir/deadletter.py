@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from weir.client import ProducerClient, ProducerFactory
 from weir.config import ConsumerConfig
-from weir.errors import WeirError
+from weir.errors import DeadLetterError
 from weir.logs import get_logger
 from weir.policy import FailurePolicy
 from weir.records import Record, header_bytes
@@ -131,10 +131,6 @@ class WriteFailure:
 
 Result = Callable[[WriteFailure | None], None]
 """Called on the owner thread with None once the broker confirmed the write, else why not."""
-
-
-class DeadLetterError(WeirError):
-    """A dead-letter topic is missing and could not be created (checked at start)."""
 
 
 class DeadLetters:
