@@ -152,7 +152,6 @@ class DeadLetters:
         # those of topics a regex subscription matched before their first dead letter.
         self._checked: set[str] = set()
         self.pending = 0
-        self.written = 0
         self._next_serve = 0.0
         self._closed = False
         # Delivery results, kept by the producer's callback and handed on once its poll returned
@@ -379,7 +378,6 @@ class DeadLetters:
         for done, policy, topic, size, err in results:
             self.pending -= 1
             if err is None:
-                self.written += 1
                 done(None)
             else:
                 done(self._failure(policy, topic, size, err))
