@@ -121,8 +121,8 @@ ORDERINGS: dict[str, Ordering] = {"key": "key", "partition": "partition", "unord
 class Tuning(TypedDict, total=False):
     """GroupConsumer settings given on the command line."""
 
-    max_batch: int
-    commit_every: int
+    max_batch_records: int
+    commit_every_records: int
     failure: FailurePolicy
     max_in_flight: int
     workers: int
@@ -143,7 +143,7 @@ RAW_FETCH: dict[str, Any] = {
 # weir's commit cadence, which the raw loop copies.
 DEFAULTS: dict[str, Any] = {
     name: ConsumerConfig.model_fields[name].default
-    for name in ("commit_every", "commit_interval_s")
+    for name in ("commit_every_records", "commit_interval_s")
 }
 
 
@@ -236,12 +236,12 @@ def run_raw(
     batch: int,
     max_seconds: float,
     fetch: dict[str, Any],
-    commit_every: int = DEFAULTS["commit_every"],
+    commit_every_records: int = DEFAULTS["commit_every_records"],
     commit_interval_s: float = DEFAULTS["commit_interval_s"],
 ) -> Result:
     """The baseline: one thread, `consume()` a batch, handle each record inline, commit async
-    every `commit_every` records or `commit_interval_s` seconds (weir's cadence: its defaults
-    unless given). librdkafka defaults apart from `fetch`."""
+    every `commit_every_records` records or `commit_interval_s` seconds (weir's cadence: its
+    defaults unless given). librdkafka defaults apart from `fetch`."""
     meter = Meter(records)
     h = handle(meter)
     watch = CpuWatch(bk)
@@ -272,7 +272,7 @@ def run_raw(
             since_commit += len(msgs)
             now = time.monotonic()
             if since_commit and (
-                since_commit >= commit_every or now - last_commit >= commit_interval_s
+                since_commit >= commit_every_records or now - last_commit >= commit_interval_s
             ):
                 c.commit(asynchronous=True)
                 since_commit = 0
@@ -293,7 +293,7 @@ def run_raw(
         cpu,
         {
             "consume_batch": batch,
-            "commit_every": commit_every,
+            "commit_every_records": commit_every_records,
             "commit_interval_s": commit_interval_s,
             **fetch,
         },
@@ -694,10 +694,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "is compared with the fastest raw run (and the medians with each other)",
     )
     p.add_argument(
-        "--max-batch", type=int, default=None, help="GroupConsumer max_batch (default: weir's)"
+        "--max-batch-records",
+        type=int,
+        default=None,
+        help="GroupConsumer max_batch_records (default: weir's)",
     )
     p.add_argument(
-        "--commit-every",
+        "--commit-every-records",
         type=int,
         default=None,
         help="commit cadence in records, for GroupConsumer and the raw loop (default: weir's)",
@@ -981,11 +984,15 @@ def main(argv: list[str] | None = None) -> int:
     slept = calibrate_sleep(io_s, precise=not args.default_timer_slack)
     raw_fetch = {} if args.raw_librdkafka_defaults else RAW_FETCH
     settings: Tuning = {}
-    if args.max_batch is not None:
-        settings["max_batch"] = args.max_batch
-    if args.commit_every is not None:
-        settings["commit_every"] = args.commit_every
-    raw_cadence = {"commit_every": settings.get("commit_every", DEFAULTS["commit_every"])}
+    if args.max_batch_records is not None:
+        settings["max_batch_records"] = args.max_batch_records
+    if args.commit_every_records is not None:
+        settings["commit_every_records"] = args.commit_every_records
+    raw_cadence = {
+        "commit_every_records": settings.get(
+            "commit_every_records", DEFAULTS["commit_every_records"]
+        )
+    }
     env = environment()
     print(
         f"# throughput: noop={args.noop_records:,} io={args.io_records:,} "

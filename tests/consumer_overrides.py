@@ -33,10 +33,10 @@ class Overrides(TypedDict, total=False):
     auto_offset_reset: Literal["earliest", "latest", "error"]
     topic_refresh_s: float
     flow: FlowConfig
-    max_batch: int
+    max_batch_records: int
     poll_timeout_s: float
     commit_interval_s: float
-    commit_every: int
+    commit_every_records: int
     revoke_timeout_s: float
     shutdown_timeout_s: float
     startup_timeout_s: float

@@ -38,7 +38,8 @@ from rich.table import Table
 
 from examples.orders import Ledger, Summary
 from examples.orders.member import Members
-from weir.lag import LagError, admin_client, group_lag
+from weir import WeirError
+from weir.lag import admin_client, group_lag
 from weir.testing.errors import HarnessError
 
 PARTITIONS = 6
@@ -147,7 +148,7 @@ class Offsets:
     def refresh(self) -> None:
         try:
             rows = group_lag(self._admin, self._group, topics=[self._topic], timeout=5).partitions
-        except LagError:
+        except WeirError:
             return  # the group is not known yet, or the broker was slow: keep the last view
         for row in rows:
             if row.log_end is not None:

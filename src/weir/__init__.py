@@ -3,28 +3,29 @@
 from weir.committing import CommitEvent
 from weir.config import ConsumerConfig, ConsumerSettings, FlowConfig
 from weir.consumer import GroupConsumer
-from weir.deadletter import DeadLetterError
 from weir.errors import (
     AuthenticationError,
     AuthorizationError,
     BrokerRefusedError,
     BrokerUnreachableError,
     CallbackError,
+    DeadLetterError,
     DeserializationError,
     FencedError,
     HandlerError,
     KafkaFatalError,
+    NonRetryable,
     OffsetResetError,
     TlsError,
+    TransactionError,
     WeirError,
 )
 from weir.health import Health
 from weir.lifecycle import State
-from weir.policy import FailurePolicy, NonRetryable, RetryPolicy
+from weir.policy import FailurePolicy, RetryPolicy
 from weir.records import Context, Handler, Partition, Record
 from weir.stats import ConsumerStats, LatencyHistogram, PartitionStats
 from weir.tracking import BatchProgress, PartitionProgress
-from weir.transactions import TransactionError
 
 __all__ = [
     "AuthenticationError",

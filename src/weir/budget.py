@@ -84,7 +84,7 @@ class Budget:
     def __init__(self, cfg: ConsumerConfig, scheduler: Scheduler) -> None:
         self._cfg = cfg
         self._flow = cfg.flow
-        self._max_batch = cfg.max_batch
+        self._max_batch = cfg.max_batch_records
         self._scheduler = scheduler
         self.parts: dict[Partition, PartitionBudget] = {}
         self.records = 0  # in the lanes (read-ahead records are not counted here)

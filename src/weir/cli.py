@@ -549,7 +549,7 @@ _OWN_SETTINGS = {
 
 
 def _parse_setting(item: str) -> tuple[str, str]:
-    from weir.config import is_secret_key
+    from weir._secrets import is_secret_key
 
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
@@ -594,7 +594,7 @@ def _admin(args: argparse.Namespace) -> Any:
 
 def _refusal(exc: Exception, settings: dict[str, str]) -> str:
     """librdkafka's reason for refusing the -X settings, without the value of a secret."""
-    from weir.config import is_secret_key
+    from weir._secrets import is_secret_key
     from weir.lag import error_text
 
     reason = error_text(exc).removeprefix("Failed to create admin client: ")
@@ -605,20 +605,22 @@ def _refusal(exc: Exception, settings: dict[str, str]) -> str:
 
 
 def _lag_error_message(exc: Exception, args: argparse.Namespace) -> str:
-    from weir.lag import BrokerRefusedError, BrokerUnreachableError
+    from weir.errors import BrokerRefusedError, BrokerUnreachableError
 
     if isinstance(exc, BrokerRefusedError):
         return str(exc)  # names the broker, what it refused and the -X settings to check
     if isinstance(exc, BrokerUnreachableError):
+        waited = args.timeout if exc.timeout is None else exc.timeout
         return (
-            f"no Kafka broker answered at {args.bootstrap_servers} within {exc.timeout:g} s "
-            f"({exc.reason}); check --bootstrap-servers, or raise --timeout"
+            f"no Kafka broker answered at {args.bootstrap_servers} within {waited:g} s "
+            f"({exc.reason or 'no answer'}); check --bootstrap-servers, or raise --timeout"
         )
     return f"{exc} (cluster {args.bootstrap_servers})"
 
 
 def _lag(args: argparse.Namespace) -> int:
-    from weir.lag import LagError, group_lag
+    from weir.errors import WeirError
+    from weir.lag import group_lag
 
     admin = _admin(args)
 
@@ -631,7 +633,7 @@ def _lag(args: argparse.Namespace) -> int:
     if args.watch is None:
         try:
             lag = snapshot()
-        except LagError as exc:
+        except WeirError as exc:
             print(f"weir: {_lag_error_message(exc, args)}", file=sys.stderr)
             return 1
         _print_lag(lag, args)
@@ -659,12 +661,12 @@ def _print_lag(lag: Any, args: argparse.Namespace) -> None:
 
 
 def _watch_json(snapshot: Callable[[], Any], args: argparse.Namespace) -> None:
-    from weir.lag import LagError
+    from weir.errors import WeirError
 
     while True:
         try:
             _print_lag(snapshot(), args)
-        except LagError as exc:
+        except WeirError as exc:
             print(f"weir: {_lag_error_message(exc, args)}", file=sys.stderr, flush=True)
         time.sleep(args.watch)
 
@@ -674,7 +676,7 @@ def _watch_table(snapshot: Callable[[], Any], args: argparse.Namespace) -> None:
     from rich.live import Live
     from rich.text import Text
 
-    from weir.lag import LagError
+    from weir.errors import WeirError
 
     console = _console()
 
@@ -684,7 +686,7 @@ def _watch_table(snapshot: Callable[[], Any], args: argparse.Namespace) -> None:
         )
         try:
             return Group(_lag_view(snapshot(), args), stamp)
-        except LagError as exc:
+        except WeirError as exc:
             return Group(Text(f"weir: {_lag_error_message(exc, args)}", style="red"), stamp)
 
     if not console.is_terminal:
@@ -780,12 +782,13 @@ def _lag_view(lag: Any, args: argparse.Namespace) -> Any:
 
 
 def _groups(args: argparse.Namespace) -> int:
-    from weir.lag import LagError, all_groups_lag
+    from weir.errors import WeirError
+    from weir.lag import all_groups_lag
 
     admin = _admin(args)
     try:
         lags = all_groups_lag(admin, timeout=args.timeout)
-    except LagError as exc:
+    except WeirError as exc:
         print(f"weir: {_lag_error_message(exc, args)}", file=sys.stderr)
         return 1
     finally:

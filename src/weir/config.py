@@ -3,17 +3,16 @@
 Everything is validated before a `Consumer` is built, so a contradiction is a `ValidationError`
 naming the field, never a half-started member. The `kafka` mapping is checked by librdkafka
 itself: a throwaway consumer that knows no broker is built from the whole configuration and
-closed at once.
+closed at once (`weir._librdkafka_probe`). The rules on secrets, ids, topics and the `kafka`
+mapping live in modules of their own; this one holds the models.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
-import confluent_kafka
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -28,6 +27,12 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from typing_extensions import Required, TypedDict
 
+from weir._ids import id_problem, member_id_problem, shown, text_problem
+from weir._kafka_mapping import FORCED_OFF, TYPED_KEYS, KafkaValue, value_problems
+from weir._librdkafka_probe import librdkafka_refusals
+from weir._secrets import SENSITIVE_KEYS, is_secret_key, mask_secrets, masked, wrap_secret
+from weir._topics import topic_name_problem, topic_problem
+from weir._unknown_settings import RENAMED, suggest, with_suggestions
 from weir.policy import FailurePolicy
 
 __all__ = [
@@ -35,337 +40,10 @@ __all__ = [
     "ConsumerConfig",
     "ConsumerSettings",
     "FlowConfig",
+    "KafkaValue",
     "is_secret_key",
     "mask_secrets",
 ]
-
-KafkaValue = str | int | float | bool
-
-# -- secrets ------------------------------------------------------------------------------------
-
-# librdkafka's own list: the properties flagged _RK_SENSITIVE in the property table of its
-# src/rdkafka_conf.c, for librdkafka 2.16.0 (the build confluent-kafka 2.16 bundles). librdkafka
-# redacts exactly these in its own dump of a configuration; tests/unit/test_config_secrets.py
-# checks this list against the installed library. `ssl_key` is internal: it is set through
-# rd_kafka_conf_set_ssl_cert(), never by name, and is listed for completeness.
-SENSITIVE_KEYS: frozenset[str] = frozenset(
-    {
-        "ssl.key.location",
-        "ssl.key.password",
-        "ssl.key.pem",
-        "ssl_key",
-        "ssl.ca.pem",
-        "ssl.keystore.password",
-        "sasl.username",
-        "sasl.password",
-        "sasl.oauthbearer.config",
-        "sasl.oauthbearer.client.secret",
-        "sasl.oauthbearer.assertion.private.key.file",
-        "sasl.oauthbearer.assertion.private.key.passphrase",
-        "sasl.oauthbearer.assertion.private.key.pem",
-    }
-)
-# Aliases librdkafka resolves to a sensitive property (the alias itself carries no flag).
-_SENSITIVE_ALIASES = frozenset({"sasl.oauthbearer.client.credentials.client.secret"})
-# The fallback for names not in the list (a newer librdkafka's, a plugin's): masking a harmless
-# value costs a line of debugging, showing a secret costs the secret.
-_SECRET_WORDS = (
-    "password",
-    "passwd",
-    "passphrase",
-    "secret",
-    "private",
-    "credential",
-    "token",
-    "jaas",
-    "pem",
-    "apikey",
-    "api.key",
-    "api_key",
-)
-
-_MASK = "***"
-
-
-def is_secret_key(key: str) -> bool:
-    """Whether the value of setting `key` is masked: librdkafka's sensitive properties, their
-    aliases, a plugin's copy of one (`<prefix>.sasl.password`), or a name with a secret word."""
-    k = key.lower()
-    if k in SENSITIVE_KEYS or k in _SENSITIVE_ALIASES:
-        return True
-    if any(k.endswith("." + s) for s in SENSITIVE_KEYS):
-        return True
-    return any(word in k for word in _SECRET_WORDS)
-
-
-def mask_secrets(conf: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: (_MASK if is_secret_key(k) else v) for k, v in conf.items()}
-
-
-class _NotScalarSecret(SecretStr):
-    """A secret given as something other than a scalar: masked like any secret, then refused."""
-
-
-def _wrap_secret(value: Any) -> SecretStr:
-    if isinstance(value, SecretStr):
-        return value
-    if isinstance(value, str | int | float) and not isinstance(value, bool):
-        return SecretStr(str(value))
-    return _NotScalarSecret("")
-
-
-def _masked(value: Any) -> Any:
-    """`value` with every entry of a secret name wrapped, recursively through mappings."""
-    if isinstance(value, Mapping):
-        return {
-            k: _wrap_secret(v) if isinstance(k, str) and is_secret_key(k) else _masked(v)
-            for k, v in value.items()
-        }
-    return value
-
-
-# -- the kafka mapping ---------------------------------------------------------------------------
-
-# librdkafka settings that weir exposes as typed fields: setting them in `kafka` would bypass the
-# protocol rules below, so they are refused with the name of the field to use instead.
-_TYPED_KEYS = {
-    "bootstrap.servers": "bootstrap_servers",
-    "metadata.broker.list": "bootstrap_servers",
-    "group.id": "group_id",
-    "group.protocol": "group_protocol",
-    "partition.assignment.strategy": "assignment_strategy",
-    "group.remote.assignor": "remote_assignor",
-    "group.instance.id": "group_instance_id",
-    "session.timeout.ms": "session_timeout_s",
-    "heartbeat.interval.ms": "heartbeat_interval_s",
-    "max.poll.interval.ms": "max_poll_interval_s",
-    "auto.offset.reset": "auto_offset_reset",
-    # librdkafka sets a name it does not know globally on the default topic configuration, with
-    # a "topic." prefix taken off: this one overrode auto_offset_reset without a word.
-    "topic.auto.offset.reset": "auto_offset_reset",
-    "topic.metadata.refresh.interval.ms": "topic_refresh_s",
-}
-# weir is the only committer; these would let librdkafka commit offsets of unfinished records.
-_FORCED_OFF = ("enable.auto.commit", "enable.auto.offset.store")
-
-_LOGGER_NAME = "weir.librdkafka"
-# Callbacks weir sets on the client itself, and what to use instead.
-_WEIR_CALLBACKS = {
-    "logger": (
-        f"weir routes librdkafka's log lines to the stdlib logger {_LOGGER_NAME!r}: configure "
-        f"that logger instead (logging.getLogger({_LOGGER_NAME!r}).setLevel(...), handlers), and "
-        "set kafka['debug'] for more of them"
-    ),
-    "log_cb": f"weir routes librdkafka's log lines to the stdlib logger {_LOGGER_NAME!r}",
-    "error_cb": (
-        "weir receives the client's errors itself: it logs them (kafka_error, all_brokers_down) "
-        "and stops the member with KafkaFatalError on a fatal one"
-    ),
-    "on_commit": (
-        "weir commits and receives every commit result itself: use "
-        "GroupConsumer.add_commit_listener() to see them"
-    ),
-    "offset_commit_cb": (
-        "weir commits and receives every commit result itself: use "
-        "GroupConsumer.add_commit_listener() to see them"
-    ),
-    "stats_cb": (
-        "weir reserves librdkafka's statistics callback; GroupConsumer.stats() has the member's "
-        "figures"
-    ),
-    "throttle_cb": "weir reserves librdkafka's throttle callback",
-    "rebalance_cb": (
-        "weir handles rebalances itself; a Handler's on_assigned/on_revoked/on_lost hear of them"
-    ),
-}
-_CALLABLE_HINT = (
-    "is a callable: kafka takes librdkafka settings, each a str, int, float or bool "
-    "(an OAUTHBEARER token callback is not supported: use sasl.oauthbearer.method='oidc')"
-)
-
-
-_TERMINATION_SIGNAL = (
-    "kafka['internal.termination.signal'] must stay 0: librdkafka installs a handler for that "
-    "signal in the whole process whenever a client is built (as validating this configuration "
-    "does) and sends it to its own threads on close, so SIGKILL or SIGSTOP would kill or stop "
-    "the process, and any other signal loses its handling (SIGINT: KeyboardInterrupt and "
-    "weir's graceful stop)"
-)
-
-
-def _kafka_entry_problems(key: str, value: KafkaValue | SecretStr) -> list[str]:
-    """What in one `kafka` entry of the right type librdkafka would not read as given, or what
-    would harm the process before librdkafka could refuse it."""
-    problems = [
-        problem
-        for problem in (
-            _text_problem(f"kafka[{key!r}]: the name", key),
-            _text_problem(
-                f"kafka[{key!r}]",
-                value.get_secret_value() if isinstance(value, SecretStr) else str(value),
-            ),
-        )
-        if problem is not None
-    ]
-    if key == "internal.termination.signal" and str(value).strip() != "0":
-        problems.append(_TERMINATION_SIGNAL)
-    return problems
-
-
-class _Quiet:
-    """The throwaway client's logger: confluent-kafka hands it librdkafka's log lines (a missing
-    bootstrap.servers warns), which say nothing about the configuration weir will run with."""
-
-    def log(self, level: int, msg: str, *args: object) -> None:
-        pass
-
-
-_QUIET = _Quiet()
-_FAILED_PREFIX = re.compile(r"^Failed to create consumer: ")
-# Mechanisms whose start does nothing outside the process; OAUTHBEARER with OIDC fetches a token
-# over HTTP and GSSAPI runs kinit as soon as a client is built, even one that knows no broker.
-_QUIET_MECHANISMS = re.compile(r"PLAIN|SCRAM-SHA-\d+")
-
-
-def _probe(conf: Mapping[str, Any]) -> str | None:
-    """librdkafka's reason for refusing `conf` as a consumer's configuration, or None.
-
-    The Python client passes each setting to rd_kafka_conf_set() (unknown names, bad values and
-    ranges) and rd_kafka_new() checks how they combine; the client it builds knows no broker, so
-    it connects nowhere, and closing it joins its threads.
-    """
-    try:
-        client = confluent_kafka.Consumer({**conf, "logger": _QUIET})
-    except Exception as exc:  # whatever the client raises is its refusal
-        error = exc.args[0] if exc.args else exc
-        text = error.str() if isinstance(error, confluent_kafka.KafkaError) else str(error)
-        return _FAILED_PREFIX.sub("", text)
-    client.close()
-    return None
-
-
-def _probes(conf: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The configuration to probe, and a second one for the SASL mechanism when the first must
-    leave SASL out: starting some mechanisms reaches outside the process."""
-    probe = {
-        k: v for k, v in conf.items() if k not in ("bootstrap.servers", "metadata.broker.list")
-    }
-    # confluent-kafka wires an AWS token callback for this value and waits up to 10 s for a token.
-    if probe.get("sasl.oauthbearer.metadata.authentication.type") == "aws_iam":
-        del probe["sasl.oauthbearer.metadata.authentication.type"]
-    protocol = str(probe.get("security.protocol", "plaintext"))
-    mechanism = str(probe.get("sasl.mechanisms", probe.get("sasl.mechanism", "GSSAPI")))
-    if not protocol.lower().startswith("sasl_") or _QUIET_MECHANISMS.fullmatch(mechanism):
-        return probe, None
-    probe["security.protocol"] = protocol[len("sasl_") :]
-    mechanism_probe = {
-        "group.id": probe["group.id"],
-        "security.protocol": protocol,
-        "sasl.mechanism": mechanism,
-        # No kinit, and a token made in the process instead of fetched.
-        "sasl.kerberos.min.time.before.relogin": 0,
-        "enable.sasl.oauthbearer.unsecure.jwt": True,
-    }
-    return probe, mechanism_probe
-
-
-def _named(reason: str, keys: Collection[str]) -> list[str]:
-    return [k for k in keys if re.search(rf"(?<![\w.]){re.escape(k)}(?![\w.])", reason)]
-
-
-def _librdkafka_refusals(conf: Mapping[str, Any], kafka: Mapping[str, Any]) -> list[str]:
-    """What librdkafka refuses in `conf`, each naming the `kafka` key or field at fault."""
-    secrets = [str(v) for k, v in conf.items() if is_secret_key(k) and len(str(v)) >= 3]
-
-    def scrub(reason: str) -> str:
-        for secret in secrets:
-            reason = reason.replace(secret, _MASK)
-        return reason
-
-    def describe(reason: str, keys: list[str]) -> str:
-        fields = sorted({_TYPED_KEYS[k] for k in _named(reason, conf) if k in _TYPED_KEYS})
-        if keys:
-            where = ", ".join(f"kafka[{k!r}]" for k in keys)
-            return f"{where}: librdkafka refuses {'it' if len(keys) == 1 else 'them'}: {reason}"
-        if fields:
-            return f"librdkafka refuses {', '.join(fields)}: {reason}"
-        return f"librdkafka refuses the configuration: {reason}"
-
-    refusals: list[str] = []
-    reasons: set[str] = set()
-    probe, mechanism_probe = _probes(conf)
-    # One refusal at a time: drop the keys it names and ask again, so every bad key is reported.
-    for _ in range(len(kafka) + 1):
-        reason = _probe(probe)
-        if reason is None:
-            break
-        reason = scrub(reason)
-        keys = [k for k in _named(reason, kafka) if k in probe]
-        if not keys:  # some reasons name nothing (sasl.jaas.config's): find who fails alone
-            group = {"group.id": probe["group.id"]}
-            keys = [k for k in kafka if k in probe and _probe(_probes({**group, k: probe[k]})[0])]
-        if reason not in reasons:  # dropping a key may leave the same complaint
-            reasons.add(reason)
-            refusals.append(describe(reason, keys))
-        if not keys:
-            break
-        for k in keys:
-            del probe[k]
-    if mechanism_probe is not None:
-        reason = _probe(mechanism_probe)
-        if reason is not None:
-            given = [k for k in ("sasl.mechanisms", "sasl.mechanism") if k in kafka]
-            refusals.append(describe(scrub(reason), given or ["security.protocol"]))
-    return refusals
-
-
-# -- ids and names -----------------------------------------------------------------------------
-
-# librdkafka reads every setting as a C string: a NUL ends it there, so what follows would be
-# dropped without a word (`enable.auto.commit\0` in `kafka` would set enable.auto.commit).
-_NUL = "\x00"
-# librdkafka left-trims string settings with C's isspace() (rd_kafka_anyconf_set): " orders" is
-# group "orders" to it, and a blank group id leaves the client without a consumer group, which
-# aborts the interpreter in confluent-kafka's Consumer(). Multi-byte UTF-8 never starts with one.
-_C_SPACE = " \t\n\v\f\r"
-# Kafka's protocol sends ids as strings with an int16 length: at most 32767 bytes of UTF-8 (the
-# broker drops the connection on a longer one, and the member never joins).
-_MAX_ID_BYTES = 32767
-# Under the classic protocol the broker names each member `<group.instance.id or client.id>-<a
-# UUID>` and sends that name back: 37 more bytes that must fit too (JoinGroup fails otherwise).
-_CLASSIC_MEMBER_SUFFIX = 37
-
-
-def _text_problem(what: str, value: str) -> str | None:
-    """What keeps `value` from reaching librdkafka as typed: a NUL, or text UTF-8 cannot hold."""
-    if _NUL in value:
-        return (
-            f"{what} contains a NUL character (\\x00): librdkafka reads it as a C string, which "
-            "ends there, and would drop the rest"
-        )
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return f"{what} holds a lone surrogate, which UTF-8 cannot encode"
-    return None
-
-
-def _id_problem(what: str, value: str, max_bytes: int = _MAX_ID_BYTES, why: str = "") -> str | None:
-    """Why `value` cannot be the id `what` (a group, client, instance or transactional id)."""
-    allowed = (
-        f"an id is any text of 1 to {max_bytes} bytes of UTF-8{why} that does not start with "
-        "whitespace and has no NUL character"
-    )
-    problem = _text_problem(what, value)
-    if problem is None and value[:1] in tuple(_C_SPACE):
-        stripped = value.lstrip(_C_SPACE)
-        problem = (
-            f"{what} {_shown(value)} starts with whitespace, which librdkafka strips "
-            f"({f'it would be {_shown(stripped)}' if stripped else 'leaving it empty'})"
-        )
-    if problem is None and len(value.encode()) > max_bytes:
-        problem = f"{what} is {len(value.encode())} bytes long"
-    return None if problem is None else f"{problem}: {allowed}"
 
 
 def _refuse(problem: str | None) -> None:
@@ -374,150 +52,24 @@ def _refuse(problem: str | None) -> None:
         raise ValueError(problem)
 
 
-def _shown(value: str) -> str:
-    return repr(value) if len(value) <= 80 else f"{value[:80]!r}..."
-
-
-# -- topics ------------------------------------------------------------------------------------
-
-_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
-# librdkafka matches a classic subscription's patterns with POSIX extended regular expressions
-# (libc's regcomp), the broker matches KIP-848 ones with RE2/J: what Python's `re` accepts beyond
-# their common part is refused rather than matched differently (`\d` is a plain `d` in POSIX).
-_UNESCAPED = r"(?<!\\)(?:\\\\)*"  # after an even run of backslashes: not itself escaped
-_NOT_PORTABLE = (
-    (
-        re.compile(_UNESCAPED + r"\(\?"),
-        "'(?...)' groups (flags, lookaround, named or non-capturing groups)",
-    ),
-    (
-        re.compile(_UNESCAPED + r"\\[A-Za-z0-9]"),
-        "backslash classes and references such as \\d, \\w, \\b, \\1",
-    ),
-)
-
-
-# A pattern ending in an unescaped `.*` or `$` matches the same topics whether the match must
-# cover the whole name (the broker) or only start at its beginning (librdkafka's regexec).
-_WHOLE_NAME = re.compile(_UNESCAPED + r"(?:\.\*|\$)$")
-
-
-# A counted repetition: RE2 (the broker's matcher under KIP-848) refuses a count above 1000,
-# glibc's regcomp (librdkafka's) one above 32767, and Python's `re` takes far larger ones. A '{'
-# that starts no count is a literal to Python (and to RE2 as `{,n}`), an error to regcomp.
-_BRACKETS = re.compile(_UNESCAPED + r"(\[\^?\]?(?:\[:[a-z]+:\]|[^\]])*\])")  # a '{' in one is a '{'
-_BRACE = re.compile(_UNESCAPED + r"\{")
-_COUNT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
-_MAX_REPEAT = 1000
-
-
-def _count_problem(shown: str, pattern: str) -> str | None:
-    outside = _BRACKETS.sub(lambda m: m.group()[: m.start(1) - m.start()] + "_", pattern)
-    for brace in _BRACE.finditer(outside):
-        count = _COUNT.match(outside, brace.end() - 1)
-        if count is None:
-            return (
-                f"{shown} has a '{{' that starts no count {{m}}, {{m,}} or {{m,n}}, which the "
-                "matchers read differently (librdkafka's POSIX regex refuses it or reads {,n} as "
-                "{0,n}, RE2/J takes a literal): write \\{ for a brace"
-            )
-        if any(len(n.lstrip("0")) > 4 or int(n) > _MAX_REPEAT for n in count.groups() if n):
-            return (
-                f"{shown} repeats {count.group()}: the broker's RE2/J refuses a count above "
-                f"{_MAX_REPEAT} (librdkafka's POSIX regex one above 32767)"
-            )
-    return None
-
-
-def _topic_name_problem(name: str) -> str | None:
-    if name in (".", "..") or not _TOPIC_NAME.fullmatch(name):
-        return f"{_shown(name)} is not a topic name (1-249 of A-Z a-z 0-9 . _ -, not '.' or '..')"
-    return None
-
-
-def _topic_problem(topic: str) -> str | None:
-    if not topic.startswith("^"):
-        problem = _topic_name_problem(topic)
-        if problem is not None:
-            return f"{problem}; a regular expression subscription starts with '^'"
-        return None
-    shown = _shown(topic)
-    problem = _text_problem(shown, topic)
-    if problem is not None:
-        return problem
-    try:
-        re.compile(topic)
-    # Not only re.error: a count past sys.maxsize overflows, deep nesting recurses too far.
-    except (re.error, ValueError, OverflowError, RecursionError) as exc:
-        return f"{shown} is not a valid regular expression: {exc}"
-    for construct, what in _NOT_PORTABLE:
-        if construct.search(topic):
-            return (
-                f"{shown} uses {what}, which librdkafka's POSIX regex or the broker's RE2/J "
-                "does not read the same way: use [0-9], [A-Za-z0-9_], ( | ) and escaped "
-                "punctuation such as \\."
-            )
-    problem = _count_problem(shown, topic)
-    if problem is not None:
-        return problem
-    if not _WHOLE_NAME.search(topic):
-        return (
-            f"{shown} must end with an unescaped '.*' or '$': under the classic protocol "
-            "librdkafka takes a topic whose name starts with a match, under "
-            "group_protocol='consumer' the broker only one whose whole name matches"
-        )
-    return None
-
-
-# -- unknown settings --------------------------------------------------------------------------
-
-# Names of 0.1, before every duration said its unit.
-_RENAMED = {
-    old: f"{old}_s"
-    for old in (
-        "poll_timeout",
-        "commit_interval",
-        "revoke_timeout",
-        "shutdown_timeout",
-        "startup_timeout",
-    )
-} | {
-    f"{name}_ms": f"{name}_s"
-    for name in ("session_timeout", "heartbeat_interval", "max_poll_interval")
-}
-
-
-def _unknown(message: str) -> PydanticCustomError:
-    return PydanticCustomError("unknown_setting", "{message}", {"message": message})
-
-
-def _with_suggestions(
-    error: ValidationError, explain: Callable[[tuple[int | str, ...]], str]
-) -> ValidationError:
-    """`error` with each unknown setting explained: renamed, misplaced, or a close match."""
-    details: list[InitErrorDetails] = []
-    for e in error.errors():
-        detail: InitErrorDetails = {"type": e["type"], "loc": e["loc"], "input": e["input"]}
-        if "ctx" in e:
-            detail["ctx"] = e["ctx"]
-        if e["type"] == "extra_forbidden":
-            detail = {"type": _unknown(explain(e["loc"])), "loc": e["loc"], "input": e["input"]}
-        elif e["type"] == "unknown_setting":  # a nested model's, already explained
-            detail = {"type": _unknown(e["msg"]), "loc": e["loc"], "input": e["input"]}
-        details.append(detail)
-    return ValidationError.from_exception_data(error.title, details, hide_input=True)
-
-
-def _suggest(name: str, choices: Collection[str]) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f"unknown setting {name!r}" + (f": did you mean {close[0]!r}?" if close else "")
-
-
-# -- models ------------------------------------------------------------------------------------
-
-
 # librdkafka's upper bound for queued.max.messages.kbytes, which weir sizes to the flow headroom.
 _MAX_QUEUED_KBYTES = 2_097_151
+
+
+# Each mark of the flow budget and the mark it must stay below: by how much at least, and how
+# to say so. The byte headroom holds the client's fetch buffer, which is at least 1 MiB.
+_BELOW = "must be below {above} ({high})"
+_MARK_BELOW: dict[str, tuple[str, int, str]] = {
+    "pause_records": ("capacity_records", 1, _BELOW),
+    "resume_records": ("pause_records", 1, _BELOW),
+    "pause_bytes": (
+        "capacity_bytes",
+        1024 * 1024,
+        "must leave at least 1 MiB of headroom below {above} ({high}) for the client's fetch "
+        "buffer",
+    ),
+    "resume_bytes": ("pause_bytes", 1, _BELOW),
+}
 
 
 def _ms(seconds: float) -> int:
@@ -552,49 +104,30 @@ class FlowConfig(BaseModel):
         try:
             return handler(data)
         except ValidationError as exc:
-            raise _with_suggestions(
-                exc, lambda loc: _suggest(str(loc[-1]), cls.model_fields)
+            raise with_suggestions(
+                exc, lambda loc: suggest(str(loc[-1]), cls.model_fields)
             ) from None
 
-    @field_validator("pause_records")
+    @field_validator(*_MARK_BELOW)
     @classmethod
-    def _pause_records(cls, v: int, info: ValidationInfo) -> int:
-        cap = info.data.get("capacity_records")
-        if cap is not None and v >= cap:
-            raise ValueError(f"pause_records ({v}) must be below capacity_records ({cap})")
-        return v
-
-    @field_validator("resume_records")
-    @classmethod
-    def _resume_records(cls, v: int, info: ValidationInfo) -> int:
-        high = info.data.get("pause_records")
-        if high is not None and v >= high:
-            raise ValueError(f"resume_records ({v}) must be below pause_records ({high})")
+    def _below_the_mark_above(cls, v: int, info: ValidationInfo) -> int:
+        name = str(info.field_name)
+        above, least_gap, rule = _MARK_BELOW[name]
+        high = info.data.get(above)
+        if high is not None and high - v < least_gap:
+            raise ValueError(f"{name} ({v}) {rule.format(above=above, high=high)}")
         return v
 
     @field_validator("pause_bytes")
     @classmethod
-    def _pause_bytes(cls, v: int, info: ValidationInfo) -> int:
+    def _fetch_buffer_bound(cls, v: int, info: ValidationInfo) -> int:
         cap = info.data.get("capacity_bytes")
-        if cap is not None and cap - v < 1024 * 1024:
-            raise ValueError(
-                f"pause_bytes ({v}) must leave at least 1 MiB of headroom below "
-                f"capacity_bytes ({cap}) for the client's fetch buffer"
-            )
         if cap is not None and cap - v > _MAX_QUEUED_KBYTES * 1024:
             raise ValueError(
                 f"capacity_bytes - pause_bytes ({cap - v}) must stay within 2 GiB: the client's "
                 "fetch buffer is sized to it, and librdkafka's queued.max.messages.kbytes "
                 f"stops at {_MAX_QUEUED_KBYTES}"
             )
-        return v
-
-    @field_validator("resume_bytes")
-    @classmethod
-    def _resume_bytes(cls, v: int, info: ValidationInfo) -> int:
-        high = info.data.get("pause_bytes")
-        if high is not None and v >= high:
-            raise ValueError(f"resume_bytes ({v}) must be below pause_bytes ({high})")
         return v
 
     @property
@@ -617,6 +150,39 @@ def async_flow(max_in_flight: int) -> FlowConfig:
     return FlowConfig(
         pause_records=pause, resume_records=pause * 2 // 5, capacity_records=pause * 6 // 5
     )
+
+
+def for_async_handler(config: ConsumerConfig) -> ConsumerConfig:
+    """`config` as an async handler's member runs it: with `async_flow` in place of the default
+    `flow` (a `flow` given is kept), validated again as a whole, since every rule that reads
+    the flow must hold for the budget the member will use."""
+    if "flow" in config.model_fields_set:
+        return config
+    flow = async_flow(config.max_in_flight)
+    given = {name: getattr(config, name) for name in config.model_fields_set}
+    try:
+        return ConsumerConfig(**given, flow=flow)
+    except ValidationError as exc:
+        raise _noted(
+            exc,
+            f"flow was not given, and an async handler's is async_flow(max_in_flight="
+            f"{config.max_in_flight}) = {flow!r}: pass flow=FlowConfig(...) to choose it",
+        ) from None
+
+
+def _noted(error: ValidationError, note: str) -> ValidationError:
+    """`error` with `note` after each of its messages."""
+    details: list[InitErrorDetails] = [
+        {
+            "type": PydanticCustomError(
+                e["type"], "{message}", {"message": f"{e['msg']} ({note})"}
+            ),
+            "loc": e["loc"],
+            "input": e["input"],
+        }
+        for e in error.errors()
+    ]
+    return ValidationError.from_exception_data(error.title, details, hide_input=True)
 
 
 # librdkafka's session.timeout.ms default, which max.poll.interval.ms may not be below.
@@ -736,7 +302,7 @@ class ConsumerConfig(BaseModel):
         description="The in-flight budget of records and bytes "
         "([flow-control.md](flow-control.md)); its counts are strict ints.",
     )
-    max_batch: int = Field(
+    max_batch_records: int = Field(
         200,
         ge=1,
         le=100_000,
@@ -758,11 +324,11 @@ class ConsumerConfig(BaseModel):
         gt=0,
         strict=True,
         allow_inf_nan=False,
-        description="An async commit when this much time or `commit_every` records have passed, "
-        "whichever comes first (a restart replays at most about this much).",
+        description="An async commit when this much time or `commit_every_records` records have "
+        "passed, whichever comes first (a restart replays at most about this much).",
     )
     # Each commit request is a write to __consumer_offsets.
-    commit_every: int = Field(
+    commit_every_records: int = Field(
         10_000,
         ge=1,
         strict=True,
@@ -916,10 +482,10 @@ class ConsumerConfig(BaseModel):
             if topic.startswith("^") or policy is None or policy.final != "dead_letter":
                 continue
             made = policy.dead_letter_for(topic)
-            if policy.dead_letter_topic is None and _topic_name_problem(made) is not None:
+            if policy.dead_letter_topic is None and topic_name_problem(made) is not None:
                 where = f"failure_by_topic[{topic!r}]" if topic in v else "failure"
                 problems.append(
-                    f"{where}: the dead-letter topic of {_shown(topic)} would be {_shown(made)}, "
+                    f"{where}: the dead-letter topic of {shown(topic)} would be {shown(made)}, "
                     f"{len(made)} characters, and a topic name has at most 249: set "
                     "dead_letter_topic"
                 )
@@ -947,20 +513,21 @@ class ConsumerConfig(BaseModel):
         try:
             return handler(data)
         except ValidationError as exc:
-            raise _with_suggestions(exc, cls._explain) from None
+            raise with_suggestions(exc, cls._explain) from None
 
     @classmethod
     def _explain(cls, loc: tuple[int | str, ...]) -> str:
         name = str(loc[-1])  # flow's own names are explained by FlowConfig
-        if name in _RENAMED:
-            return f"{name} is now {_RENAMED[name]} (seconds)"
+        if name in RENAMED:
+            new, unit = RENAMED[name]
+            return f"{name} is now {new} ({unit})"
         if name in FlowConfig.model_fields:
             return f"{name} is a flow setting: pass flow=FlowConfig({name}=...)"
-        if name in _TYPED_KEYS:
-            return f"{name} is librdkafka's name: set {_TYPED_KEYS[name]!r}"
+        if name in TYPED_KEYS:
+            return f"{name} is librdkafka's name: set {TYPED_KEYS[name]!r}"
         if "." in name:
             return f"unknown setting {name!r}: librdkafka settings go in kafka={{...}}"
-        return _suggest(name, cls.model_fields)
+        return suggest(name, cls.model_fields)
 
     @model_validator(mode="before")
     @classmethod
@@ -972,41 +539,41 @@ class ConsumerConfig(BaseModel):
             return data
         data = dict(data)
         if isinstance(data.get("kafka"), Mapping):
-            data["kafka"] = _masked(data["kafka"])
+            data["kafka"] = masked(data["kafka"])
         for key in [k for k in data if k not in cls.model_fields]:
             if isinstance(key, str) and is_secret_key(key):
-                data[key] = _wrap_secret(data[key])
+                data[key] = wrap_secret(data[key])
             else:
-                data[key] = _masked(data[key])
+                data[key] = masked(data[key])
         return data
 
     @field_validator("bootstrap_servers")
     @classmethod
     def _bootstrap(cls, v: str) -> str:
-        _refuse(_text_problem("bootstrap_servers", v))
+        _refuse(text_problem("bootstrap_servers", v))
         return v
 
     @field_validator("group_id", "transactional_id")
     @classmethod
     def _ids(cls, v: str | None, info: ValidationInfo) -> str | None:
-        _refuse(None if v is None else _id_problem(str(info.field_name), v))
+        _refuse(None if v is None else id_problem(str(info.field_name), v))
         return v
 
     @field_validator("group_instance_id")
     @classmethod
     def _instance_id(cls, v: str | None, info: ValidationInfo) -> str | None:
-        _refuse(None if v is None else _member_id_problem("group_instance_id", v, info.data))
+        _refuse(None if v is None else member_id_problem("group_instance_id", v, info.data))
         return v
 
     @field_validator("topics")
     @classmethod
     def _topics(cls, v: list[str]) -> list[str]:
-        problems = [p for p in map(_topic_problem, v) if p is not None]
+        problems = [p for p in map(topic_problem, v) if p is not None]
         # librdkafka refuses a subscription that names a topic or pattern twice ("Invalid
         # argument"), which would fail the member at start.
         twice = sorted({t for t in v if v.count(t) > 1})
         if twice:
-            problems.append(f"{', '.join(map(_shown, twice))} listed more than once")
+            problems.append(f"{', '.join(map(shown, twice))} listed more than once")
         if problems:
             raise ValueError("; ".join(problems))
         return v
@@ -1063,13 +630,13 @@ class ConsumerConfig(BaseModel):
             )
         return v
 
-    @field_validator("max_batch")
+    @field_validator("max_batch_records")
     @classmethod
-    def _max_batch(cls, v: int, info: ValidationInfo) -> int:
+    def _max_batch_records(cls, v: int, info: ValidationInfo) -> int:
         flow = info.data.get("flow")
         if flow is not None and v > flow.headroom_records:
             raise ValueError(
-                f"max_batch ({v}) is larger than the flow headroom flow.capacity_records - "
+                f"max_batch_records ({v}) is larger than the flow headroom flow.capacity_records - "
                 f"flow.pause_records ({flow.headroom_records}): one fetched batch could pass "
                 "the capacity"
             )
@@ -1090,23 +657,8 @@ class ConsumerConfig(BaseModel):
     @field_validator("kafka", mode="before")
     @classmethod
     def _kafka_values(cls, v: Any) -> Any:
-        # One clear error per key, before the type check would list every type a value is not.
-        if not isinstance(v, Mapping):
-            return v
-        problems = []
-        for key, value in v.items():
-            if key in _WEIR_CALLBACKS:
-                problems.append(f"kafka[{key!r}] cannot be set: {_WEIR_CALLBACKS[key]}")
-            elif callable(value) and not isinstance(value, SecretStr):
-                problems.append(f"kafka[{key!r}] {_CALLABLE_HINT}")
-            elif isinstance(value, _NotScalarSecret) or not isinstance(
-                value, str | int | float | bool | SecretStr
-            ):
-                problems.append(f"kafka[{key!r}] must be a str, int, float or bool")
-            else:
-                problems.extend(_kafka_entry_problems(key, value))
-        if problems:
-            raise ValueError("; ".join(problems))
+        if isinstance(v, Mapping):
+            _refuse("; ".join(value_problems(v)) or None)
         return v
 
     @field_validator("kafka")
@@ -1118,14 +670,14 @@ class ConsumerConfig(BaseModel):
         if isinstance(client_id, str):
             # The broker names a classic member after its client id unless it has an instance id.
             _refuse(
-                _member_id_problem("kafka['client.id']", client_id, info.data)
+                member_id_problem("kafka['client.id']", client_id, info.data)
                 if info.data.get("group_instance_id") is None
-                else _id_problem("kafka['client.id']", client_id)
+                else id_problem("kafka['client.id']", client_id)
             )
         for key, value in v.items():
-            if key in _TYPED_KEYS:
-                raise ValueError(f"set {_TYPED_KEYS[key]!r} instead of kafka[{key!r}]")
-            if key in _FORCED_OFF and str(value).lower() not in ("false", "0"):
+            if key in TYPED_KEYS:
+                raise ValueError(f"set {TYPED_KEYS[key]!r} instead of kafka[{key!r}]")
+            if key in FORCED_OFF and str(value).lower() not in ("false", "0"):
                 raise ValueError(
                     f"kafka[{key!r}] must stay false: weir commits only finished records "
                     "itself, and librdkafka's automatic commit would skip unfinished ones"
@@ -1142,7 +694,7 @@ class ConsumerConfig(BaseModel):
             )
         # librdkafka reads the whole configuration only once every field is valid.
         if all(name in info.data for name in cls.model_fields if name != "kafka"):
-            refusals = _librdkafka_refusals(_client_conf({**info.data, "kafka": v}), v)
+            refusals = librdkafka_refusals(_client_conf({**info.data, "kafka": v}), v)
             if refusals:
                 raise ValueError("; ".join(refusals))
         return v
@@ -1175,20 +727,8 @@ class ConsumerConfig(BaseModel):
 
 def _dead_letter_topic_problem(where: str, policy: FailurePolicy) -> str | None:
     name = policy.dead_letter_topic
-    problem = None if name is None else _topic_name_problem(name)
+    problem = None if name is None else topic_name_problem(name)
     return None if problem is None else f"{where}.dead_letter_topic: {problem}"
-
-
-def _member_id_problem(what: str, value: str, values: Mapping[str, Any]) -> str | None:
-    """`_id_problem` for the id a classic group's broker names the member after: the group
-    instance id if there is one, else the client id."""
-    if values.get("group_protocol") == "classic":
-        why = (
-            " (a classic group's broker names the member '<id>-<UUID>', which must fit in "
-            f"{_MAX_ID_BYTES})"
-        )
-        return _id_problem(what, value, _MAX_ID_BYTES - _CLASSIC_MEMBER_SUFFIX, why)
-    return _id_problem(what, value)
 
 
 def _effective_strategy(protocol: str, strategy: str | None) -> str | None:
@@ -1270,10 +810,10 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "auto_offset_reset": Literal["earliest", "latest", "error"],
         "topic_refresh_s": float,
         "flow": FlowConfig,
-        "max_batch": int,
+        "max_batch_records": int,
         "poll_timeout_s": float,
         "commit_interval_s": float,
-        "commit_every": int,
+        "commit_every_records": int,
         "revoke_timeout_s": float,
         "shutdown_timeout_s": float,
         "startup_timeout_s": float,

@@ -21,7 +21,7 @@ from typing_extensions import Unpack
 
 from weir.client import ClientFactory, ProducerFactory
 from weir.committing import CommitEvent
-from weir.config import ConsumerConfig, ConsumerSettings, async_flow
+from weir.config import ConsumerConfig, ConsumerSettings, for_async_handler
 from weir.engine import Engine
 from weir.fencing.base import Fence
 from weir.health import Health, check
@@ -111,9 +111,8 @@ class GroupConsumer:
                     reason="an async handler runs on an event loop, not on worker threads: "
                     "max_in_flight bounds the records running at once",
                 )
-            if "flow" not in config.model_fields_set:
-                # Coroutines finish many records at once: the record budget scales with them.
-                config = config.model_copy(update={"flow": async_flow(config.max_in_flight)})
+            # Coroutines finish many records at once: the record budget scales with them.
+            config = for_async_handler(config)
         self.config = config
         if loop is not None:
             if not isinstance(loop, asyncio.AbstractEventLoop):

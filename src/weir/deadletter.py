@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from weir.client import ProducerClient, ProducerFactory
 from weir.config import ConsumerConfig
-from weir.errors import WeirError
+from weir.errors import DeadLetterError
 from weir.logs import get_logger
 from weir.policy import FailurePolicy
 from weir.records import Record, header_bytes
@@ -133,10 +133,6 @@ Result = Callable[[WriteFailure | None], None]
 """Called on the owner thread with None once the broker confirmed the write, else why not."""
 
 
-class DeadLetterError(WeirError):
-    """A dead-letter topic is missing and could not be created (checked at start)."""
-
-
 class DeadLetters:
     """Owner thread only."""
 
@@ -156,7 +152,6 @@ class DeadLetters:
         # those of topics a regex subscription matched before their first dead letter.
         self._checked: set[str] = set()
         self.pending = 0
-        self.written = 0
         self._next_serve = 0.0
         self._closed = False
         # Delivery results, kept by the producer's callback and handed on once its poll returned
@@ -383,7 +378,6 @@ class DeadLetters:
         for done, policy, topic, size, err in results:
             self.pending -= 1
             if err is None:
-                self.written += 1
                 done(None)
             else:
                 done(self._failure(policy, topic, size, err))

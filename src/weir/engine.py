@@ -115,7 +115,7 @@ class Engine:
         self.workers = workers
         self.scheduler = Scheduler(self.workers, cfg.ordering)
         self.committer = Committer(
-            cfg.commit_interval_s, cfg.commit_every, self._emit_commit, clock=clock
+            cfg.commit_interval_s, cfg.commit_every_records, self._emit_commit, clock=clock
         )
         self.budget = Budget(cfg, self.scheduler)
         self.fetch = FetchControl(lambda: self.client, self._read_position)

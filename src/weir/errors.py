@@ -1,22 +1,35 @@
-"""Exceptions raised by weir."""
+"""Exceptions raised by weir: every one of its errors is defined here, once.
+
+The modules that raise them import them from here; the documented import paths elsewhere
+(`weir`, `weir.policy.NonRetryable`, `weir.deadletter.DeadLetterError`, `weir.fencing`'s,
+`weir.lag`'s, `weir.transactions.TransactionError`) name these same classes. The test harness's
+own errors (no Java, a broker that did not start, ...) are in `weir.testing.errors`.
+"""
 
 from __future__ import annotations
 
-from weir.policy import NonRetryable
 from weir.records import Partition, Record
 
 __all__ = [
     "AuthenticationError",
     "AuthorizationError",
+    "AwaitableReturned",
     "BrokerRefusedError",
     "BrokerUnreachableError",
     "CallbackError",
+    "DeadLetterError",
     "DeserializationError",
+    "FenceUnavailableError",
     "FencedError",
+    "GroupNotFoundError",
     "HandlerError",
     "KafkaFatalError",
+    "LagError",
+    "NoEpochError",
+    "NonRetryable",
     "OffsetResetError",
     "TlsError",
+    "TopicNotFoundError",
     "TransactionError",
     "WeirError",
 ]
@@ -24,6 +37,11 @@ __all__ = [
 
 class WeirError(Exception):
     """Base class of weir's own errors."""
+
+
+class NonRetryable(Exception):
+    """Raise it (or a subclass) from a handler when retrying cannot help: the record goes
+    straight to the final policy."""
 
 
 class HandlerError(WeirError):
@@ -37,13 +55,20 @@ class HandlerError(WeirError):
 
 
 class BrokerUnreachableError(WeirError):
-    """No broker answered within the start-up timeout."""
+    """No broker answered in time: a member's within `startup_timeout_s`, a `weir.lag` call's
+    within its `timeout`. `timeout` is that time in seconds and `reason` librdkafka's word for
+    what happened, where the raiser knows them."""
+
+    def __init__(self, message: str, *, timeout: float | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.timeout = timeout
+        self.reason = reason
 
 
 class BrokerRefusedError(BrokerUnreachableError):
     """A broker answered and refused the client: no request can be made until the client's
     security settings change. A `BrokerUnreachableError`, so code that handles a broker it
-    cannot use at start handles this too; the message says what was refused."""
+    cannot use handles this too; the message says what was refused and what to check."""
 
 
 class AuthenticationError(BrokerRefusedError):
@@ -153,3 +178,39 @@ class TransactionError(WeirError):
         super().__init__(message)
         self.step = step
         self.fenced = fenced
+
+
+class AwaitableReturned(TypeError):
+    """A thread handler returned a coroutine (or another awaitable): its work never ran."""
+
+
+class DeadLetterError(WeirError):
+    """A dead-letter topic is missing and could not be created (checked at start)."""
+
+
+class FenceUnavailableError(WeirError):
+    """The fence's database failed it: unreachable, a lock not granted within ``timeout_s``, or
+    an error in the fence's own statements (not in a write function: those propagate as raised).
+
+    The transaction was rolled back, unless the failure hid the outcome of its commit; the
+    message says so then, and the event id makes a retry safe. The driver's error is chained as
+    ``__cause__``.
+    """
+
+
+class NoEpochError(NonRetryable, RuntimeError):
+    """A fenced handler got a record without an epoch: the consumer runs without a fence. Not
+    retried: the record goes to the final failure policy (by default the member stops)."""
+
+
+class LagError(WeirError):
+    """A `weir.lag` call could not read the lag; the message says why, for a person. No broker
+    answering, or one refusing the client, is a `BrokerUnreachableError` instead."""
+
+
+class GroupNotFoundError(LagError):
+    """The group has no members and no committed offsets: Kafka does not know it."""
+
+
+class TopicNotFoundError(LagError):
+    """A topic asked for does not exist."""

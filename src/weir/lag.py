@@ -14,6 +14,12 @@ caller ``timeout`` seconds, not one timeout per request. A broker that refuses t
 credentials or TLS (`weir.refusals`) ends the call as soon as no broker is left to try, with
 ``AuthenticationError`` or ``TlsError``, when the admin client was made by ``admin_client``:
 the client reports those only to its error callback, while its requests just time out.
+
+Every failure is a ``weir.WeirError`` (catch that for "the lag could not be read"): a
+``LagError`` for what the call found (``GroupNotFoundError``, ``TopicNotFoundError``, a
+refused request), a ``BrokerUnreachableError`` when no broker answered in time, or its
+``BrokerRefusedError`` (``AuthenticationError``, ``TlsError``) when one refused the client. They
+are the classes of ``weir.errors``, importable from here too.
 """
 
 from __future__ import annotations
@@ -23,6 +29,39 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from weir.errors import (
+    AuthenticationError,
+    BrokerRefusedError,
+    BrokerUnreachableError,
+    GroupNotFoundError,
+    LagError,
+    TlsError,
+    TopicNotFoundError,
+    WeirError,
+)
+
+__all__ = [
+    "AuthenticationError",
+    "BrokerRefusedError",
+    "BrokerUnreachableError",
+    "GroupLag",
+    "GroupNotFoundError",
+    "LagError",
+    "PartitionLag",
+    "TlsError",
+    "TopicNotFoundError",
+    "TopicPartitionKey",
+    "admin_client",
+    "all_groups_lag",
+    "committed_as_text",
+    "committed_offsets",
+    "error_text",
+    "group_lag",
+    "lag_as_dict",
+    "log_end_offsets",
+    "topic_partitions",
+]
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError
@@ -71,39 +110,6 @@ def _recording_errors(
 # librdkafka's "nobody answered" codes: a timeout, a refused or dropped connection, no broker up,
 # an address that does not resolve.
 _UNREACHABLE = frozenset({"_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_RESOLVE"})
-
-
-class LagError(Exception):
-    """The lag could not be read; the message says why, for a person."""
-
-
-class BrokerUnreachableError(LagError):
-    """No broker answered within the timeout; ``reason`` is librdkafka's word for it."""
-
-    def __init__(self, timeout: float, reason: str = "") -> None:
-        self.timeout = timeout
-        self.reason = reason or "no answer"
-        super().__init__(f"no broker answered within {timeout:g} s ({self.reason})")
-
-
-class BrokerRefusedError(LagError):
-    """A broker answered and refused the client; the message says what and what to check."""
-
-
-class AuthenticationError(BrokerRefusedError):
-    """The broker refused the client's SASL credentials."""
-
-
-class TlsError(BrokerRefusedError):
-    """The broker's certificate failed verification, or the TLS handshake failed."""
-
-
-class GroupNotFoundError(LagError):
-    """The group has no members and no committed offsets: Kafka does not know it."""
-
-
-class TopicNotFoundError(LagError):
-    """A topic asked for does not exist."""
 
 
 @dataclass(frozen=True)
@@ -187,22 +193,27 @@ class _Deadline:
             raise self.unreachable()
         return left
 
-    def unreachable(self, reason: str = "") -> LagError:
+    def unreachable(self, reason: str = "") -> BrokerUnreachableError:
         """What "no answer in time" means: a refusal the client reported, else unreachable."""
         refused = self.refused()
-        return refused if refused is not None else BrokerUnreachableError(self.timeout, reason)
+        return refused if refused is not None else _unreachable(self.timeout, reason)
 
     def refused(self) -> BrokerRefusedError | None:
-        from weir.refusals import explain, startup_refusal
+        from weir.refusals import refusal_error, startup_refusal
 
         if self._admin is not None:
             self._admin.poll(0)  # serves the error callback
         refusal = startup_refusal(self.errors)
         if refusal is None:
             return None
-        config = getattr(self._admin, "weir_client_config", {})
-        error = AuthenticationError if refusal.kind == "authentication" else TlsError
-        return error(explain(refusal, config))
+        return refusal_error(refusal, getattr(self._admin, "weir_client_config", {}))
+
+
+def _unreachable(timeout: float, reason: str = "") -> BrokerUnreachableError:
+    reason = reason or "no answer"
+    return BrokerUnreachableError(
+        f"no broker answered within {timeout:g} s ({reason})", timeout=timeout, reason=reason
+    )
 
 
 def group_lag(
@@ -455,8 +466,6 @@ def _log_offsets(
     for tp, future in futures.items():
         try:
             out[(tp.topic, tp.partition)] = _result(future, deadline).offset
-        except BrokerUnreachableError:
-            raise
         except LagError:
             out[(tp.topic, tp.partition)] = None  # e.g. no leader right now: shown as unknown
     return out
@@ -482,13 +491,13 @@ def _result(future: concurrent.futures.Future[Any], deadline: _Deadline) -> Any:
             if refused is not None:
                 raise refused from exc
             if left <= _REFUSAL_CHECK_S:
-                raise BrokerUnreachableError(deadline.timeout) from exc
+                raise _unreachable(deadline.timeout) from exc
         except Exception as exc:
             raise _as_lag_error(exc, deadline) from exc
 
 
-def _as_lag_error(exc: Any, deadline: _Deadline) -> LagError:
-    if isinstance(exc, LagError):
+def _as_lag_error(exc: Any, deadline: _Deadline) -> WeirError:
+    if isinstance(exc, WeirError):
         return exc
     code = _code(exc)
     text = error_text(exc)

@@ -122,8 +122,6 @@ class Logger(structlog.stdlib.BoundLogger):
         if self._logger.isEnabledFor(logging.WARNING):
             self._emit(logging.WARNING, "warning", event, args, kw)
 
-    warn = warning
-
     def error(self, event: str | None = None, *args: Any, **kw: Any) -> None:
         if self._logger.isEnabledFor(logging.ERROR):
             self._emit(logging.ERROR, "error", event, args, kw)
@@ -173,11 +171,11 @@ class Burst:
     """One run of occurrences of the same thing: when the first and the last happened (wall
     clock) and how many there were, the first included."""
 
-    __slots__ = ("count", "first", "last", "report", "reported", "reported_count")
+    __slots__ = ("count", "first", "last", "report", "reported")
 
     def __init__(self, at: float, count: int, report: Callable[[Hashable, Burst, bool], None]):
         self.first = self.last = self.reported = at
-        self.count = self.reported_count = count
+        self.count = count
         self.report = report
 
 
@@ -218,7 +216,7 @@ class Repeats:
         burst.count += n
         burst.last = now
         if now - burst.reported >= self._every:
-            burst.reported, burst.reported_count = now, burst.count
+            burst.reported = now
             burst.report(key, burst, True)
         return False
 

@@ -27,12 +27,9 @@ from pydantic import (
     model_validator,
 )
 
+from weir.errors import NonRetryable
+
 __all__ = ["FailurePolicy", "NonRetryable", "RetryPolicy"]
-
-
-class NonRetryable(Exception):
-    """Raise it (or a subclass) from a handler when retrying cannot help: the record goes
-    straight to the final policy."""
 
 
 class RetryPolicy(BaseModel):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import inspect
 import operator
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
+from typing_extensions import Self
 
 __all__ = ["Context", "Handler", "HandlerFunc", "Partition", "Record"]
 
@@ -333,20 +335,33 @@ class HandlerFunc(Protocol):
     def __call__(self, record: Record, /) -> object: ...
 
 
-class Handler:
-    """Subclass and override `handle`; the lifecycle hooks are optional.
+class Handler(ABC):
+    """Subclass and define `handle`; the lifecycle hooks are optional.
 
     `handle` is either a plain method, run on worker threads, or `async def`, run as a coroutine
-    on an event loop (docs/handlers.md). The hooks run on the owner thread, inside the rebalance
-    callback: keep them short, and never call back into the consumer from them. With an async
-    `handle` the rebalance hooks may be `async def` too: they run on the loop, and the owner
-    waits for them (at most `revoke_timeout_s`).
+    on an event loop (docs/handlers.md). It is abstract: a subclass without it cannot be
+    instantiated (a TypeError where it is built, not a failure of every record). The hooks run
+    on the owner thread, inside the rebalance callback: keep them short, and never call back
+    into the consumer from them. With an async `handle` the rebalance hooks may be `async def`
+    too: they run on the loop, and the owner waits for them (at most `revoke_timeout_s`).
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        # The ABC's own refusal names the method; this one says how to write it too.
+        if "handle" in cls.__abstractmethods__:
+            raise TypeError(
+                f"{cls.__qualname__} does not define handle(): a Handler subclass must, as "
+                "def handle(self, record, ctx) (run on worker threads) or async def "
+                "handle(self, record, ctx) (run on an event loop)"
+            )
+        return super().__new__(cls)
 
     # The hooks' return type admits a coroutine so that `async def` overrides type-check; the
     # base methods return None.
+    @abstractmethod
     def handle(self, record: Record, ctx: Context) -> Awaitable[None] | None:
-        raise NotImplementedError
+        """Process one record; return (or, `async def`, finish) once it is done. Raising fails
+        it: the failure policy decides what follows."""
 
     def on_assigned(self, partitions: Sequence[Partition]) -> Awaitable[None] | None:
         """Called after weir has set up state for newly assigned partitions."""
@@ -414,14 +429,6 @@ def as_handler(handler: Handler | Callable[[Record], object]) -> Handler:
             f"{handler.__qualname__}: pass an instance, {handler.__qualname__}()"
         )
     if isinstance(handler, Handler):
-        if type(handler).handle is Handler.handle:
-            # The base method raises NotImplementedError, with no message: every record failed.
-            name = type(handler).__qualname__
-            raise TypeError(
-                f"{name} does not define handle(): a Handler subclass must, as "
-                f"def handle(self, record, ctx) (run on worker threads) or async def "
-                f"handle(self, record, ctx) (run on an event loop)"
-            )
         if not is_async_handler(handler):
             # A coroutine hook of a thread handler would be called from the owner thread and
             # never run: there is no event loop of weir's to run it on.

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection, Hashable
 from typing import Protocol
 
-from weir.errors import FencedError
+from weir.errors import AwaitableReturned, FencedError
 from weir.logs import get_logger
 from weir.records import Context, Handler, Output, Record, _FunctionHandler
 from weir.tasks import DONE, FAILED, HELD, Assignment, Task
@@ -76,10 +76,6 @@ class Workers(Protocol):
     def stop(self, timeout: float) -> bool:
         """Ask every worker to exit; True if all did within `timeout`. Never blocks longer."""
         ...
-
-
-class AwaitableReturned(TypeError):
-    """A thread handler returned a coroutine (or another awaitable): its work never ran."""
 
 
 def _refuse_awaitable(fn: Callable[..., object], result: object) -> None:

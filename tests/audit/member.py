@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         "--hold", type=_held, action="append", default=[], help="PARTITION:OFFSET, repeatable"
     )
     ap.add_argument("--commit-interval", type=float, default=0.25)
-    ap.add_argument("--commit-every", type=int, default=None)
+    ap.add_argument("--commit-every-records", type=int, default=None)
     ap.add_argument("--shutdown-timeout", type=float, default=8.0)
     ap.add_argument("--capacity-records", type=int, default=None)
     ap.add_argument("--stall-every", type=int, default=0, help="every Nth offset is slow")
@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     audit = AuditWriter(args.audit, args.member)
     extra: Overrides = {}
-    if args.commit_every is not None:
-        extra["commit_every"] = args.commit_every
+    if args.commit_every_records is not None:
+        extra["commit_every_records"] = args.commit_every_records
     if args.offset_map_max_bytes is not None:
         extra["offset_map_max_bytes"] = args.offset_map_max_bytes
     if args.capacity_records is not None:

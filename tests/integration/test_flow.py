@@ -67,7 +67,7 @@ def test_backlog_drains_within_budget_without_losing_membership(
         ordering="key",
         workers=8,
         flow=flow,
-        max_batch=200,
+        max_batch_records=200,
         commit_interval_s=1.0,
     )
     with gc:

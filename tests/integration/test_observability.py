@@ -73,11 +73,11 @@ def test_stats_and_health_match_a_known_state(
         flow=FlowConfig(
             capacity_records=12, pause_records=8, resume_records=2, read_ahead_records=0
         ),
-        max_batch=4,
+        max_batch_records=4,
         # No commit of this member's until the end: `committed` is the group's, read at
         # assignment. Stats are published every second anyway.
         commit_interval_s=3600.0,
-        commit_every=1_000_000,
+        commit_every_records=1_000_000,
         stuck_after_s=2.0,
         watermark_refresh_s=0.3,
     )

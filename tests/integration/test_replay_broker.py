@@ -100,7 +100,8 @@ def test_after_sigkill_the_next_owner_rehandles_only_the_held_record_and_what_fi
     group = _group("kill")
     produce(kafka_bootstrap, topic, ((None, b"v%d" % i) for i in range(10_001)), partition=0)
     members = Members(tmp_path, kafka_bootstrap, group, topic, protocol)
-    quiet = ("--commit-interval", "3600", "--commit-every", "10000")  # commits at 10 000 done
+    # Commits at 10 000 records finished.
+    quiet = ("--commit-interval", "3600", "--commit-every-records", "10000")
     try:
         members.start("m1", "--ordering", "unordered", "--slow-ms", "0", "--hold", "0:0", *quiet)
         members.wait_for(
@@ -162,7 +163,8 @@ def test_a_graceful_stop_in_key_mode_leaves_nothing_finished_to_rehandle(
     try:
         members.start(
             "m1", "--ordering", "key", "--slow-ms", "0", "--hold", "0:100",
-            "--shutdown-timeout", "1", "--commit-interval", "3600", "--commit-every", "100000",
+            "--shutdown-timeout", "1", "--commit-interval", "3600",
+            "--commit-every-records", "100000",
         )  # fmt: skip
         members.wait_for(
             lambda e: len(_offsets(e, "m1", "done")) == n - len(queued), 60, "m1 to finish"
@@ -271,7 +273,7 @@ def test_a_hand_off_commit_whose_map_the_broker_refuses_goes_again_with_a_smalle
         members.start(
             "m1", "--ordering", "key", "--slow-ms", "0", "--hold", f"0:{a0}", *big,
             "--offset-map-max-bytes", "65536", "--shutdown-timeout", "1",
-            "--commit-interval", "3600", "--commit-every", "1000000",
+            "--commit-interval", "3600", "--commit-every-records", "1000000",
         )  # fmt: skip
         members.wait_for(
             lambda e: len(_offsets(e, "m1", "done")) == keys.count(b"b"), 60, "every b finished"

@@ -62,7 +62,7 @@ MEMBER = textwrap.dedent(
         group_protocol=protocol,
         auto_offset_reset=reset,
         commit_interval_s=30.0,
-        commit_every=1_000_000,
+        commit_every_records=1_000_000,
         ordering="partition",
         workers=1,
     )

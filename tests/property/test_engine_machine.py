@@ -246,11 +246,11 @@ class EngineMachine(RuleBasedStateMachine):
             assignment_strategy="cooperative-sticky" if self.incremental else "range",
             poll_timeout_s=0.001,
             commit_interval_s=0.001,
-            commit_every=1,
+            commit_every_records=1,
             revoke_timeout_s=0.01,
             shutdown_timeout_s=0.02,
             startup_timeout_s=1.0,
-            max_batch=4,
+            max_batch_records=4,
             flow={"capacity_records": 12, "pause_records": 8, "resume_records": 2},
             failure=self.failure,
         )

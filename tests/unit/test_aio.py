@@ -12,10 +12,12 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import pytest
+from pydantic import ValidationError
 from tests.waiting import wait_until
 
 from weir import (
     CommitEvent,
+    ConsumerConfig,
     Context,
     FlowConfig,
     GroupConsumer,
@@ -40,7 +42,7 @@ SETTINGS: dict[str, Any] = {
     "topics": [TOPIC],
     "poll_timeout_s": 0.01,
     "commit_interval_s": 0.01,
-    "commit_every": 1,
+    "commit_every_records": 1,
     "revoke_timeout_s": 2.0,
     "shutdown_timeout_s": 5.0,
 }
@@ -423,6 +425,36 @@ def test_the_record_budget_of_async_handlers_scales_with_max_in_flight() -> None
     assert GroupConsumer(lambda r: None, **SETTINGS).config.flow == FlowConfig()
 
 
+def test_the_async_flow_is_validated_with_the_rest_of_the_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The flow an async handler's member runs with replaces the default after the settings
+    were validated: every rule that reads the flow must hold for it too. No rule today can fail
+    on the flow async_flow makes, so a smaller one stands in for a rule that one day might:
+    max_batch_records=150 fits the default headroom of 200 and not this one's 100. The replacement
+    used to be a model_copy, which validates nothing: the member was built."""
+    small = FlowConfig(capacity_records=1100, pause_records=1000, resume_records=400)
+    monkeypatch.setattr("weir.config.async_flow", lambda max_in_flight: small)
+    monkeypatch.setattr("weir.consumer.async_flow", lambda max_in_flight: small, raising=False)
+    handler, _ = async_function()
+    with pytest.raises(ValidationError) as raised:
+        GroupConsumer(handler, max_batch_records=150, **SETTINGS)
+    assert [e["loc"] for e in raised.value.errors()] == [("max_batch_records",)]
+    message = raised.value.errors()[0]["msg"]
+    assert "max_batch_records (150) is larger than the flow headroom" in message
+    assert "flow was not given, and an async handler's is async_flow(max_in_flight=256)" in message
+    assert "pass flow=FlowConfig(...) to choose it" in message
+    # Refused with a ConsumerConfig too, which was valid as built.
+    config = ConsumerConfig(max_batch_records=150, **SETTINGS)
+    with pytest.raises(ValidationError, match="async_flow"):
+        GroupConsumer(handler, config)
+    # Within the headroom it runs with that flow; a thread handler keeps the default.
+    assert GroupConsumer(handler, max_batch_records=100, **SETTINGS).config.flow == small
+    assert (
+        GroupConsumer(lambda r: None, max_batch_records=150, **SETTINGS).config.flow == FlowConfig()
+    )
+
+
 def test_a_cancelled_error_of_the_handlers_own_is_a_failure_not_a_stall(
     members: list[GroupConsumer],
 ) -> None:
@@ -509,7 +541,7 @@ def run_over_four_partitions(
         handler,
         consumer_factory=fake.factory,
         ordering=ordering,
-        max_batch=10,
+        max_batch_records=10,
         flow=flow,
         **SETTINGS,
     )

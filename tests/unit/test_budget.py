@@ -88,7 +88,7 @@ class Driver:
         *,
         partitions: int = 1,
         ordering: Literal["key", "partition", "unordered"] = "key",
-        max_batch: int = 10,
+        max_batch_records: int = 10,
     ) -> None:
         cfg = ConsumerConfig(
             bootstrap_servers="x",
@@ -96,7 +96,7 @@ class Driver:
             topics=[TOPIC],
             ordering=ordering,
             flow=flow,
-            max_batch=max_batch,
+            max_batch_records=max_batch_records,
         )
         self.scheduler = Scheduler(HeldWorkers(), ordering)
         self.budget = Budget(cfg, self.scheduler)
@@ -224,7 +224,7 @@ def test_simulated_loop_throttles_once_and_lifts_once_per_cycle() -> None:
 
 
 def test_counting_by_bytes_throttles_and_lifts() -> None:
-    d = Driver(bytes_cfg(), max_batch=100)
+    d = Driver(bytes_cfg(), max_batch_records=100)
     size = 256 * 1024
     actions = []
     for _ in range(8):
@@ -336,7 +336,7 @@ def test_a_blocked_partitions_records_are_parked_out_of_the_marks() -> None:
     d.remove(12)
     assert d.update() == "throttle_lifted"  # 8 in flight, all parked: below the resume mark
     assert not b.paused and b.records == 8 and b.live == 0
-    assert b.fetch_size() == 10  # the capacity is the others' again (max_batch 10)
+    assert b.fetch_size() == 10  # the capacity is the others' again (max_batch_records 10)
     d.add(10)
     assert d.update() == "throttled" and not b.full
     d.add(10)
@@ -411,7 +411,7 @@ def test_records_read_ahead_wait_for_room_in_the_capacity() -> None:
     shares (5 each) would pass the capacity. What they read ahead waits for room, and goes in
     as soon as there is some, with no fetch in between."""
     flow = FlowConfig(capacity_records=40, pause_records=30, resume_records=10)
-    d = Driver(flow, partitions=4, ordering="key", max_batch=10)
+    d = Driver(flow, partitions=4, ordering="key", max_batch_records=10)
     b = d.budget
     parts = [Partition(TOPIC, p) for p in range(4)]
     d.add(30, tp=parts[0])  # before sharing: all in the lanes
@@ -527,7 +527,7 @@ def test_registrations_never_pass_the_capacity_when_sharing_stops() -> None:
     another partition that went straight into the lanes passed the capacity. They now wait read
     ahead until there is room."""
     flow = FlowConfig(capacity_records=12, pause_records=8, resume_records=2)
-    d = Driver(flow, partitions=3, ordering="partition", max_batch=4)
+    d = Driver(flow, partitions=3, ordering="partition", max_batch_records=4)
     b = d.budget
     p0, p2 = Partition(TOPIC, 0), Partition(TOPIC, 2)
     d.scheduler._per_record = 0.001  # slow handlers: partition mode shares the budget

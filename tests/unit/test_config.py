@@ -31,7 +31,7 @@ def messages(err: ValidationError) -> str:
 
 def test_defaults_are_valid() -> None:
     cfg = ConsumerConfig(**BASE)
-    assert cfg.max_batch <= cfg.flow.headroom_records
+    assert cfg.max_batch_records <= cfg.flow.headroom_records
     assert cfg.revoke_timeout_s <= cfg.max_poll_interval_s / 2
 
 
@@ -180,6 +180,41 @@ def test_pause_bytes_must_leave_a_mebibyte_of_headroom() -> None:
     assert FlowConfig(capacity_bytes=3 * mib, pause_bytes=2 * mib, resume_bytes=0)
 
 
+MIB = 1024 * 1024
+VALID_MARKS = {
+    "capacity_records": 300,
+    "pause_records": 200,
+    "resume_records": 100,
+    "capacity_bytes": 8 * MIB,
+    "pause_bytes": 4 * MIB,
+    "resume_bytes": 2 * MIB,
+}
+
+
+@pytest.mark.parametrize(
+    ("mark", "above", "least_gap"),
+    [
+        ("pause_records", "capacity_records", 1),
+        ("resume_records", "pause_records", 1),
+        ("pause_bytes", "capacity_bytes", MIB),
+        ("resume_bytes", "pause_bytes", 1),
+    ],
+)
+def test_each_flow_mark_stays_below_the_mark_above_it(
+    mark: str, above: str, least_gap: int
+) -> None:
+    """The four marks share one rule: the closest each may come to the mark above it is
+    accepted, one more is refused, at the mark's own name and with both values."""
+    high = VALID_MARKS[above]
+    closest = FlowConfig(**{**VALID_MARKS, mark: high - least_gap})
+    assert getattr(closest, mark) == high - least_gap
+    with pytest.raises(ValidationError) as info:
+        FlowConfig(**{**VALID_MARKS, mark: high - least_gap + 1})
+    assert locs(info.value) == [(mark,)]
+    assert f"{mark} ({high - least_gap + 1}) must " in messages(info.value)
+    assert f"below {above} ({high})" in messages(info.value)
+
+
 def test_the_byte_headroom_fits_librdkafkas_fetch_queue_bound() -> None:
     gib = 1024**3
     with pytest.raises(ValidationError) as info:
@@ -193,10 +228,10 @@ def test_the_byte_headroom_fits_librdkafkas_fetch_queue_bound() -> None:
 
 def test_max_batch_larger_than_headroom_is_refused() -> None:
     flow = {"capacity_records": 300, "pause_records": 200, "resume_records": 50}
-    err = invalid(max_batch=101, flow=flow)
-    assert "max_batch" in messages(err)
+    err = invalid(max_batch_records=101, flow=flow)
+    assert "max_batch_records" in messages(err)
     assert "headroom" in messages(err)
-    assert ConsumerConfig(**BASE, max_batch=100, flow=flow).max_batch == 100
+    assert ConsumerConfig(**BASE, max_batch_records=100, flow=flow).max_batch_records == 100
 
 
 def test_revoke_timeout_must_fit_in_half_the_poll_interval() -> None:
@@ -263,7 +298,7 @@ def test_group_consumer_validates_before_building_a_client() -> None:
 
 # -- strict numbers -----------------------------------------------------------------------------
 
-INT_FIELDS = ["workers", "max_batch", "commit_every"]
+INT_FIELDS = ["workers", "max_batch_records", "commit_every_records"]
 FLOAT_FIELDS = [
     "session_timeout_s",
     "heartbeat_interval_s",
@@ -393,6 +428,8 @@ def test_values_that_are_not_scalars_are_one_error_per_mapping() -> None:
         ("boostrap_servers", "did you mean 'bootstrap_servers'?"),
         ("commit_interval", "commit_interval is now commit_interval_s (seconds)"),
         ("session_timeout_ms", "session_timeout_ms is now session_timeout_s (seconds)"),
+        ("commit_every", "commit_every is now commit_every_records (records)"),
+        ("max_batch", "max_batch is now max_batch_records (records)"),
         ("capacity_records", "flow=FlowConfig(capacity_records=...)"),
         ("group.id", "set 'group_id'"),
         ("fetch.min.bytes", "librdkafka settings go in kafka={...}"),
@@ -403,6 +440,19 @@ def test_an_unknown_setting_says_what_was_meant(name: str, expected: str) -> Non
     err = invalid(**{name: 1})
     assert locs(err) == [(name,)]
     assert expected in messages(err)
+
+
+def test_a_count_renamed_for_its_unit_is_refused_with_its_new_name() -> None:
+    """commit_every and max_batch did not say whether they count records or bytes (a Kafka
+    producer's batch.size is bytes); their old names are refused, naming the new ones, from
+    GroupConsumer's keywords as from ConsumerConfig."""
+    with pytest.raises(ValidationError) as info:
+        GroupConsumer(print, **BASE, commit_every=10, max_batch=10)  # type: ignore[call-overload]
+    assert set(locs(info.value)) == {("commit_every",), ("max_batch",)}
+    assert "commit_every is now commit_every_records (records)" in messages(info.value)
+    assert "max_batch is now max_batch_records (records)" in messages(info.value)
+    cfg = ConsumerConfig(**BASE, commit_every_records=10, max_batch_records=10)
+    assert (cfg.commit_every_records, cfg.max_batch_records) == (10, 10)
 
 
 def test_unknown_settings_are_reported_with_the_other_errors() -> None:
@@ -417,4 +467,4 @@ def test_unknown_settings_are_reported_with_the_other_errors() -> None:
 def test_group_consumer_says_did_you_mean_for_a_misspelled_setting() -> None:
     with pytest.raises(ValidationError) as info:
         GroupConsumer(print, **BASE, max_bach=10)  # type: ignore[call-overload]  # on purpose
-    assert "did you mean 'max_batch'?" in str(info.value)
+    assert "did you mean 'max_batch_records'?" in str(info.value)

@@ -155,8 +155,8 @@ def test_the_rendering_shows_types_defaults_and_bounds() -> None:
     assert row("kafka", fields["kafka"]).startswith(
         "| `kafka` | mapping of str to str, int, float, bool or SecretStr | `{}` | "
     )
-    assert row("commit_every", fields["commit_every"]).startswith(
-        "| `commit_every` | int, records | 10000 | ≥ 1. See"
+    assert row("commit_every_records", fields["commit_every_records"]).startswith(
+        "| `commit_every_records` | int, records | 10000 | ≥ 1. See"
     )
 
 

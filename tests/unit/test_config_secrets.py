@@ -13,13 +13,13 @@ from pydantic import ValidationError
 from tests.librdkafka import librdkafka_properties
 
 from weir import ConsumerConfig, GroupConsumer
-from weir.config import _SENSITIVE_ALIASES, SENSITIVE_KEYS, is_secret_key
+from weir._secrets import SENSITIVE_ALIASES, SENSITIVE_KEYS, is_secret_key
 
 BASE: dict[str, Any] = {"bootstrap_servers": "broker:9092", "group_id": "g", "topics": ["t"]}
 SECRET = "hunter2-S3CRET-value"
 # Set through rd_kafka_conf_set_ssl_cert() only: librdkafka refuses it by name.
 NOT_SETTABLE = {"ssl_key"}
-SETTABLE = sorted((SENSITIVE_KEYS - NOT_SETTABLE) | _SENSITIVE_ALIASES)
+SETTABLE = sorted((SENSITIVE_KEYS - NOT_SETTABLE) | SENSITIVE_ALIASES)
 
 
 def texts(cfg: ConsumerConfig) -> dict[str, str]:
@@ -44,11 +44,11 @@ def test_every_sensitive_setting_is_masked_and_still_reaches_the_client(key: str
     assert cfg.librdkafka_config()[key] == SECRET
 
 
-@pytest.mark.parametrize("key", sorted(SENSITIVE_KEYS | _SENSITIVE_ALIASES))
+@pytest.mark.parametrize("key", sorted(SENSITIVE_KEYS | SENSITIVE_ALIASES))
 def test_every_sensitive_setting_is_masked_in_validation_errors(key: str) -> None:
     for overrides in (
         {"workers": 0},  # a field error
-        {"max_batch": 10_000},  # a rule across fields
+        {"max_batch_records": 10_000},  # a rule across fields
         {"kafka": {key: SECRET, "no.such.property": 1}},  # librdkafka refuses another key
         {"kafka": {key: [SECRET]}},  # the secret itself has the wrong type
     ):
@@ -144,7 +144,7 @@ def test_the_list_is_what_the_installed_librdkafka_redacts() -> None:
         if (target := re.search(r"Alias for `([^`]+)`", description))
         and target.group(1) in SENSITIVE_KEYS
     }
-    assert aliases == _SENSITIVE_ALIASES
+    assert aliases == SENSITIVE_ALIASES
 
 
 INVALID_WITH_SECRET: list[dict[str, Any]] = [
@@ -155,7 +155,7 @@ INVALID_WITH_SECRET: list[dict[str, Any]] = [
     {"kafka": {"sasl.password": [SECRET]}},
     {"kafka": {"sasl.password": SECRET, "logger": print}},
     {"kafka": {"sasl.password": SECRET, "security.protocol": "sasl_plaintext"}},
-    {"kafka": {"sasl.password": SECRET}, "max_batch": 10_000},
+    {"kafka": {"sasl.password": SECRET}, "max_batch_records": 10_000},
     {"kafka": {"sasl.password": SECRET}, "revoke_timeout_s": 1_000.0},
     {"kafka": {"sasl.password": SECRET}, "workers": 0},
 ]

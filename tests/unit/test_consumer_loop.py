@@ -201,7 +201,7 @@ SETTINGS: ConsumerSettings = {
     "topics": [TOPIC],
     "poll_timeout_s": 0.01,
     "commit_interval_s": 0.01,
-    "commit_every": 1,
+    "commit_every_records": 1,
     "revoke_timeout_s": 2.0,
     "shutdown_timeout_s": 5.0,
     "startup_timeout_s": 1.0,
@@ -211,10 +211,10 @@ SETTINGS: ConsumerSettings = {
 
 class Quiet(TypedDict):
     commit_interval_s: float
-    commit_every: int
+    commit_every_records: int
 
 
-QUIET: Quiet = {"commit_interval_s": 60.0, "commit_every": 1_000_000}
+QUIET: Quiet = {"commit_interval_s": 60.0, "commit_every_records": 1_000_000}
 NO_RETRY = FailurePolicy(retry=RetryPolicy(max_attempts=1))
 """Today's stop policy with no retries: the first failure stops the member."""
 """No async commits at all: every commit the engine makes is a hand-off (sync) commit."""
@@ -675,7 +675,12 @@ def test_partition_assigned_while_flow_is_paused_gets_paused(launch: Launch) -> 
         probe.actions[(P0, off)] = gated(hold)
     fake.script_assign([P0])
     launch(
-        probe, fake, ordering="unordered", workers=10, max_batch=10, flow=FlowConfig(**SMALL_FLOW)
+        probe,
+        fake,
+        ordering="unordered",
+        workers=10,
+        max_batch_records=10,
+        flow=FlowConfig(**SMALL_FLOW),
     )
     wait_until(lambda: ("pause", (P0,)) in fake.pause_calls, "flow pause")
     fake.produce_many(TOPIC, 1, range(3))
@@ -725,7 +730,12 @@ def test_in_flight_never_exceeds_capacity_and_pause_does_not_flap(launch: Launch
     probe.observe = observe
     cap = SMALL_FLOW["capacity_records"]
     gc = launch(
-        probe, fake, ordering="unordered", workers=8, max_batch=10, flow=FlowConfig(**SMALL_FLOW)
+        probe,
+        fake,
+        ordering="unordered",
+        workers=8,
+        max_batch_records=10,
+        flow=FlowConfig(**SMALL_FLOW),
     )
     wait_until(lambda: probe.finished_count() == 2 * n, "all records processed")
     settle(fake)
@@ -753,9 +763,14 @@ def test_flow_counts_bytes_too(launch: Launch) -> None:
     probe = Probe()
     probe.delay = 0.002
     flow = {"capacity_bytes": 4096 * kib, "pause_bytes": 2048 * kib, "resume_bytes": 1024 * kib}
-    max_batch = 5  # one consume call brings at most 1000 KiB
+    max_batch_records = 5  # one consume call brings at most 1000 KiB
     gc = launch(
-        probe, fake, ordering="unordered", workers=4, max_batch=max_batch, flow=FlowConfig(**flow)
+        probe,
+        fake,
+        ordering="unordered",
+        workers=4,
+        max_batch_records=max_batch_records,
+        flow=FlowConfig(**flow),
     )
     wait_until(lambda: probe.finished_count() == 40, "all records processed")
     settle(fake)
@@ -1241,7 +1256,9 @@ def test_partition_mode_shares_the_budget_only_while_tasks_are_shorter_than_a_sh
     probe = Probe()
     flow = {"capacity_records": 40, "pause_records": 30, "resume_records": 10}
     flow["read_ahead_records"] = 0  # a share in reserve pauses a partition
-    gc = launch(probe, fake, ordering="partition", workers=4, max_batch=10, flow=FlowConfig(**flow))
+    gc = launch(
+        probe, fake, ordering="partition", workers=4, max_batch_records=10, flow=FlowConfig(**flow)
+    )
     wait_until(lambda: probe.finished_count() == 400, "warm-up records processed")
 
     def single_pauses() -> int:
@@ -1273,7 +1290,8 @@ def read_ahead_launch(
 ) -> tuple[GroupConsumer, FakeConsumer, threading.Event]:
     """Partition mode over P0 and P1, 40 records each, the records at `gates` held until the
     returned event is set. With a budget of 40 a share is 40 // (2 x 2) = 10 records, a
-    partition reads up to 40 // 2 = 20 ahead, and consume calls take up to 10 (max_batch)."""
+    partition reads up to 40 // 2 = 20 ahead, and consume calls take up to 10
+    (max_batch_records)."""
     fake = FakeConsumer()
     for _, p in (P0, P1):
         fake.produce_many(TOPIC, p, range(40))
@@ -1286,7 +1304,7 @@ def read_ahead_launch(
         fake,
         ordering="partition",
         workers=2,
-        max_batch=10,
+        max_batch_records=10,
         flow=FlowConfig(**READ_AHEAD_FLOW),
     )
     return gc, fake, gate
@@ -1428,7 +1446,9 @@ def _over_four_partitions(
     probe = Probe()
     probe.delay = 0.001
     flow = {**SMALL_FLOW, "read_ahead_records": 0}
-    gc = launch(probe, fake, ordering=ordering, workers=4, max_batch=10, flow=FlowConfig(**flow))
+    gc = launch(
+        probe, fake, ordering=ordering, workers=4, max_batch_records=10, flow=FlowConfig(**flow)
+    )
     wait_until(lambda: probe.finished_count() == 240, "all records processed")
     for tp in parts:
 
@@ -1480,7 +1500,9 @@ def test_key_mode_does_not_share_when_the_budget_is_runnable(
     probe = Probe()
     probe.delay = 0.0002
     caplog.set_level(logging.INFO, logger="weir")
-    gc = launch(probe, fake, ordering="key", workers=8, max_batch=10, flow=FlowConfig(**SMALL_FLOW))
+    gc = launch(
+        probe, fake, ordering="key", workers=8, max_batch_records=10, flow=FlowConfig(**SMALL_FLOW)
+    )
     wait_until(lambda: probe.finished_count() == 1200, "all records processed")
     gc.stop()
     gc.join(WAIT)
@@ -1499,7 +1521,8 @@ def test_a_handler_class_instead_of_an_instance_is_refused() -> None:
 
 def test_a_handler_without_handle_is_refused_at_construction() -> None:
     """It was accepted, and every record failed with the base method's NotImplementedError,
-    which has no message ("handler failed on t/0/0: NotImplementedError: ")."""
+    which has no message ("handler failed on t/0/0: NotImplementedError: "). `handle` is
+    abstract: the handler itself cannot be built, and the error says how to write it."""
 
     class HooksOnly(Handler):
         def on_assigned(self, partitions: Sequence[Partition]) -> None:
@@ -1508,7 +1531,7 @@ def test_a_handler_without_handle_is_refused_at_construction() -> None:
     with pytest.raises(
         TypeError, match=r"HooksOnly does not define handle\(\): a Handler subclass"
     ):
-        GroupConsumer(HooksOnly(), consumer_factory=FakeConsumer().factory, **SETTINGS)
+        HooksOnly()  # type: ignore[abstract]  # on purpose
 
     class Mixin:
         def handle(self, record: Record, ctx: Context) -> None:

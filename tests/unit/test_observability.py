@@ -44,7 +44,7 @@ SETTINGS: dict[str, Any] = {
     "topics": [TOPIC],
     "poll_timeout_s": 0.01,
     "commit_interval_s": 0.01,
-    "commit_every": 1,
+    "commit_every_records": 1,
     "revoke_timeout_s": 2.0,
     "shutdown_timeout_s": 5.0,
     "startup_timeout_s": 1.0,

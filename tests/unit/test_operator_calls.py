@@ -62,7 +62,7 @@ def blocked(members: list[GroupConsumer]) -> tuple[GroupConsumer, FakeConsumer]:
         ordering="partition",
         poll_timeout_s=0.01,
         commit_interval_s=0.01,
-        commit_every=1,
+        commit_every_records=1,
         failure=FailurePolicy(retry=RetryPolicy(max_attempts=1), final="block"),
     )
     members.append(gc)

@@ -148,6 +148,13 @@ def pump(s: Scheduler, records: int) -> list[Task]:
     return got
 
 
+class Idle(Handler):
+    """For schedulers whose workers never run a handler."""
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        raise AssertionError("not run")
+
+
 class Recorder(Handler):
     """Handler that records calls, with optional per-(partition, offset) gates and failures.
 
@@ -289,7 +296,7 @@ def alternate(offset: int) -> bytes:
 
 
 def test_task_fields(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = FAST
     a = assignment(2, 7)
     batch, recs = submit(s, a, [10, 11, 12], key=lambda o: b"A" if o != 11 else b"BB")
@@ -310,7 +317,7 @@ def test_task_fields(make: Factory) -> None:
 
 
 def test_first_guess_gives_every_lane_a_task_of_its_own(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     assert s.per_record_seconds == _FIRST_GUESS
     assert size_for(_FIRST_GUESS) == 1
     a = assignment()
@@ -325,7 +332,7 @@ def test_first_guess_gives_every_lane_a_task_of_its_own(make: Factory) -> None:
 
 
 def test_slow_measured_handler_keeps_tasks_one_record(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     a = assignment()
     submit(s, a, list(range(4)), key=lambda o: bytes([o]))
     assert s.dispatch() == 4
@@ -340,7 +347,7 @@ def test_slow_measured_handler_keeps_tasks_one_record(make: Factory) -> None:
 
 
 def test_lane_later_records_wait_until_advance_and_dispatch(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     a = assignment()
     b1, _ = submit(s, a, [0, 1, 2], key=lambda o: b"K")
     assert s.dispatch() == 1
@@ -370,7 +377,7 @@ def test_lane_later_records_wait_until_advance_and_dispatch(make: Factory) -> No
 
 
 def test_null_keys_share_one_lane(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     a0, a1 = assignment(0, 1), assignment(1, 2)
     submit(s, a0, [0, 1, 2])
     submit(s, a0, [3], key=lambda o: b"A")
@@ -388,7 +395,7 @@ def test_null_keys_share_one_lane(make: Factory) -> None:
 
 
 def test_same_key_on_different_partitions_are_different_lanes(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = FAST
     for p in range(3):
         submit(s, assignment(p, p + 1), [0, 1], key=lambda o: b"K")
@@ -403,7 +410,7 @@ def test_same_key_on_different_partitions_are_different_lanes(make: Factory) -> 
 
 
 def test_partition_mode_has_one_lane_per_partition(make: Factory) -> None:
-    s = make(Handler(), "partition", start=False)
+    s = make(Idle(), "partition", start=False)
     a = assignment()
     submit(s, a, [0, 1, 2], key=lambda o: bytes([o]))  # distinct keys, still one lane
     assert s.lanes == 1
@@ -423,7 +430,7 @@ def test_partition_mode_has_one_lane_per_partition(make: Factory) -> None:
 
 
 def test_unordered_mode_has_no_lanes(make: Factory) -> None:
-    s = make(Handler(), "unordered", start=False)
+    s = make(Idle(), "unordered", start=False)
     a = assignment()
     submit(s, a, [0, 1, 2, 5], key=lambda o: b"K")
     assert s.lanes == 0
@@ -439,7 +446,7 @@ def test_unordered_mode_has_no_lanes(make: Factory) -> None:
 
 
 def test_fast_handler_packs_many_lanes_into_few_tasks(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = FAST
     assert size_for(FAST) == _MAX_TASK
     a = assignment()
@@ -455,7 +462,7 @@ def test_fast_handler_packs_many_lanes_into_few_tasks(make: Factory) -> None:
 
 
 def test_a_lane_longer_than_a_task_is_cut(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = SIZE_3
     assert size_for(SIZE_3) == 3
     a = assignment()
@@ -480,7 +487,7 @@ def test_a_lane_longer_than_a_task_is_cut(make: Factory) -> None:
 
 
 def test_unordered_tasks_are_cut_at_the_size(make: Factory) -> None:
-    s = make(Handler(), "unordered", start=False)
+    s = make(Idle(), "unordered", start=False)
     s._per_record = SIZE_3
     a = assignment()
     submit(s, a, list(range(7)))
@@ -489,7 +496,7 @@ def test_unordered_tasks_are_cut_at_the_size(make: Factory) -> None:
 
 
 def test_unordered_fast_tasks_are_capped(make: Factory) -> None:
-    s = make(Handler(), "unordered", start=False)
+    s = make(Idle(), "unordered", start=False)
     s._per_record = FAST
     a = assignment()
     submit(s, a, list(range(_MAX_TASK + 1)))
@@ -498,7 +505,7 @@ def test_unordered_fast_tasks_are_capped(make: Factory) -> None:
 
 
 def test_dispatch_skips_records_of_a_fenced_assignment(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = FAST
     fenced, live = assignment(0, 1), assignment(1, 2)
     submit(s, fenced, [0, 1], key=alternate)
@@ -511,7 +518,7 @@ def test_dispatch_skips_records_of_a_fenced_assignment(make: Factory) -> None:
 
 
 def test_outstanding_totals_and_per_assignment(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     a0, a1 = assignment(0, 1), assignment(1, 2)
     submit(s, a0, [0, 1, 2], key=lambda o: bytes([o]))
     submit(s, a1, [0, 1], key=lambda o: bytes([o]))
@@ -534,7 +541,7 @@ def test_outstanding_totals_and_per_assignment(make: Factory) -> None:
 
 
 def test_drop_queued_returns_waiting_records_and_leaves_released_tasks(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     a0, a1 = assignment(0, 1), assignment(1, 2)
     submit(s, a0, [0, 1, 2, 3], key=lambda o: b"A" if o < 2 else b"B")
     submit(s, a1, [0, 1, 2], key=lambda o: b"A")
@@ -561,7 +568,7 @@ def test_drop_queued_returns_waiting_records_and_leaves_released_tasks(make: Fac
 
 
 def test_forget_removes_lanes_and_late_advances_are_harmless(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     p0 = Partition("t", 0)
     old = Assignment(p0, 1)
     submit(s, old, [0, 1], key=lambda o: b"K")
@@ -593,7 +600,7 @@ def test_forget_removes_lanes_and_late_advances_are_harmless(make: Factory) -> N
 
 
 def test_advancing_a_task_twice_has_no_effect(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     a = assignment()
     submit(s, a, [0, 1, 2], key=lambda o: b"K")
     s.dispatch()
@@ -609,7 +616,7 @@ def test_advancing_a_task_twice_has_no_effect(make: Factory) -> None:
 
 
 def test_an_empty_submit_does_not_block_the_partition(make: Factory) -> None:
-    s = make(Handler(), "partition", start=False)
+    s = make(Idle(), "partition", start=False)
     a = assignment()
     s.submit(a, BatchProgress([], 0, a.token), [])
     s.dispatch()
@@ -618,7 +625,7 @@ def test_an_empty_submit_does_not_block_the_partition(make: Factory) -> None:
 
 
 def test_a_forgotten_assignment_never_dispatches_its_pending_records(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     a = assignment()
     submit(s, a, [0, 1, 2], key=lambda o: b"K")
     s.forget([a])  # still dispatching: only the lanes are gone
@@ -627,7 +634,7 @@ def test_a_forgotten_assignment_never_dispatches_its_pending_records(make: Facto
 
 
 def test_hold_and_release_of_a_lane(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = FAST
     a = assignment()
     submit(s, a, [2], key=lambda o: b"L")
@@ -662,7 +669,7 @@ PER_RECORD_FOR_SIZE = {1: 0.001, 2: 0.0004, 3: SIZE_3, 4: 0.00015, 5: 0.00011}
 
 
 def test_a_repeated_key_in_a_fresh_batch_joins_its_group(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = FAST
     a = assignment()
     keys = {0: b"A", 1: b"B", 2: b"A", 3: b"C", 4: b"B"}
@@ -679,7 +686,7 @@ def test_a_repeated_key_in_a_fresh_batch_joins_its_group(make: Factory) -> None:
 
 
 def test_a_key_repeated_after_its_group_is_full_waits_for_the_group(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = SIZE_3
     a = assignment()
     keys = dict(enumerate([b"A", b"B", b"C", b"A", b"D"]))
@@ -710,7 +717,7 @@ def test_a_key_repeated_after_its_group_is_full_waits_for_the_group(make: Factor
 
 
 def test_key_lanes_do_not_leak_across_batches(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = SIZE_3
     a = assignment()
     out: list[Task] = []
@@ -737,7 +744,7 @@ def test_key_lanes_do_not_leak_across_batches(make: Factory) -> None:
 
 
 def test_hold_on_a_key_only_marked_busy(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = FAST
     a = assignment()
     b1, recs = submit(s, a, [0, 1], key=lambda o: b"A" if o == 0 else b"B")
@@ -759,7 +766,7 @@ def test_hold_on_a_key_only_marked_busy(make: Factory) -> None:
 
 
 def test_a_failure_holds_a_key_only_marked_busy(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = FAST
     a = assignment()
     submit(s, a, [0, 1, 2], key=lambda o: b"B" if o == 1 else b"A")
@@ -782,7 +789,7 @@ def test_a_failure_holds_a_key_only_marked_busy(make: Factory) -> None:
 
 
 def test_drop_queued_with_marker_and_waiting_lanes(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = SIZE_3
     a, other = assignment(0, 1), assignment(1, 2)
     keys = dict(enumerate([b"A", b"B", b"C", b"A", b"D"]))
@@ -807,7 +814,7 @@ def test_drop_queued_with_marker_and_waiting_lanes(make: Factory) -> None:
 
 
 def test_lanes_freed_by_one_task_go_out_as_one_group_in_offset_order(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = FAST
     a = assignment()
     submit(s, a, [0, 1], key=lambda o: [b"A", b"B"][o])
@@ -827,7 +834,7 @@ def test_lanes_freed_by_one_task_go_out_as_one_group_in_offset_order(make: Facto
 
 
 def test_a_freed_lane_longer_than_a_task_goes_alone(make: Factory) -> None:
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = SIZE_3
     a = assignment()
     submit(s, a, [0, 1], key=lambda o: [b"A", b"B"][o])
@@ -849,7 +856,7 @@ def test_a_freed_lane_longer_than_a_task_goes_alone(make: Factory) -> None:
 
 
 def test_a_single_lane_task_is_longer_and_reports_progress(lane_tasks: Factory) -> None:
-    s = lane_tasks(Handler(), "partition", start=False)
+    s = lane_tasks(Idle(), "partition", start=False)
     s._per_record = 0.001  # 1 ms handlers: tasks of 1 record, single-lane tasks of 41
     n = int(LANE_SECONDS / 0.001) + 1
     assert (s.task_size(), s.lane_task_size()) == (1, n) == (1, 41)
@@ -871,7 +878,7 @@ def test_a_single_lane_task_is_longer_and_reports_progress(lane_tasks: Factory) 
 
 
 def test_tasks_of_several_lanes_stay_short_and_report_nothing(lane_tasks: Factory) -> None:
-    s = lane_tasks(Handler(), "key", start=False)
+    s = lane_tasks(Idle(), "key", start=False)
     s._per_record = 0.0002  # tasks of 3, single-lane tasks of 26
     a = assignment()
     submit(s, a, list(range(6)), key=lambda o: bytes([o]))
@@ -884,7 +891,7 @@ def test_tasks_of_several_lanes_stay_short_and_report_nothing(lane_tasks: Factor
 def test_unordered_packs_a_deep_batch_into_longer_tasks(lane_tasks: Factory) -> None:
     """Unordered records of a batch that gives every worker two tasks or more go out in tasks of
     up to a single-lane task's length: fewer hand-offs, and no worker left without work."""
-    s = lane_tasks(Handler(), "unordered", workers=4, start=False)
+    s = lane_tasks(Idle(), "unordered", workers=4, start=False)
     s._per_record = 0.001  # tasks of 1 record, single-lane tasks of 6
     a = assignment()
     submit(s, a, list(range(48)))  # 48 // (2 * 4) = 6 per task
@@ -898,7 +905,7 @@ def test_unordered_packs_a_deep_batch_into_longer_tasks(lane_tasks: Factory) -> 
 
 
 def test_unordered_keeps_short_tasks_for_a_shallow_batch(lane_tasks: Factory) -> None:
-    s = lane_tasks(Handler(), "unordered", workers=4, start=False)
+    s = lane_tasks(Idle(), "unordered", workers=4, start=False)
     s._per_record = 0.001
     a = assignment()
     submit(s, a, list(range(7)))  # fewer than two records per worker: one record per task
@@ -1232,7 +1239,7 @@ WHOLE = scheduling._WHOLE
 
 
 def test_fast_key_records_go_out_per_partition_behind_one_lane(make: Factory) -> None:
-    s = make(Handler(), "key", start=False, whole=True)
+    s = make(Idle(), "key", start=False, whole=True)
     s._per_record = FAST
     a, b = assignment(0, 1), assignment(1, 2)
     keys = {0: b"A", 1: b"B", 2: b"A", 3: b"C"}
@@ -1256,7 +1263,7 @@ def test_key_lanes_replace_the_whole_lane_only_once_it_is_free(make: Factory) ->
     """The handler turns slow while a whole-partition task runs: later records still wait
     behind the whole lane (a key lane beside it could run a key's record next to an earlier
     one), and only records that arrive once it is free go out per key."""
-    s = make(Handler(), "key", start=False, whole=True)
+    s = make(Idle(), "key", start=False, whole=True)
     s._per_record = FAST
     a = assignment()
     submit(s, a, [0, 1], key=lambda o: b"A")
@@ -1337,7 +1344,7 @@ def test_a_small_batch_of_a_slow_handler_never_takes_the_whole_lane(
     """One record (taken while throttled) fits in a task of a 1 ms handler too: a whole lane
     then would serialise the partition for as long as records keep coming (unordered mode fell
     to 0.2x of its rate). Whole lanes need tasks of `_WHOLE_TASK` records or more."""
-    s = make(Handler(), ordering, start=False, whole=True)
+    s = make(Idle(), ordering, start=False, whole=True)
     s._per_record = per_record
     a = assignment()
     submit(s, a, [0], key=lambda o: b"A")
@@ -1349,7 +1356,7 @@ def test_a_small_batch_of_a_slow_handler_never_takes_the_whole_lane(
 def test_unordered_groups_and_a_whole_lane_never_share_a_task(make: Factory) -> None:
     """Unordered records submitted while the handler was slow hold no lane, so the whole lane
     can be taken while they still wait for dispatch: they go out in tasks of their own."""
-    s = make(Handler(), "unordered", start=False, whole=True)
+    s = make(Idle(), "unordered", start=False, whole=True)
     a = assignment()
     s._per_record = 0.001
     submit(s, a, [0, 1])
@@ -1548,7 +1555,7 @@ def test_stop_is_true_when_idle_or_never_started(recorder: Recorder) -> None:
 
 
 def test_ewma_moves_per_record_seconds_toward_measured_time(make: Factory) -> None:
-    s = make(Handler(), "unordered", start=False)
+    s = make(Idle(), "unordered", start=False)
     a = assignment()
     submit(s, a, [0, 1, 2, 3])
     s._per_record = FAST
@@ -1614,7 +1621,7 @@ def taken(task: Task, running: int) -> None:
 
 
 def test_unordered_records_a_long_task_has_not_reached_go_to_other_tasks(make: Factory) -> None:
-    s = make(Handler(), "unordered", start=False)
+    s = make(Idle(), "unordered", start=False)
     s._per_record = FAST
     a = assignment()
     submit(s, a, [0, 1, 2, 3, 4])
@@ -1634,7 +1641,7 @@ def test_key_mode_moves_other_keys_and_keeps_the_running_keys_order(make: Factor
     """A long multi-key task: other keys' records move with their lanes; the running key's
     later record waits behind it in its lane; a key whose records the task already finished
     is free at once."""
-    s = make(Handler(), "key", start=False)
+    s = make(Idle(), "key", start=False)
     s._per_record = FAST
     a = assignment()
     keys = {0: b"D", 1: b"A", 2: b"B", 3: b"A", 4: b"C", 5: b"D"}
@@ -1659,7 +1666,7 @@ def test_key_mode_moves_other_keys_and_keeps_the_running_keys_order(make: Factor
 
 
 def test_a_long_whole_partition_task_leaves_its_whole_lane(make: Factory) -> None:
-    s = make(Handler(), "key", start=False, whole=True)
+    s = make(Idle(), "key", start=False, whole=True)
     s._per_record = FAST
     a = assignment()
     keys = {0: b"A", 1: b"B", 2: b"A", 3: b"C", 4: b"A", 5: b"B"}

@@ -27,7 +27,7 @@ SETTINGS: ConsumerSettings = {
     "topics": [TOPIC],
     "poll_timeout_s": 0.01,
     "commit_interval_s": 60.0,
-    "commit_every": 1_000_000,
+    "commit_every_records": 1_000_000,
     "startup_timeout_s": 1.0,
     "shutdown_timeout_s": 2.0,
     "workers": 2,

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from weir.fencing.base import Fence, FenceUnavailableError
-from weir.fencing.handler import FencedHandler, FencePruner, NoEpochError
+from weir.errors import FenceUnavailableError, NoEpochError
+from weir.fencing.base import Fence
+from weir.fencing.handler import FencedHandler, FencePruner
 from weir.fencing.sqlite import SqliteFence
 
 if TYPE_CHECKING:

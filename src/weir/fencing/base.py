@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Generic, Protocol, TypeGuard, TypeVar, runtime_checkable
 
-from weir.errors import WeirError
+from weir.errors import FenceUnavailableError
 from weir.records import Partition, Record
 
 __all__ = ["Fence", "FenceUnavailableError"]
@@ -21,16 +21,6 @@ DEFAULT_TABLE_PREFIX = "weir_fence"
 DEFAULT_TIMEOUT_S = 10.0
 # PostgreSQL truncates identifiers at 63 bytes; the longest suffix is "_applied".
 _PREFIX = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,54}")
-
-
-class FenceUnavailableError(WeirError):
-    """The fence's database failed it: unreachable, a lock not granted within ``timeout_s``, or
-    an error in the fence's own statements (not in a write function: those propagate as raised).
-
-    The transaction was rolled back, unless the failure hid the outcome of its commit; the
-    message says so then, and the event id makes a retry safe. The driver's error is chained as
-    ``__cause__``.
-    """
 
 
 @runtime_checkable

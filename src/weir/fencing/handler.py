@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from weir.committing import CommitEvent
-from weir.fencing.base import Fence, FenceUnavailableError, check_group, check_seconds
+from weir.errors import FenceUnavailableError, NoEpochError
+from weir.fencing.base import Fence, check_group, check_seconds
 from weir.logs import get_logger
-from weir.policy import NonRetryable
 from weir.records import Context, Handler, Partition, Record
 
 __all__ = ["FencePruner", "FencedHandler", "NoEpochError"]
@@ -17,11 +17,6 @@ __all__ = ["FencePruner", "FencedHandler", "NoEpochError"]
 log = get_logger(__name__)
 
 ConnT = TypeVar("ConnT")
-
-
-class NoEpochError(NonRetryable, RuntimeError):
-    """A fenced handler got a record without an epoch: the consumer runs without a fence. Not
-    retried: the record goes to the final failure policy (by default the member stops)."""
 
 
 class FencedHandler(Handler, Generic[ConnT]):

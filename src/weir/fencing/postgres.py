@@ -12,12 +12,11 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from weir.errors import FencedError
+from weir.errors import FencedError, FenceUnavailableError
 from weir.fencing.base import (
     DEFAULT_TABLE_PREFIX,
     DEFAULT_TIMEOUT_S,
     Fence,
-    FenceUnavailableError,
     PerThread,
     Using,
     WriteProgress,

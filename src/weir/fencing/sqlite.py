@@ -9,12 +9,11 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from weir.errors import FencedError
+from weir.errors import FencedError, FenceUnavailableError
 from weir.fencing.base import (
     DEFAULT_TABLE_PREFIX,
     DEFAULT_TIMEOUT_S,
     Fence,
-    FenceUnavailableError,
     PerThread,
     Using,
     WriteProgress,

@@ -38,18 +38,36 @@ class WorkdirInUseError(WorkdirError):
     """Another broker (or cluster) runs on the work directory: it holds the directory's lock."""
 
 
-class BrokerStartError(HarnessError):
-    """The broker process exited or did not become ready in time.
+class ServerStartError(HarnessError):
+    """A server process the harness started exited or did not become ready in time.
 
-    ``log_tail`` carries the last lines of the broker's log so the cause shows in the test report
-    even after the work directory is removed.
+    ``log_tail`` carries the last lines of the server's log so the cause shows in the test report
+    even after the directory holding the log is removed.
     """
+
+    log_name = "server"
 
     def __init__(self, message: str, log_tail: str = "") -> None:
         self.log_tail = log_tail
         if log_tail:
-            message = f"{message}\n--- last lines of the broker log ---\n{log_tail}"
+            message = f"{message}\n--- last lines of the {self.log_name} log ---\n{log_tail}"
         super().__init__(message)
+
+
+class BrokerStartError(ServerStartError):
+    """The broker process exited or did not become ready in time."""
+
+    log_name = "broker"
+
+
+class PostgresNotFoundError(HarnessError):
+    """No PostgreSQL server binaries on this machine, and no ``WEIR_POSTGRES_DSN``."""
+
+
+class PostgresStartError(ServerStartError):
+    """``initdb`` or ``postgres`` failed or did not become ready."""
+
+    log_name = "PostgreSQL"
 
 
 class BrokerUnavailableError(HarnessError):

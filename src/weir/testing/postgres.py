@@ -38,7 +38,7 @@ from weir.testing.broker import (
     resolve_workdir,
     unregister_at_exit,
 )
-from weir.testing.errors import HarnessError
+from weir.testing.errors import PostgresNotFoundError, PostgresStartError
 
 __all__ = [
     "ENV_BINDIR",
@@ -76,21 +76,6 @@ TEST_POSTGRES_SETTINGS: Mapping[str, str] = {
     # English messages whatever the machine's locale: tests and the harness read them.
     "lc_messages": "C",
 }
-
-
-class PostgresNotFoundError(HarnessError):
-    """No PostgreSQL server binaries on this machine, and no ``WEIR_POSTGRES_DSN``."""
-
-
-class PostgresStartError(HarnessError):
-    """``initdb`` or ``postgres`` failed or did not become ready; the message ends with the tail
-    of the server log, because the temp dir holding it is removed."""
-
-    def __init__(self, message: str, log_tail: str = "") -> None:
-        self.log_tail = log_tail
-        if log_tail:
-            message = f"{message}\n--- last lines of the PostgreSQL log ---\n{log_tail}"
-        super().__init__(message)
 
 
 def find_postgres_bindir() -> Path:

@@ -493,8 +493,8 @@ def wait_for_committed(
     the admin API, so it joins nothing and works for any group. Returns the committed offsets
     by partition (None: nothing committed); raises TimeoutError showing committed vs expected.
     """
+    from weir.errors import WeirError
     from weir.lag import (
-        LagError,
         committed_as_text,
         committed_offsets,
         log_end_offsets,
@@ -505,7 +505,7 @@ def wait_for_committed(
     deadline = time.monotonic() + timeout
     committed: dict[int, int | None] = {}
     target: dict[int, int] = {}
-    last_error: LagError | None = None
+    last_error: WeirError | None = None
     try:
         while True:
             step = max(0.5, min(10.0, deadline - time.monotonic()))
@@ -526,7 +526,7 @@ def wait_for_committed(
                 last_error = None
                 if all((committed[p] or 0) >= offset for p, offset in target.items()):
                     return committed
-            except LagError as exc:
+            except WeirError as exc:  # the lag could not be read: try again
                 last_error = exc
             if time.monotonic() >= deadline:
                 raise TimeoutError(
