@@ -109,6 +109,12 @@ class Budget:
 
     # -- membership ----------------------------------------------------------------------
 
+    def opened(self, a: Assignment) -> None:
+        self.open(a)
+
+    def closed(self, a: Assignment) -> None:
+        self.close(a.tp)
+
     def open(self, assignment: Assignment) -> PartitionBudget:
         pb = self.parts[assignment.tp] = PartitionBudget(assignment)
         return pb

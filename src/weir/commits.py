@@ -22,6 +22,7 @@ from weir.logs import get_logger
 from weir.ownership import Ownership
 from weir.records import Partition
 from weir.replay import ReplayMaps
+from weir.tasks import Assignment
 
 __all__ = ["CommitPath"]
 
@@ -72,9 +73,11 @@ class CommitPath:
                 st.progress.advance_to(r.offset)
                 known[tp] = r.offset
 
-    def forget_unowned(self) -> None:
-        for tp in [tp for tp in self.positions if tp not in self._own.partitions]:
-            del self.positions[tp]
+    def opened(self, a: Assignment) -> None:
+        pass
+
+    def closed(self, a: Assignment) -> None:
+        self.positions.pop(a.tp, None)
 
     def send_async(self, now: float) -> None:
         """A commit turn: what is due, asynchronously; its results come to `on_commit`."""

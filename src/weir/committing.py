@@ -14,6 +14,7 @@ from typing import Literal
 from weir.clock import SYSTEM, Clock
 from weir.logs import get_logger
 from weir.records import Partition
+from weir.tasks import Assignment
 
 __all__ = ["CommitEvent", "Committer"]
 
@@ -62,6 +63,12 @@ class Committer:
         self._last = clock.monotonic()
         self._finished_since = 0
         self._emit = emit or _ignore
+
+    def opened(self, a: Assignment) -> None:
+        self.track(a.tp)
+
+    def closed(self, a: Assignment) -> None:
+        self.forget([a.tp])
 
     def track(self, tp: Partition) -> None:
         # A new assignment starts clean: the broker's committed offset may have moved while

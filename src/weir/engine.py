@@ -49,7 +49,7 @@ from weir.logs import (
     get_logger,
 )
 from weir.metrics import Metrics
-from weir.ownership import Ownership, PartitionState
+from weir.ownership import Ownership, PartitionState, Scope, Tracker
 from weir.records import Handler, Partition, is_async_handler, size_of
 from weir.replay import ReplayMaps
 from weir.scheduling import Scheduler, lane_of
@@ -196,6 +196,20 @@ class Engine:
             self._fenced,
             clock=clock,
         )
+        # Everything that keeps state per partition: opened and closed by Ownership alone, for
+        # the whole time the member owns the partition or for one assignment of it.
+        trackers: tuple[tuple[Tracker, Scope], ...] = (
+            (self.budget, "assignment"),
+            (self.failures, "assignment"),
+            (self.committer, "partition"),
+            (self.commits, "partition"),
+            (self.replay, "partition"),
+            (self.starts, "partition"),
+            (self.fetch, "partition"),
+            (self.metrics, "partition"),
+        )
+        for tracker, scope in trackers:
+            self.own.track(tracker, scope)
         self.snapshot = Snapshot(
             client=lambda: self.client,
             own=self.own,
@@ -557,7 +571,7 @@ class Engine:
         tp = a.tp
         log.error("partition_fenced", tp=str(tp), held=error.held, stored=error.stored)
         self.own.lost([tp])
-        self._left([a], [tp])
+        self._owned_changed()
         self.fetch.hold([tp], "fenced")  # until the group moves it
         if self.eos is not None:
             # As for a lost partition: the open transaction holds its outputs, whose offsets
@@ -670,10 +684,10 @@ class Engine:
 
     def _on_revoke(self, client: Any, tps: list[TopicPartition]) -> None:
         self.metrics.rebalance_began(self.clock.monotonic())
-        gone = self._assignments_of(tps)
         parts = [Partition(t.topic, t.partition) for t in tps]
         self.own.revoke(parts, self._drain_until, self._commit_sync)
-        self._left(gone, parts)
+        self.fetch.forget(parts)  # a fenced one was held until the group took it
+        self._owned_changed()
 
     def _on_lost(self, client: Any, tps: list[TopicPartition]) -> None:
         self.metrics.rebalance_began(self.clock.monotonic())
@@ -681,24 +695,14 @@ class Engine:
         gone = self._assignments_of(tps)
         parts = [Partition(t.topic, t.partition) for t in tps]
         self.own.lost(parts)
-        self._left(gone, parts)
+        self.fetch.forget(parts)  # a fenced one was held until the group took it
+        self._owned_changed()
         if self.eos is not None and gone:
             # The open transaction holds outputs of the lost partitions, whose offsets this
             # member may no longer commit: abort it, and start the others over.
             self.eos.abort_all()
 
-    def _left(self, gone: list[Assignment], parts: list[Partition]) -> None:
-        """Partitions left this member (revoked, lost, fenced): what is kept of them outside
-        `Ownership` goes too, in one place for the three ways out."""
-        self.failures.forget(gone)
-        self.replay.forget(parts)
-        self.metrics.removed(parts)
-        self.starts.forget(parts)
-        self.fetch.forget(parts)
-        self._owned_changed()
-
     def _owned_changed(self) -> None:
-        self.commits.forget_unowned()
         if self._watermarks is not None:
             self._watermarks.track(self.own.partitions)
 

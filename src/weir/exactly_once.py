@@ -123,5 +123,4 @@ class ExactlyOnce:
         producer was replaced during it), so the committed offsets are read from the broker
         again, once the new producer has resolved that transaction."""
         for a in self._own.reset(tps):
-            self._failures.forget([a])
             self._starts.rewind(a.tp, reread=reread)

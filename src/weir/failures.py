@@ -200,6 +200,12 @@ class Failures:
             return timeout
         return max(0.0, min(timeout, self._due[0][0] - self._clock.monotonic()))
 
+    def opened(self, a: Assignment) -> None:
+        pass
+
+    def closed(self, a: Assignment) -> None:
+        self.forget([a])
+
     def forget(self, assignments: Collection[Assignment]) -> None:
         """Revoked or lost: their retries, blocks and dead-letter results no longer matter."""
         for key in [k for k in self._failed if k[0] in assignments]:

@@ -33,6 +33,7 @@ from weir.client import ConsumerClient, topic_partitions
 from weir.logs import get_logger
 from weir.records import Partition
 from weir.stats import PauseReason as Reason
+from weir.tasks import Assignment
 
 __all__ = ["FetchControl", "Reason"]
 
@@ -108,8 +109,16 @@ class FetchControl:
         self._set(held, True, "assignment")
         self._set([tp for tp in tps if not self._why.get(tp)], False, "assignment")
 
+    def opened(self, a: Assignment) -> None:
+        pass  # stated to the client once every reason for it is known (`assigned`)
+
+    def closed(self, a: Assignment) -> None:
+        """A partition that left this member: nothing of it is kept."""
+        self.forget([a.tp])
+
     def forget(self, tps: Iterable[Partition]) -> None:
-        """Partitions that left this member: nothing of theirs is kept."""
+        """Nothing of these partitions is kept (also of one fenced, held after it left this
+        member's ownership until the group takes it)."""
         for tp in tps:
             self._why.pop(tp, None)
             self.paused.discard(tp)

@@ -29,7 +29,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 from weir.committing import CommitEvent
 from weir.records import Partition, Record
 from weir.stats import BUCKETS, LatencyHistogram
-from weir.tasks import DONE, FAILED, Task
+from weir.tasks import DONE, FAILED, Assignment, Task
 from weir.tracking import BatchProgress
 
 __all__ = ["Histogram", "Metrics", "PartitionMetrics"]
@@ -144,6 +144,12 @@ class Metrics:
         for tp in tps:
             pm = self.parts[tp] = PartitionMetrics(now, wall)
             self._awaiting[tp] = pm
+
+    def opened(self, a: Assignment) -> None:
+        pass  # measured from the rebalance that assigned it (`assigned`, with its time)
+
+    def closed(self, a: Assignment) -> None:
+        self.removed([a.tp])
 
     def removed(self, tps: Iterable[Partition]) -> None:
         for tp in tps:

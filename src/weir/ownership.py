@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable
+from typing import Literal, Protocol
 
 from weir.budget import Budget
 from weir.callbacks import Callbacks, callback_name
@@ -47,6 +48,20 @@ class PartitionState:
         self.progress = PartitionProgress(next(_tokens))
 
 
+class Tracker(Protocol):
+    """A part of the member that keeps state per owned partition. `Ownership` alone tells it
+    when a partition is opened (assigned) and closed (revoked, lost, or fenced), in the order
+    the trackers were registered (`track`); no other code opens or forgets their state."""
+
+    def opened(self, a: Assignment) -> None: ...
+
+    def closed(self, a: Assignment) -> None: ...
+
+
+Scope = Literal["partition", "assignment"]
+"""How long a tracker's state lives: as long as the member owns the partition, or only as
+long as one assignment of it (an aborted transaction's `reset` starts a new one in place)."""
+
 Drain = Callable[[float, list[Assignment]], None]
 CommitSync = Callable[[dict[Partition, int | None]], dict[Partition, int]]
 
@@ -80,6 +95,21 @@ class Ownership:
         self.rebalances = 0
         self.revoked_total = 0
         self.lost_total = 0
+        self._trackers: list[tuple[Tracker, Scope]] = []
+
+    def track(self, tracker: Tracker, scope: Scope = "partition") -> None:
+        """Register a part that keeps state per partition (`Tracker`)."""
+        self._trackers.append((tracker, scope))
+
+    def _opened(self, a: Assignment, *, reset: bool = False) -> None:
+        for tracker, scope in self._trackers:
+            if not reset or scope == "assignment":
+                tracker.opened(a)
+
+    def _closed(self, a: Assignment, *, reset: bool = False) -> None:
+        for tracker, scope in self._trackers:
+            if not reset or scope == "assignment":
+                tracker.closed(a)
 
     def assign(
         self,
@@ -93,8 +123,7 @@ class Ownership:
             if tp in self.partitions:
                 continue  # eager re-delivery of an owned partition keeps its state
             st = self.partitions[tp] = PartitionState(tp)
-            self._budget.open(st.assignment)
-            self._committer.track(tp)
+            self._opened(st.assignment)
             added.append(tp)
         self.rebalances += 1
         log.info(
@@ -132,16 +161,18 @@ class Ownership:
         # What the broker has for them, as far as this member knows: the last offset it
         # confirmed, sent now or earlier (None: nothing committed during this assignment).
         committed = {str(tp): self._committer.confirmed(tp) for tp in sorted(owned)}
+        gone = []
         for tp in owned:
             st = self.partitions.pop(tp)
             if left:
                 st.assignment.cancel.set()
             st.progress.revoke()
-            self._budget.close(tp)
+            gone.append(st.assignment)
         if left:
             self._scheduler.workers.abandon(assignments)
         self._scheduler.forget(assignments)
-        self._committer.forget(owned)
+        for a in gone:
+            self._closed(a)
         self.revoked_total += len(owned)
         log.info(
             "partitions_revoked",
@@ -162,13 +193,13 @@ class Ownership:
             st.assignment.dispatching = False
             st.assignment.cancel.set()
             st.progress.revoke()
-            self._budget.close(tp)
             gone.append(st.assignment)
         self._scheduler.drop_queued(gone)
         if self._scheduler.running(gone):
             self._scheduler.workers.abandon(gone)
         self._scheduler.forget(gone)
-        self._committer.forget(owned)
+        for a in gone:
+            self._closed(a)
         self.lost_total += len(owned)
         log.warning("partitions_lost", partitions=sorted(str(tp) for tp in owned))
         self._call_hook("on_lost", sorted(owned))
@@ -195,10 +226,10 @@ class Ownership:
         self._scheduler.forget(old)
         for a in old:
             tp = a.tp
-            self._budget.close(tp)
+            self._closed(a, reset=True)
             st = self.partitions[tp] = PartitionState(tp)
             st.assignment.epoch = a.epoch  # the same owner, the same fence epoch
-            self._budget.open(st.assignment)
+            self._opened(st.assignment, reset=True)
         if old:
             log.warning("partitions_reset", partitions=sorted(str(a.tp) for a in old))
         return old

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from weir.logs import get_logger
 from weir.offsetmap import Encoded, FinishedMap, NoMap, decode_finished, encode_finished
 from weir.records import Partition, Record
+from weir.tasks import Assignment
 from weir.tracking import PartitionProgress
 
 __all__ = ["ReplayMaps"]
@@ -102,6 +103,12 @@ class ReplayMaps:
             enabled=self.enabled,
             reason="the broker's offset.metadata.max.bytes is smaller: set offset_map_max_bytes",
         )
+
+    def opened(self, a: Assignment) -> None:
+        pass  # restored from its committed offset map once that is read (`restore`)
+
+    def closed(self, a: Assignment) -> None:
+        self.forget([a.tp])
 
     def forget(self, tps: Sequence[Partition]) -> None:
         for tp in tps:

@@ -39,6 +39,7 @@ from weir.fetching import FetchControl, Reason
 from weir.logs import get_logger
 from weir.records import Partition
 from weir.replay import ReplayMaps
+from weir.tasks import Assignment
 
 __all__ = ["Committed", "Starts"]
 
@@ -292,10 +293,12 @@ class Starts:
         else:
             self.restart_at(tp, known)
 
-    def forget(self, tps: Iterable[Partition]) -> None:
-        for tp in tps:
-            self.pending.pop(tp, None)
-            self.committed.pop(tp, None)
+    def opened(self, a: Assignment) -> None:
+        pass  # read in the assign callback (`assign`), before the assignment exists
+
+    def closed(self, a: Assignment) -> None:
+        self.pending.pop(a.tp, None)
+        self.committed.pop(a.tp, None)
 
 
 def _always() -> bool:
