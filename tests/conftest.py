@@ -1,5 +1,6 @@
-"""A real PostgreSQL server for the tests that ask for ``postgres_dsn`` (weir.testing.postgres),
-unit and integration tests alike.
+"""Fixtures for every tier: members a test started, stopped after it; and a real PostgreSQL server
+for the tests that ask for ``postgres_dsn`` (weir.testing.postgres), unit and integration tests
+alike.
 
 Started once per session, on first use, and stopped at its end. Such tests are skipped only
 where no PostgreSQL can be had: no server binaries and no WEIR_POSTGRES_DSN, or no psycopg.
@@ -7,11 +8,13 @@ where no PostgreSQL can be had: no server binaries and no WEIR_POSTGRES_DSN, or 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 
 import pytest
 
+from weir import GroupConsumer
 from weir.testing.postgres import (
     ENV_DSN,
     PostgresNotFoundError,
@@ -38,3 +41,15 @@ def postgres_dsn() -> Iterator[str]:
             pytest.skip(str(exc))
     with postgres_for_tests() as dsn:
         yield dsn
+
+
+@pytest.fixture
+def members() -> Iterator[list[GroupConsumer]]:
+    """Members a test started (it appends them): stopped, then joined, after the test."""
+    started: list[GroupConsumer] = []
+    yield started
+    for gc in started:
+        gc.stop()
+    for gc in started:
+        with contextlib.suppress(Exception):
+            gc.join(10)
