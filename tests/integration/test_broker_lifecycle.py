@@ -29,7 +29,7 @@ from weir.testing.pytest_plugin import (
     records_as_text,
 )
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(120), pytest.mark.usefixtures("quick_jvm")]
 
 
 def gone(pid: int) -> bool:

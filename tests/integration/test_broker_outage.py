@@ -26,6 +26,7 @@ from tests.logged import events
 from weir import FailurePolicy, GroupConsumer, Record
 from weir.prometheus import serve
 from weir.testing.broker import EmbeddedKafka
+from weir.testing.cluster import FAST_START_JVM_ARGS
 from weir.testing.pytest_plugin import create_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
@@ -37,7 +38,8 @@ RAW_LIBRDKAFKA = re.compile(r"(?m)^%\d\|")  # librdkafka's own stderr format
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
     workdir: Path = tmp_path_factory.mktemp("outage-broker")
-    broker = EmbeddedKafka(workdir=workdir)
+    # Started three times: the fast-start options of short-lived test brokers.
+    broker = EmbeddedKafka(workdir=workdir, jvm_args=FAST_START_JVM_ARGS)
     broker.start()
     try:
         yield broker

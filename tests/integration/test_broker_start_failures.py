@@ -17,7 +17,7 @@ from weir.testing.broker import EmbeddedKafka
 from weir.testing.cluster import EmbeddedKafkaCluster
 from weir.testing.errors import BrokerStartError, HarnessError
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("quick_jvm")]
 
 
 def test_invalid_override_fails_fast_with_the_log_tail(tmp_path: Path) -> None:
