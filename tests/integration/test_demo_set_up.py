@@ -33,9 +33,13 @@ def make_demo(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], list[st
     python = tmp_path / "python3"
     python.write_text(STAND_IN.format(log=log))
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    # As typed in a shell: run from `make test`, the outer make's MAKELEVEL and MAKEFLAGS would
+    # make this one print "make[1]: Entering directory ..." around its output.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     result = subprocess.run(
         ["make", "demo", f"VENV={tmp_path / 'venv'}", f"PYTHON={python}"],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=20,
