@@ -40,8 +40,9 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
-# The kill/restart scenarios, then the engine state machine at ten times make test's examples and
-# its mutants' slow tier (the planted bugs it finds only after hundreds of examples).
+# The kill/restart scenarios (short and long runs; make test runs none of them), then the engine
+# state machine at ten times make test's examples and its mutants' slow tier (the planted bugs it
+# finds only after hundreds of examples).
 chaos: $(STAMP)
 	$(BIN)/python -m pytest tests/chaos -m "chaos" $(PYTEST_ARGS)
 	WEIR_MACHINE_EXAMPLES=400 $(BIN)/python -m pytest tests/property/test_engine_machine.py \

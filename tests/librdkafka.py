@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import re
 import tempfile
 from pathlib import Path
@@ -13,13 +12,17 @@ import pytest
 
 
 def _library() -> ctypes.CDLL:
-    """The librdkafka confluent-kafka runs on: the wheel's bundled copy, else the system's."""
+    """The librdkafka confluent-kafka runs on: the wheel's bundled copy, else the system's (by
+    its soname: ctypes.util.find_library would run ldconfig, a process, in a unit test)."""
     bundled = Path(confluent_kafka.__file__).parent.parent / "confluent_kafka.libs"
     candidates = [str(p) for p in sorted(bundled.glob("librdkafka*.so*"))]
-    candidates.append(ctypes.util.find_library("rdkafka") or "")
+    candidates += ["librdkafka.so.1", "librdkafka.so"]
     version = confluent_kafka.libversion()[0]
-    for path in filter(None, candidates):
-        lib = ctypes.CDLL(path)
+    for path in candidates:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
         lib.rd_kafka_version_str.restype = ctypes.c_char_p
         if lib.rd_kafka_version_str().decode() == version:
             return lib
@@ -29,7 +32,7 @@ def _library() -> ctypes.CDLL:
 def librdkafka_properties() -> dict[str, str]:
     """librdkafka's property table (rd_kafka_conf_properties_show): name -> description."""
     lib = _library()
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc = ctypes.CDLL(None)  # the process's own symbols: libc's fopen and fclose among them
     libc.fopen.restype = ctypes.c_void_p
     libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     libc.fclose.argtypes = [ctypes.c_void_p]

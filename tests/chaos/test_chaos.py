@@ -1,7 +1,9 @@
 """Random kill/restart of four audited members under a steady stream.
 
-The short run is part of `make test`; the long one (`-m slow`, length from WEIR_CHAOS_SECONDS)
-runs each protocol for longer. The seed is printed so a failure can be replayed (WEIR_CHAOS_SEED).
+Both run in `make chaos` (marked `slow`: a minute for the short run is more than `make test`
+can spend on one scenario; tests/integration/test_rebalance.py has its joins, leaves, kills and
+freezes): the short one for 45 s, the long one for each protocol for longer (WEIR_CHAOS_SECONDS).
+The seed is printed so a failure can be replayed (WEIR_CHAOS_SEED).
 WEIR_CHAOS_ORDERING (key, partition, unordered; key by default) picks the members' ordering and
 WEIR_CHAOS_OFFSET_MAP=0 runs them without offset maps, to compare the duplicates each run prints;
 WEIR_CHAOS_RATE sets the records per second produced (250: the members keep up; above about 1000
@@ -129,6 +131,7 @@ def _skipped(evs: list[dict[str, Any]]) -> int:
 
 @pytest.mark.broker
 @pytest.mark.chaos
+@pytest.mark.slow
 def test_chaos_short(kafka_bootstrap: str, make_topic: TopicFactory, tmp_path: Path) -> None:
     _chaos(kafka_bootstrap, make_topic(PARTITIONS), tmp_path, "cooperative", seconds=45)
 

@@ -16,6 +16,7 @@ import psutil
 import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
 
+from tests.processes import run_weir
 from weir.cli import main
 from weir.testing.broker import EmbeddedKafka, kafka_answers
 from weir.testing.cluster import EmbeddedKafkaCluster
@@ -28,7 +29,7 @@ from weir.testing.pytest_plugin import (
     records_as_text,
 )
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(120), pytest.mark.usefixtures("quick_jvm")]
 
 
 def gone(pid: int) -> bool:
@@ -204,14 +205,8 @@ def test_cli_restart_on_the_same_dir_keeps_data_and_port(
 
 
 def weir(*argv: str) -> subprocess.CompletedProcess[str]:
-    """The installed `weir` command, as a user runs it: its process exits after a start."""
-    return subprocess.run(
-        [str(Path(sys.executable).with_name("weir")), *argv],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        check=False,
-    )
+    """The installed `weir` command: its process exits after a start."""
+    return run_weir(*argv, timeout=150)
 
 
 def test_a_second_start_on_a_running_dir_is_refused_until_the_broker_dies(

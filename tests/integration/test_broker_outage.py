@@ -10,7 +10,6 @@ import contextlib
 import json
 import logging
 import re
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -26,6 +25,7 @@ from tests.logged import events
 from weir import FailurePolicy, GroupConsumer, Record
 from weir.prometheus import serve
 from weir.testing.broker import EmbeddedKafka
+from weir.testing.cluster import FAST_START_JVM_ARGS
 from weir.testing.pytest_plugin import create_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(240)]
@@ -37,7 +37,8 @@ RAW_LIBRDKAFKA = re.compile(r"(?m)^%\d\|")  # librdkafka's own stderr format
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
     workdir: Path = tmp_path_factory.mktemp("outage-broker")
-    broker = EmbeddedKafka(workdir=workdir)
+    # Started three times: the fast-start options of short-lived test brokers.
+    broker = EmbeddedKafka(workdir=workdir, jvm_args=FAST_START_JVM_ARGS)
     broker.start()
     try:
         yield broker
@@ -139,8 +140,6 @@ def test_the_dead_letter_producer_logs_through_weir_in_an_outage(
     with gc:
         waiting.wait_until(lambda: gc.stats().joined, "joined", WAIT)
         capfd.readouterr()
-        with outage(kafka):
-            time.sleep(5)
 
         def producer_lines() -> list[str]:
             return [
@@ -149,8 +148,9 @@ def test_the_dead_letter_producer_logs_through_weir_in_an_outage(
                 if r.name == "weir.librdkafka" and "[rdkafka#producer-" in r.getMessage()
             ]
 
-        # Served while the member runs, not only when it closes.
-        waiting.wait_until(producer_lines, "the dead-letter producer's lines, logged", WAIT)
+        with outage(kafka):
+            # Served while the member runs, not only when it closes.
+            waiting.wait_until(producer_lines, "the dead-letter producer's lines, logged", WAIT)
     err = capfd.readouterr().err
     assert not RAW_LIBRDKAFKA.search(err), err[:3000]
     assert "rdkafka" not in err, err[:3000]

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from tests.consumer_overrides import Ordering
-from tests.integration.kafka_helpers import committed, member
+from tests.integration.kafka_helpers import committed, member, wait_until
 from weir import FlowConfig, Record
 from weir.testing.pytest_plugin import TopicFactory
 
@@ -72,7 +72,7 @@ def test_backlog_drains_within_budget_without_losing_membership(
     )
     with gc:
         assert finished.wait(240), f"only {count[0]} of {n} processed"
-        time.sleep(1.5)  # one more commit interval
+        wait_until(lambda: sum(committed(kafka_bootstrap, group, topic, 4)) == n, 30, "commits")
         stats = gc.stats()
     assert count[0] == n, "a record was processed twice or not at all without a rebalance"
     assert stats.peak_in_flight <= flow.capacity_records

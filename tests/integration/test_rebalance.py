@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,27 @@ def _join_metrics(evs: list[dict[str, Any]], joiner: str, others: list[str]) -> 
     }
 
 
+def committed_by(
+    evs: list[dict[str, Any]], *names: str, after: list[dict[str, Any]] | None = None
+) -> bool:
+    """Every member named has had a commit confirmed since the events `after` (a member's
+    earlier snapshot: the events then)."""
+    since = after[-1]["t"] if after else 0.0
+    done = {e["m"] for e in evs if e["ev"] == "commit_committed" and e["t"] > since}
+    return done >= set(names)
+
+
+def rejoined(name: str) -> Callable[[list[dict[str, Any]]], bool]:
+    """`name` was assigned partitions after it last lost some."""
+
+    def check(evs: list[dict[str, Any]]) -> bool:
+        mine = [e for e in evs if e["m"] == name]
+        lost = max((i for i, e in enumerate(mine) if e["ev"] == "lost"), default=None)
+        return lost is not None and any(e["ev"] == "assigned" and e["ps"] for e in mine[lost + 1 :])
+
+    return check
+
+
 @pytest.mark.parametrize("protocol", ["eager", "cooperative", "consumer"])
 def test_hand_offs_keep_every_invariant(
     kafka_bootstrap: str, make_topic: TopicFactory, tmp_path: Path, protocol: str
@@ -66,15 +87,18 @@ def test_hand_offs_keep_every_invariant(
             60,
             "m1 and m2 to process records",
         )
-        time.sleep(2)
+        # Each hand-off below starts from commits, not from an empty group: every member in the
+        # group has committed since the last change.
+        members.wait_for(lambda e: committed_by(e, "m1", "m2"), 60, "m1 and m2 to commit")
 
         members.start("m3")  # join
         evs = members.wait_for(lambda e: handled_by(e, "m3") > 0, 60, "m3 to process a record")
         join = _join_metrics(evs, "m3", ["m1", "m2"])
-        time.sleep(1.5)
+        members.wait_for(lambda e: committed_by(e, "m1", "m2", "m3", after=evs), 60, "commits")
 
+        left = members.events()
         assert members.stop("m1") == 0  # graceful leave
-        time.sleep(1.5)
+        members.wait_for(lambda e: committed_by(e, "m2", "m3", after=left), 60, "commits")
 
         members.kill("m2")  # SIGKILL mid-batch: its partitions move after the session timeout
         members.start("m4")
@@ -88,7 +112,7 @@ def test_hand_offs_keep_every_invariant(
             60,
             "m3 to see its partitions lost after the freeze",
         )
-        time.sleep(1)
+        members.wait_for(rejoined("m3"), 60, "m3 to be assigned partitions again")
         ends = members.finish(producer, kafka_bootstrap, topic, PARTITIONS, timeout=90)
     finally:
         members.close()

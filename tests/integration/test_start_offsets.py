@@ -54,12 +54,17 @@ MEMBER = textwrap.dedent(
         if stall:
             time.sleep(3600)
 
+    # Classic: a killed member's partitions move after its session timeout (45 s by default).
+    timeouts = {}
+    if protocol == "classic":
+        timeouts = {"session_timeout_s": 6.0, "heartbeat_interval_s": 1.0}
     gc = GroupConsumer(
         handle,
         bootstrap_servers=bootstrap,
         group_id=group,
         topics=[topic],
         group_protocol=protocol,
+        **timeouts,
         auto_offset_reset=reset,
         commit_interval_s=30.0,
         commit_every_records=1_000_000,
@@ -70,7 +75,6 @@ MEMBER = textwrap.dedent(
     # Assigned, and fetching (a start still being settled pauses the partition).
     while not gc.stats().partitions or any(p.paused for p in gc.stats().partitions):
         time.sleep(0.05)
-    time.sleep(2.0)  # the client has resolved where it fetches from by now
     with open(out + ".started", "w") as f:
         f.write("started")
     gc.join()
@@ -115,6 +119,10 @@ def test_a_member_killed_before_its_first_commit_leaves_its_start_committed(
     )
     try:
         wait_until(lambda: (tmp_path / "first.jsonl.started").exists(), 60, "the first member")
+        # Where it starts (the log end, `latest`) is settled once it committed it.
+        wait_until(
+            lambda: committed(kafka_bootstrap, group, topic, 1) == [50], 30, "the start committed"
+        )
         produce(kafka_bootstrap, topic, [(None, b"new-%d" % i) for i in range(100)])
         wait_until(lambda: len(_handled(first_out)) >= 28, 60, "28 records handled")
     finally:

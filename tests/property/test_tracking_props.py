@@ -15,6 +15,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from tests.offset_map_handoff import skipped_by_next_owner
 
 from weir.committing import Committer
 from weir.records import Partition
@@ -149,6 +150,12 @@ def test_batch_rejects_bad_shapes(shape: tuple[list[int], int], data: st.DataObj
         pass
     else:
         raise AssertionError(f"next_position {bad_next} <= last offset {offsets[-1]} accepted")
+
+
+def expected_flags(base: int, read_position: int, unfinished: set[int]) -> bytes:
+    """What the offset map must say from the committable offset to the read position: 0 for a
+    delivered offset not finished, 1 for one finished or never delivered."""
+    return bytes(0 if off in unfinished else 1 for off in range(base, read_position))
 
 
 # -- PartitionProgress against a model --------------------------------------------------------
@@ -296,6 +303,11 @@ class PartitionProgressMachine(RuleBasedStateMachine):
         assert self.p.pending == len(self.unfinished)
         assert self.last is None or c >= self.last
         self.last = c
+        # The offset map's flags: 0 exactly for the unfinished delivered offsets.
+        assert self.p.finished_flags() == (
+            c,
+            expected_flags(c, self.read_position, self.unfinished),
+        )
 
 
 PartitionProgressMachine.TestCase.settings = settings(
@@ -462,3 +474,61 @@ def test_completed_many_of_any_chunk_equals_one_by_one(
         for off in chunk:
             single.completed(off, "t")
         assert (bulk.committable(), bulk.pending) == (single.committable(), single.pending)
+
+
+# -- the offset map of a partition's batches --------------------------------------------------
+
+Layout = tuple[list[tuple[list[int], int]], set[int]]
+
+
+@st.composite
+def batch_layouts(draw: st.DrawFn) -> Layout:
+    """Consecutive batches of one partition, as (offsets, next position), and which delivered
+    offsets are finished. A batch starts where the one before ended or further on (a gap between
+    batches: offsets never delivered), has gaps of its own or none (the two ways BatchProgress
+    stores flags), may end before its next position (trailing markers), or is empty (the
+    position moved past markers alone)."""
+    pos = draw(st.integers(0, 1_000))
+    batches: list[tuple[list[int], int]] = []
+    for _ in range(draw(st.integers(1, 6))):
+        cur = pos + draw(st.integers(0, 3))
+        count = draw(st.integers(0, 6))
+        gapless = draw(st.booleans())
+        offsets: list[int] = []
+        for i in range(count):
+            cur += 0 if i == 0 else 1 if gapless else draw(st.integers(1, 3))
+            offsets.append(cur)
+        pos = (offsets[-1] + 1 if offsets else cur) + draw(st.integers(0, 2))
+        if not offsets and batches and pos == batches[-1][1]:
+            pos += 1  # an empty batch must move the position
+        batches.append((offsets, pos))
+    delivered = [off for offsets, _ in batches for off in offsets]
+    finished = {off for off in delivered if draw(st.booleans())}
+    return batches, finished
+
+
+@SETTINGS
+@given(batch_layouts(), st.data())
+def test_the_next_owner_skips_only_what_is_finished_or_was_never_delivered(
+    layout: Layout, data: st.DataObject
+) -> None:
+    """The offsets the committed map lets the next owner skip (encoded and decoded as the
+    engine does) are a subset of the finished ones and the gaps, across gaps between batches;
+    and, as nothing is cut at these sizes, every finished offset above the commit is among
+    them."""
+    batches, finished = layout
+    p = PartitionProgress(epoch=1)
+    made: dict[int, BatchProgress] = {}
+    for offsets, next_position in batches:
+        b = p.add_batch(offsets, next_position)
+        made.update(dict.fromkeys(offsets, b))
+    for off in data.draw(st.permutations(sorted(finished))):
+        assert made[off].completed(off, made[off].token)
+    unfinished = set(made) - finished
+    read_position = batches[-1][1]
+    base = min(unfinished) if unfinished else read_position
+    skipped = skipped_by_next_owner(p)
+    never_delivered = set(range(base, read_position)) - set(made)
+    assert skipped <= finished | never_delivered, f"unfinished {sorted(skipped & unfinished)}"
+    assert skipped == set(range(base, read_position)) - unfinished
+    assert p.finished_flags() == (base, expected_flags(base, read_position, unfinished))

@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import pytest
 from pydantic import ValidationError
+from tests.fake_members import FAKE_LOOP
 from tests.waiting import wait_until
 
 from weir import (
@@ -36,16 +37,7 @@ TOPIC = "t"
 P0 = (TOPIC, 0)
 P1 = (TOPIC, 1)
 WAIT = 5.0
-SETTINGS: dict[str, Any] = {
-    "bootstrap_servers": "fake:9092",
-    "group_id": "g",
-    "topics": [TOPIC],
-    "poll_timeout_s": 0.01,
-    "commit_interval_s": 0.01,
-    "commit_every_records": 1,
-    "revoke_timeout_s": 2.0,
-    "shutdown_timeout_s": 5.0,
-}
+SETTINGS: dict[str, Any] = dict(FAKE_LOOP)
 
 
 def last_commit(fake: FakeConsumer, tp: tuple[str, int]) -> int | None:
@@ -59,17 +51,6 @@ def fake_with(records: dict[tuple[str, int], int], keys: int = 5) -> FakeConsume
         fake.produce_many(topic, p, range(n), key=lambda o: b"k%d" % (o % keys))
     fake.script_assign(list(records))
     return fake
-
-
-@pytest.fixture
-def members() -> Iterator[list[GroupConsumer]]:
-    started: list[GroupConsumer] = []
-    yield started
-    for gc in started:
-        gc.stop()
-        gc.stop()
-        if gc._thread is not None:
-            gc._thread.join(WAIT)
 
 
 class Seen:

@@ -27,7 +27,7 @@ def test_admin_helper_logs_through_python_logging(
 ) -> None:
     """Regression: each refused connection was printed to stderr as a raw librdkafka line."""
     with pytest.raises(Exception, match=r"(?i)timed out|transport"):
-        create_topic(NOBODY, timeout=1.5)
+        create_topic(NOBODY, timeout=0.5)
     assert_routed(capfd, caplog)
 
 
@@ -35,7 +35,7 @@ def test_producer_helper_logs_through_python_logging(
     capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     with pytest.raises(Exception, match=r"(?i)timed out|not delivered"):
-        produce(NOBODY, "t", [("k", "v")], config={"message.timeout.ms": 1000}, timeout=2)
+        produce(NOBODY, "t", [("k", "v")], config={"message.timeout.ms": 500}, timeout=1)
     assert_routed(capfd, caplog)
 
 
@@ -43,5 +43,5 @@ def test_consumer_helper_logs_through_python_logging(
     capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     with pytest.raises(Exception, match=r"(?i)transport|timed out"):
-        consume_all(NOBODY, "t", timeout=1.5)
+        consume_all(NOBODY, "t", timeout=0.5)
     assert_routed(capfd, caplog)

@@ -1,17 +1,12 @@
-"""`weir lag` / `weir groups` argument handling, without a broker."""
+"""`weir lag` / `weir groups` argument handling, without a broker (the command in a process of
+its own: tests/integration/test_cli_processes.py)."""
 
 from __future__ import annotations
 
 import logging
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
-import psutil
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from tests.waiting import wait_until
 
 from weir.cli import SUBCOMMANDS, build_parser, main
 from weir.lag import LagError, admin_client, committed_offsets
@@ -66,51 +61,6 @@ def test_bad_values_name_the_argument(
     assert f"weir lag: error: {message}" in err
 
 
-def test_cli_import_leaves_the_admin_and_render_code_alone() -> None:
-    # (`import weir` already brings confluent_kafka, and structlog brings parts of rich.)
-    lazy = "{'weir.lag', 'confluent_kafka.admin', 'rich.live', 'weir.testing.broker'}"
-    code = f"import sys, weir.cli; print(sorted({lazy} & set(sys.modules)))"
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True
-    )
-    assert result.stdout.strip() == "[]"
-
-
-WEIR = Path(sys.executable).with_name("weir")
-
-
-def run_weir(*argv: str) -> subprocess.CompletedProcess[str]:
-    """The installed `weir` command, as a user runs it."""
-    return subprocess.run(
-        [str(WEIR), *argv], capture_output=True, text=True, timeout=30, check=False
-    )
-
-
-@pytest.mark.parametrize("command", [["lag", "-g", "g"], ["groups"]])
-@pytest.mark.parametrize(
-    ("setting", "reason"),
-    [
-        ("no.such.setting=1", 'No such configuration property: "no.such.setting"'),
-        ("session.timeout.ms=soon", 'Invalid value for configuration property "session.timeout'),
-        ("security.protocol=carrier-pigeon", 'Invalid value "carrier-pigeon" for configuration'),
-        ("partition.assignment.strategy=nope", "Unsupported partition.assignment.strategy: nope"),
-        ("error_cb=print", "expected error_cb property as a callable function"),
-    ],
-)
-def test_a_setting_the_client_refuses_is_one_line_and_exit_1(
-    command: list[str], setting: str, reason: str
-) -> None:
-    """Regression: the client's refusal escaped as a KafkaException (or TypeError) traceback."""
-    result = run_weir(*command, "-b", "127.0.0.1:1", "--timeout", "1", "-X", setting)
-    assert result.returncode == 1, result.stderr
-    assert result.stdout == ""
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    line = lines[0]
-    assert line.startswith("weir: the client refuses the -X settings: "), line
-    assert reason in line
-
-
 def test_a_refusal_never_shows_a_secret() -> None:
     from weir.cli import _refusal
 
@@ -159,24 +109,3 @@ def test_a_setting_a_consumer_refuses_is_a_lag_error() -> None:
     )
     with pytest.raises(LagError, match=r"a consumer refuses .*session\.timeout\.ms"):
         committed_offsets(admin, "g", [("t", 0)], timeout=1)
-
-
-def test_ctrl_c_while_waiting_for_the_cluster_is_a_quiet_exit_130() -> None:
-    """Regression: Ctrl-C during `weir groups` (one round, not --watch) printed a traceback."""
-    weir = subprocess.Popen(
-        [str(WEIR), "groups", "-b", "127.0.0.1:1", "--timeout", "30"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        # Its admin client runs (librdkafka's threads are up): weir is waiting for the cluster.
-        wait_until(
-            lambda: psutil.Process(weir.pid).num_threads() >= 4, "the admin client", timeout=20
-        )
-        weir.send_signal(signal.SIGINT)
-        out, err = weir.communicate(timeout=20)
-    finally:
-        weir.kill()
-        weir.wait(10)
-    assert (weir.returncode, out, err) == (130, "", "")

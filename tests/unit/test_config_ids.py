@@ -2,12 +2,12 @@
 the interpreter in the settings probe's throwaway client, a NUL or a leading blank changed an id
 without a word, and a bad dead-letter topic name failed only when the member started. Each is a
 `ValidationError` saying what is allowed; every id Kafka accepts still validates
-(tests/integration/test_ids_broker.py runs the odd ones on a real broker)."""
+(tests/integration/test_ids_broker.py runs the odd ones on a real broker, and
+tests/integration/test_config_isolated.py the blank ids and signals in an interpreter of their
+own)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -23,40 +23,6 @@ def refused(**settings: Any) -> str:
     with pytest.raises(ValidationError) as info:
         ConsumerConfig(**{**BASE, **settings})
     return str(info.value)
-
-
-def refusals_in_a_child(settings: list[dict[str, Any]]) -> list[str]:
-    """Each of `settings` validated in a child process, which a crash kills instead of this one:
-    the first error's message of each, or "valid"."""
-    code = (
-        "import sys\n"
-        "from pydantic import ValidationError\n"
-        "from weir import ConsumerConfig\n"
-        f"for settings in {settings!r}:\n"
-        "    try:\n"
-        f"        ConsumerConfig(**{{**{BASE!r}, **settings}})\n"
-        "        print('valid', flush=True)\n"
-        "    except ValidationError as exc:\n"
-        "        print(exc.errors()[0]['msg'].replace('\\n', ' '), flush=True)\n"
-    )
-    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    done = child.stdout.splitlines()
-    assert child.returncode == 0, (
-        f"exit {child.returncode} on {settings[len(done)]!r}: {child.stderr[-500:]}"
-    )
-    return done
-
-
-BLANK_IDS = [" ", "\t", "\x00", "\n", "  \r\n", "\x00orders"]
-
-
-def test_a_blank_group_id_is_a_validation_error_not_an_aborted_interpreter() -> None:
-    # librdkafka strips leading whitespace and ends a string at NUL: the group id was empty to
-    # it, the consumer had no group, and confluent-kafka's Consumer() failed an assertion
-    # (SIGABRT).
-    said = refusals_in_a_child([{"group_id": g} for g in BLANK_IDS])
-    assert len(said) == len(BLANK_IDS)
-    assert all(m.startswith("Value error, group_id") and ID_RULE in m for m in said), said
 
 
 @pytest.mark.parametrize(
@@ -131,15 +97,6 @@ def test_a_nul_in_a_kafka_value_is_refused_without_showing_a_secret() -> None:
 def test_a_nul_in_the_bootstrap_servers_is_refused() -> None:
     # The client would read "a:9092" and never hear of b.
     assert "contains a NUL character" in refused(bootstrap_servers="a:9092\x00,b:9092")
-
-
-def test_librdkafka_may_not_take_over_a_signal() -> None:
-    # Building the throwaway client with 9 killed the interpreter (SIGKILL at close), with 19
-    # stopped it, and with 2 left Ctrl-C doing nothing for the rest of the process.
-    signals: list[int | str] = [2, 15, 10, 9, "19"]
-    said = refusals_in_a_child([{"kafka": {"internal.termination.signal": s}} for s in signals])
-    assert len(said) == len(signals)
-    assert all("kafka['internal.termination.signal'] must stay 0" in m for m in said), said
 
 
 def test_the_termination_signal_may_stay_off() -> None:

@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from tests.consumer_overrides import Overrides
+from tests.fake_members import SETTINGS
 from tests.waiting import wait_until
 from typing_extensions import TypedDict, Unpack
 
@@ -193,20 +194,6 @@ def until_cancelled(
             then()
 
     return action
-
-
-SETTINGS: ConsumerSettings = {
-    "bootstrap_servers": "fake:9092",
-    "group_id": "g",
-    "topics": [TOPIC],
-    "poll_timeout_s": 0.01,
-    "commit_interval_s": 0.01,
-    "commit_every_records": 1,
-    "revoke_timeout_s": 2.0,
-    "shutdown_timeout_s": 5.0,
-    "startup_timeout_s": 1.0,
-    "workers": 4,
-}
 
 
 class Quiet(TypedDict):

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import pytest
 from confluent_kafka import KafkaError
 from tests import waiting
+from tests.fake_members import SETTINGS
 
 from weir import (
     Context,
@@ -37,18 +38,7 @@ TOPIC = "t"
 P0, P1 = (TOPIC, 0), (TOPIC, 1)
 WAIT = 10.0
 
-BASE: dict[str, Any] = {
-    "bootstrap_servers": "fake:9092",
-    "group_id": "g",
-    "topics": [TOPIC],
-    "poll_timeout_s": 0.01,
-    "commit_interval_s": 0.01,
-    "commit_every_records": 1,
-    "revoke_timeout_s": 2.0,
-    "shutdown_timeout_s": 5.0,
-    "startup_timeout_s": 1.0,
-    "workers": 4,
-}
+BASE: dict[str, Any] = dict(SETTINGS)
 
 T = TypeVar("T")
 

@@ -7,8 +7,6 @@ and running `GroupConsumer` on it as the docs show.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 import zlib
@@ -231,15 +229,6 @@ def test_a_broker_consumer_is_configured_like_the_client() -> None:
     consumer.subscribe(["t"])
     assert consumer.memberid() == broker.members("g")[0]
     assert consumer.consumer_group_metadata().group_id == "g"
-
-
-def test_importing_weir_testing_does_not_import_the_fake() -> None:
-    code = (
-        "import sys, weir.testing as t; "
-        "assert not {'weir.testing.fake', 'weir.testing.fake_broker'} & set(sys.modules); "
-        "assert t.FakeBroker is __import__('weir.testing.fake', fromlist=['x']).FakeBroker"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # -- the examples of docs/testing-without-a-broker.md -----------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from pydantic import ValidationError
+from tests.fake_members import SETTINGS as FAKE_SETTINGS
 from tests.logged import events
 from tests.waiting import wait_until
 
@@ -38,18 +39,7 @@ pytestmark = pytest.mark.timeout(60)
 TOPIC = "t"
 P0 = Partition(TOPIC, 0)
 WAIT = 5.0
-SETTINGS: dict[str, Any] = {
-    "bootstrap_servers": "fake:9092",
-    "group_id": "g",
-    "topics": [TOPIC],
-    "poll_timeout_s": 0.01,
-    "commit_interval_s": 0.01,
-    "commit_every_records": 1,
-    "revoke_timeout_s": 2.0,
-    "shutdown_timeout_s": 5.0,
-    "startup_timeout_s": 1.0,
-    "workers": 2,
-}
+SETTINGS: dict[str, Any] = {**FAKE_SETTINGS, "workers": 2}
 
 
 @pytest.fixture

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.stand_ins import write_script
 
 from weir.testing import providers
 from weir.testing.errors import BrokerUnavailableError
@@ -221,18 +221,7 @@ def test_docker_probe_default_locations_answer_quickly(monkeypatch: pytest.Monke
 
 
 def executable(path: Path) -> None:
-    path.write_text("#!/bin/sh\nexit 0\n")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-
-
-@pytest.fixture
-def toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", str(bin_dir))
-    monkeypatch.delenv("JAVA_HOME", raising=False)
-    monkeypatch.setenv("WEIR_CACHE_DIR", str(tmp_path / "cache"))
-    return bin_dir
+    write_script(path.parent, path.name, "exit 0\n")
 
 
 def test_java_probe_needs_java(toolchain: Path) -> None:

@@ -9,7 +9,6 @@ stopped as processes, are in tests/integration/test_replay_broker.py.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import threading
@@ -89,10 +88,9 @@ class Member(Protocol):
 
 
 @pytest.fixture
-def member() -> Iterator[Member]:
+def member(members: list[GroupConsumer]) -> Member:
     """Starts a member on a scripted fake, or with a FakeBroker's consumer factory (stopped
     after the test)."""
-    started: list[GroupConsumer] = []
 
     def start(
         handler: Handler,
@@ -115,17 +113,12 @@ def member() -> Iterator[Member]:
         if isinstance(fake, FakeConsumer):
             fake.given_committed()  # a group that ran before: no start commits in the log
         gc = GroupConsumer(handler, consumer_factory=factory, **settings)
-        started.append(gc)
+        members.append(gc)
         gc.start()
         assert gc.wait_started(WAIT)
         return gc
 
-    yield start
-    for gc in started:
-        gc.stop()
-    for gc in started:
-        with contextlib.suppress(Exception):
-            gc.join(10)
+    return start
 
 
 @pytest.mark.usefixtures("one_task")

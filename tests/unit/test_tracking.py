@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import operator
+from typing import SupportsIndex
+
 import pytest
+from tests.offset_map_handoff import skipped_by_next_owner
+from typing_extensions import Buffer
 
 from weir import BatchProgress, PartitionProgress
 
@@ -154,16 +159,47 @@ def test_properties_and_repr() -> None:
     assert "committable=4" in repr(b)
 
 
-def test_completion_cost_is_amortised_constant() -> None:
-    # Completing n offsets in reverse order must not rescan: a quadratic cursor would take
-    # many seconds at this size; the linear one takes a few milliseconds.
-    n = 200_000
+class ScanCounter(bytearray):
+    """A batch's done flags that count the bytes every search for the first unfinished offset
+    looks at: the work of `BatchProgress._advance`, in steps rather than seconds (a rescan from
+    0 is a C-level memchr, too fast to show in wall time at any size a unit test can afford)."""
+
+    scanned = 0
+
+    def find(
+        self,
+        sub: Buffer | SupportsIndex,
+        start: SupportsIndex | None = None,
+        end: SupportsIndex | None = None,
+        /,
+    ) -> int:
+        found = super().find(sub, start, end)
+        first = 0 if start is None else operator.index(start)
+        self.scanned += (len(self) if found < 0 else found + 1) - first
+        return found
+
+
+@pytest.mark.parametrize("order", ["in order", "reverse"])
+def test_completion_cost_is_amortised_constant(order: str) -> None:
+    """Completing n offsets looks at O(n) flags in all: in order the cursor moves one step per
+    completion, in reverse it stays on the first offset until the end. A cursor that searched
+    from 0 each time would look at about n*n/2 flags in order (and still pass in reverse)."""
+    n = 20_000
     b = BatchProgress(range(0, 2 * n, 2), 2 * n, "t")
-    for off in range(2 * n - 2, 0, -2):
-        b.completed(off, "t")
-        assert b.committable() == 0
-    b.completed(0, "t")
+    flags = ScanCounter(b._done)
+    b._done = flags
+    if order == "in order":
+        for off in range(0, 2 * n, 2):
+            b.completed(off, "t")
+            assert b.committable() == off + 2
+    else:
+        for off in range(2 * n - 2, 0, -2):
+            b.completed(off, "t")
+            assert b.committable() == 0
+        b.completed(0, "t")
     assert b.committable() == 2 * n
+    scanned = flags.scanned
+    assert scanned <= 3 * n, f"{scanned} flags looked at to complete {n} offsets"
 
 
 # -- PartitionProgress ------------------------------------------------------------------------
@@ -328,3 +364,72 @@ def test_a_chunk_whose_ends_look_like_a_slice_marks_only_its_own_offsets() -> No
     assert (b.committable(), b.pending) == (7, 1)
     assert b.completed_many([5, 6, 7], "t") == 3
     assert b.committable() == 10
+
+
+# -- finished flags: what the offset map carries to the next owner ----------------------------
+
+
+def finish(p: PartitionProgress, batches: list[BatchProgress], *offsets: int) -> None:
+    for off in offsets:
+        (b,) = (b for b in batches if off in b.offsets)
+        assert b.completed(off, b.token)
+
+
+def test_a_gap_between_batches_keeps_its_place_in_the_flags() -> None:
+    """2..4 were never delivered (the client's position jumped from 2 to 5): the flags of the
+    batch after the gap start at 5, not where the gap starts. Dropping the gap's flags would
+    shift 8 and 9's flags onto 5 and 6, and the next owner would skip the unfinished 6."""
+    p = PartitionProgress(epoch=1)
+    batches = [p.add_batch([0, 1], 2), p.add_batch([5, 6, 7], 8), p.add_batch([8, 9], 10)]
+    finish(p, batches, 1, 5, 7, 9)
+    assert skipped_by_next_owner(p) == {1, 2, 3, 4, 5, 7, 9}
+    assert p.finished_flags() == (0, bytes([0, 1, 1, 1, 1, 1, 0, 1, 0, 1]))
+
+
+def test_a_gap_before_a_batch_with_gaps_of_its_own() -> None:
+    p = PartitionProgress(epoch=1)
+    batches = [p.add_batch([0, 1], 2), p.add_batch([4, 6, 7], 9), p.add_batch([11, 12], 13)]
+    finish(p, batches, 1, 6, 12)
+    # 2, 3 (between batches), 5 (inside one), 8 (a trailing marker), 9, 10 (between batches)
+    # were never delivered: finished for the map; 0, 4, 7, 11 are not finished.
+    assert p.finished_flags() == (0, bytes([0, 1, 1, 1, 0, 1, 1, 0, 1, 1, 1, 0, 1]))
+    assert skipped_by_next_owner(p) == {1, 2, 3, 5, 6, 8, 9, 10, 12}
+
+
+def test_trailing_markers_and_a_gap_count_as_finished_up_to_the_read_position() -> None:
+    p = PartitionProgress(epoch=1)
+    # 5, 6 and 11 are markers after the last record of a batch; 7, 8 a gap between batches.
+    batches = [p.add_batch([3, 4], 7), p.add_batch([9, 10], 12)]
+    finish(p, batches, 4, 9)
+    assert p.finished_flags() == (3, bytes([0, 1, 1, 1, 1, 1, 1, 0, 1]))
+    assert skipped_by_next_owner(p) == {4, 5, 6, 7, 8, 9, 11}
+
+
+def test_flags_start_at_the_committable_offset_inside_a_batch() -> None:
+    """The first batch is partly finished: its flags start at the committable offset, and the
+    gap after it keeps its place."""
+    p = PartitionProgress(epoch=1)
+    batches = [p.add_batch([10, 11, 12, 13], 14), p.add_batch([16, 17], 18)]
+    finish(p, batches, 10, 11, 13, 17)
+    assert p.finished_flags() == (12, bytes([0, 1, 1, 1, 0, 1]))
+    assert skipped_by_next_owner(p) == {13, 14, 15, 17}
+
+
+def test_an_empty_batch_fills_the_gap_it_skipped() -> None:
+    p = PartitionProgress(epoch=1)
+    first = p.add_batch([0, 1], 2)
+    assert p.advance_to(5)  # 2..4: transaction markers
+    batches = [first, p.add_batch([5, 6], 7)]
+    finish(p, batches, 1, 6)
+    assert p.finished_flags() == (0, bytes([0, 1, 1, 1, 1, 0, 1]))
+    assert skipped_by_next_owner(p) == {1, 2, 3, 4, 6}
+
+
+def test_with_nothing_finished_only_the_gap_is_marked() -> None:
+    p = PartitionProgress(epoch=1)
+    p.add_batch([0, 1], 2)
+    p.add_batch([5, 6], 7)
+    assert p.finished_flags() == (0, bytes([0, 0, 1, 1, 1, 0, 0]))
+    assert skipped_by_next_owner(p) == {2, 3, 4}
+    p.revoke()
+    assert p.finished_flags() is None

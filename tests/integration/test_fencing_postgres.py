@@ -1,5 +1,7 @@
-"""What only the PostgreSQL fence has: connection strings, unreachable servers, a frozen writer,
-connections dropped by the server; and the throwaway server of weir.testing.postgres itself."""
+"""The PostgreSQL fence, on the throwaway server of weir.testing.postgres: every test of
+tests/fence_suite.py (the fence) and tests/fenced_consumer_suite.py (the fence in GroupConsumer),
+which tests/unit runs on SQLite; and what only PostgreSQL has: connection strings, unreachable
+servers, a frozen writer, connections dropped by the server, and the throwaway server itself."""
 
 from __future__ import annotations
 
@@ -13,6 +15,10 @@ from typing import Any
 
 import pytest
 
+from tests.fence_suite import *  # noqa: F403 (the suites' tests, collected here)
+from tests.fence_suite import Backend, postgres_backend
+from tests.fenced_consumer_suite import *  # noqa: F403
+from tests.fenced_consumer_suite import Db, postgres_db
 from weir import Partition, Record
 from weir.testing.broker import pick_free_port
 from weir.testing.errors import PortInUseError
@@ -32,6 +38,17 @@ from weir.fencing import FenceUnavailableError, PostgresFence  # noqa: E402
 
 GROUP = "orders-app"
 T0 = Partition("orders", 0)
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def backend(postgres_dsn: str) -> Iterator[Backend]:
+    yield from postgres_backend(postgres_dsn)
+
+
+@pytest.fixture
+def db(postgres_dsn: str) -> Iterator[Db]:
+    yield from postgres_db(postgres_dsn)
 
 
 @pytest.fixture

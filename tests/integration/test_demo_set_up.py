@@ -1,4 +1,5 @@
-"""What `make demo` shows a new user while it sets up: one line per step, not pip's commands.
+"""What `make demo` shows a new user while it sets up: one line per step, not pip's commands; and
+what the demos say on a machine without Java.
 
 A stand-in for python (a shell script that records how it was called, and makes a "venv" of
 copies of itself) lets the Makefile's set-up run in a second, without pip or a network.
@@ -10,16 +11,14 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [
-    pytest.mark.timeout(30),
-    pytest.mark.skipif(shutil.which("make") is None, reason="no make"),
-]
+pytestmark = pytest.mark.timeout(30)
 
 STAND_IN = """#!/bin/sh
 echo "$0 $*" >> "{log}"
@@ -34,22 +33,24 @@ def make_demo(tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], list[st
     python = tmp_path / "python3"
     python.write_text(STAND_IN.format(log=log))
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    # As typed in a shell: run from `make test`, the outer make's MAKELEVEL and MAKEFLAGS would
+    # make this one print "make[1]: Entering directory ..." around its output.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     result = subprocess.run(
         ["make", "demo", f"VENV={tmp_path / 'venv'}", f"PYTHON={python}"],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=20,
         check=False,
-        # As a user types it: not as a sub-make of `make test`, whose MAKEFLAGS/MAKELEVEL make
-        # it print "Entering directory".
-        env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")},
     )
     calls = log.read_text().splitlines() if log.exists() else []
     log.unlink(missing_ok=True)
     return result, calls
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 def test_make_demo_says_what_each_set_up_step_does(tmp_path: Path) -> None:
     """Regression: a cold `make demo` printed only its commands (pip quiet) and then nothing for
     a minute while pip installed."""
@@ -78,3 +79,27 @@ def test_make_demo_says_what_each_set_up_step_does(tmp_path: Path) -> None:
         "running the orders demo (examples/orders/README.md; Ctrl-C stops it)..."
     ]
     assert calls == [f"{python} -m examples.orders"]
+
+
+@pytest.mark.parametrize("example", ["examples.orders", "examples.dead_letter"])
+def test_no_java_is_said_in_a_line_not_a_traceback(example: str, tmp_path: Path) -> None:
+    """Regression: `make demo` on a machine without Java ended with a JavaNotFoundError
+    traceback."""
+    env = {**os.environ, "PATH": str(tmp_path / "no-bin")}
+    env.pop("JAVA_HOME", None)
+    result = subprocess.run(
+        [sys.executable, "-m", example],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=25,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == ["starting embedded Kafka..."]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2, result.stderr
+    error, hint = lines
+    assert error.startswith("cannot start the embedded Kafka broker: No `java` on PATH.")
+    assert "--bootstrap HOST:PORT" in hint

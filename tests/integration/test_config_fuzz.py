@@ -27,12 +27,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from tests.librdkafka import librdkafka_properties
 
+from tests.librdkafka import librdkafka_properties
 from weir import ConsumerConfig, FailurePolicy
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULE = "tests.property.test_config_fuzz"
+MODULE = "tests.integration.test_config_fuzz"
 BASE: dict[str, Any] = {"bootstrap_servers": "broker:9092", "group_id": "g", "topics": ["t"]}
 
 # What librdkafka and Kafka treat specially: C whitespace, NUL and other control characters,
