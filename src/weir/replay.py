@@ -47,9 +47,22 @@ class ReplayMaps:
         if not self.enabled:
             return ""
         got = progress.finished_flags()
-        if got is None or got[0] != offset:
-            return ""
-        base, flags = got
+        ahead = self._restored.get(tp)
+        flags: bytes | bytearray
+        if got is None:
+            # Nothing read in this assignment yet: the restored map still says it all.
+            if ahead is None or ahead.base != offset:
+                return ""
+            base, flags = offset, ahead.flags
+        else:
+            base, flags = got
+            if base != offset:
+                return ""
+            read_end = base + len(flags)
+            if ahead is not None and ahead.base <= read_end < ahead.end:
+                # Offsets the map restored at assignment lists finished, above what this
+                # owner has read: a map without them would hand them to the next owner again.
+                flags = bytes(flags) + ahead.flags[read_end - ahead.base :]
         if 1 not in flags:
             return ""
         enc = encode_finished(base, flags, self._max_bytes)

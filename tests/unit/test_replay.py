@@ -25,8 +25,11 @@ from weir import Context, FlowConfig, GroupConsumer, Handler, Record
 from weir import scheduling as scheduling_module
 from weir.config import ConsumerSettings
 from weir.offsetmap import Encoded, FinishedMap, decode_finished, encode_finished
+from weir.records import Partition
+from weir.replay import ReplayMaps
 from weir.testing.fake import FakeConsumer
 from weir.testing.fake_broker import FakeBroker
+from weir.tracking import PartitionProgress
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -251,3 +254,31 @@ def test_a_request_refused_for_its_maps_lowers_the_limit_once(
     assert len(refused[0]["partitions"]) == 8
     limit = refused[0]["max_bytes"]
     assert all(0 < p.offset_map_bytes <= limit for p in gc.stats().partitions)
+
+
+def _finished_in(metadata: str, offset: int) -> set[int]:
+    found = decode_finished(metadata, offset)
+    assert isinstance(found, FinishedMap), found
+    return {o for lo, hi in found.ranges() for o in range(lo, hi)}
+
+
+@pytest.mark.parametrize("read", [[], [0], [0, 1]])
+def test_a_restored_map_is_sent_on_until_its_offsets_are_read(read: list[int]) -> None:
+    """Regression (found by the transactional engine machine): a new owner restored a map with
+    1 and 2 finished above committed 0, read only offset 0 (it failed and was retried), and
+    committed 0 with an empty map: the restored one was overwritten, and the owner after it ran
+    1 and 2 again (with transactions: their outputs written twice). The map sent with an offset
+    lists the offsets read and finished in this assignment and, above the read position, those
+    the restored map lists."""
+    tp = Partition(TOPIC, 0)
+    replay = ReplayMaps(enabled=True, max_bytes=4096)
+    restored = encode_finished(0, b"\x00\x01\x01\x00\x01", 4096).text  # 1, 2 and 4 finished
+    replay.restore({tp: (0, restored)})
+    progress = PartitionProgress(epoch=1)
+    if read:
+        batch = progress.add_batch(read, read[-1] + 1)
+        progress.mark_finished(
+            batch, replay.finished_before(tp, [Record(TOPIC, 0, o, None, None) for o in read])
+        )
+    sent = replay.metadata(tp, progress, 0)
+    assert _finished_in(sent, 0) == {1, 2, 4}
