@@ -7,6 +7,7 @@ and running `GroupConsumer` on it as the docs show.
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -21,6 +23,7 @@ from tests.consumer_overrides import Overrides
 from typing_extensions import Unpack
 
 from weir import Context, GroupConsumer, Handler, HandlerError, Partition, Record
+import weir.testing
 from weir.config import ConsumerSettings
 from weir.testing import FakeBroker
 
@@ -240,6 +243,35 @@ def test_importing_weir_testing_does_not_import_the_fake() -> None:
         "assert t.FakeBroker is __import__('weir.testing.fake', fromlist=['x']).FakeBroker"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_no_module_of_weir_testing_imports_itself_through_others() -> None:
+    """Every import counts, at any depth (inside a function, under TYPE_CHECKING): a cycle
+    ties modules together however it is hidden (the fake's consumer and broker modules once
+    imported each other)."""
+    root = Path(weir.testing.__file__).parent
+    names = {f"weir.testing.{path.stem}": path for path in root.glob("*.py")}
+    imports: dict[str, set[str]] = {}
+    for name, path in names.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        imports[name] = found & set(names)
+
+    def cycle_from(name: str, path: list[str]) -> list[str] | None:
+        if name in path:
+            return [*path[path.index(name) :], name]
+        for nxt in sorted(imports[name]):
+            found = cycle_from(nxt, [*path, name])
+            if found:
+                return found
+        return None
+
+    cycles = [c for name in sorted(imports) if (c := cycle_from(name, []))]
+    assert not cycles, f"import cycle: {' -> '.join(cycles[0])}"
 
 
 # -- the examples of docs/testing-without-a-broker.md -----------------------------------------

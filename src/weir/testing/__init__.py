@@ -28,14 +28,15 @@ if TYPE_CHECKING:
         WorkdirInUseError,
     )
     from weir.testing.events import capture_events
-    from weir.testing.fake import (
+    from weir.testing.fake_broker import FakeBroker
+    from weir.testing.fake_cluster import FakeMessage, FakeTransaction
+    from weir.testing.fake_consumer import (
         CommitCall,
         CommittedOffsets,
         FakeConsumer,
         FakeGroupMetadata,
         ScriptedEvent,
     )
-    from weir.testing.fake_broker import FakeBroker, FakeMessage, FakeTransaction
     from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars
     from weir.testing.providers import (
         BrokerProvider,
@@ -60,14 +61,14 @@ _WHERE = {
     "PortInUseError": "errors",
     "WorkdirError": "errors",
     "WorkdirInUseError": "errors",
-    "CommitCall": "fake",
-    "CommittedOffsets": "fake",
+    "CommitCall": "fake_consumer",
+    "CommittedOffsets": "fake_consumer",
     "FakeBroker": "fake_broker",
-    "FakeConsumer": "fake",
-    "FakeTransaction": "fake_broker",
-    "FakeGroupMetadata": "fake",
-    "FakeMessage": "fake_broker",
-    "ScriptedEvent": "fake",
+    "FakeConsumer": "fake_consumer",
+    "FakeTransaction": "fake_cluster",
+    "FakeGroupMetadata": "fake_consumer",
+    "FakeMessage": "fake_cluster",
+    "ScriptedEvent": "fake_consumer",
     "KAFKA_VERSION": "jars",
     "ensure_kafka_jars": "jars",
     "capture_events": "events",
