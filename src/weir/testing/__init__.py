@@ -1,6 +1,6 @@
 """Test harness: an embedded broker/cluster, broker providers, pytest fixtures, and an in-memory
-fake of Kafka (``FakeBroker`` and ``FakeConsumer`` in ``weir.testing.fake``) for tests without a
-JVM.
+fake of Kafka (``FakeBroker``, ``FakeConsumer`` and ``FakeProducer`` in ``weir.testing.fake``) for
+tests without a JVM.
 
 Importing this package starts nothing and imports almost nothing: the pytest plugin lives here and
 is loaded in every pytest run of every project that installs weir, so names resolve lazily.
@@ -29,14 +29,9 @@ if TYPE_CHECKING:
     )
     from weir.testing.events import capture_events
     from weir.testing.fake_broker import FakeBroker
-    from weir.testing.fake_cluster import FakeMessage, FakeTransaction
-    from weir.testing.fake_consumer import (
-        CommitCall,
-        CommittedOffsets,
-        FakeConsumer,
-        FakeGroupMetadata,
-        ScriptedEvent,
-    )
+    from weir.testing.fake_cluster import FakeGroupMetadata, FakeMessage, FakeTransaction
+    from weir.testing.fake_consumer import CommitCall, CommittedOffsets, FakeConsumer, ScriptedEvent
+    from weir.testing.fake_producer import FakeProducer
     from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars
     from weir.testing.providers import (
         BrokerProvider,
@@ -66,8 +61,9 @@ _WHERE = {
     "FakeBroker": "fake_broker",
     "FakeConsumer": "fake_consumer",
     "FakeTransaction": "fake_cluster",
-    "FakeGroupMetadata": "fake_consumer",
+    "FakeGroupMetadata": "fake_cluster",
     "FakeMessage": "fake_cluster",
+    "FakeProducer": "fake_producer",
     "ScriptedEvent": "fake_consumer",
     "KAFKA_VERSION": "jars",
     "ensure_kafka_jars": "jars",
@@ -95,6 +91,7 @@ __all__ = [
     "FakeConsumer",
     "FakeGroupMetadata",
     "FakeMessage",
+    "FakeProducer",
     "FakeTransaction",
     "HarnessError",
     "JavaNotFoundError",

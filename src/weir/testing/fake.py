@@ -1,8 +1,8 @@
-"""In-memory Kafka for tests without a JVM: `FakeBroker` and `FakeConsumer`.
+"""In-memory Kafka for tests without a JVM: `FakeBroker`, `FakeConsumer` and `FakeProducer`.
 
-`FakeConsumer` satisfies `weir.client.ConsumerClient` (mypy checks it in
-`weir.testing.fake_consumer`, as `weir.client` checks `confluent_kafka.Consumer`), so
-`GroupConsumer` runs on it unchanged. It comes in two modes:
+`FakeConsumer` satisfies `weir.client.ConsumerClient` and `FakeProducer`
+`weir.client.TransactionalProducer` (mypy checks both in their modules, as `weir.client` checks
+the real clients), so `GroupConsumer` runs on them unchanged. The consumer comes in two modes:
 
 **Group mode** — consumers made by `FakeBroker.consumer_factory` share one in-memory broker:
 topics with partitioned logs, consumer groups whose members are assigned partitions when they
@@ -34,25 +34,30 @@ In both modes callbacks (on_assign / on_revoke / on_lost, `on_commit`, `error_cb
 thread that calls `consume()`, inside it, as the real client serves them from its poll; only
 `close()` serves the final revoke inside itself.
 
+`FakeBroker.producer_factory` makes producers: plain (a member's dead letters) or, with
+`transactional.id`, transactional (an exactly-once member's): transactions that commit or abort
+outputs and offsets together, fencing by producer epoch and by group generation, and faults on
+request (`fail_next`, `hang_next`, `fail_deliveries`). A scripted consumer's producer is
+`FakeProducer(conf, broker=fake._broker)`.
+
+The modules, each importing only those below it: `fake_cluster` (`Cluster`: the state the clients
+share), `fake_consumer` and `fake_producer` (the clients), `fake_broker` (`FakeBroker`: a
+`Cluster` that makes its clients), and this one, which only gathers the names.
+
 What the fake does is checked against a real Apache Kafka broker by one contract suite
 (tests/contract/ in weir's repository) that runs the same tests on both. What it does not model:
 time (no session or poll-interval expiry: `FakeBroker.expire` stands in for a missed
-`max.poll.interval.ms`), replication and broker failures, fetch sizes and prefetching,
-compaction and retention, regex subscriptions, static membership, and producer-side behaviour
-beyond appending records (no idempotence, no delivery reports).
+`max.poll.interval.ms`; no transaction timeout), replication and broker failures (faults stand in
+for them), fetch sizes and prefetching, compaction and retention, regex subscriptions, static
+membership, and the producer's queue (a record is written, or refused, at once).
 """
 
 from __future__ import annotations
 
 from weir.testing.fake_broker import FakeBroker
-from weir.testing.fake_cluster import FakeMessage, FakeTransaction
-from weir.testing.fake_consumer import (
-    CommitCall,
-    CommittedOffsets,
-    FakeConsumer,
-    FakeGroupMetadata,
-    ScriptedEvent,
-)
+from weir.testing.fake_cluster import FakeGroupMetadata, FakeMessage, FakeTransaction
+from weir.testing.fake_consumer import CommitCall, CommittedOffsets, FakeConsumer, ScriptedEvent
+from weir.testing.fake_producer import FakeProducer
 
 __all__ = [
     "CommitCall",
@@ -61,6 +66,7 @@ __all__ = [
     "FakeConsumer",
     "FakeGroupMetadata",
     "FakeMessage",
+    "FakeProducer",
     "FakeTransaction",
     "ScriptedEvent",
 ]

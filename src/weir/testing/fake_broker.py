@@ -1,8 +1,8 @@
 """`FakeBroker`: an in-memory Kafka cluster for tests, and the factory of its clients.
 
 A `weir.testing.fake_cluster.Cluster` (topics, transactions, committed offsets, groups) that
-makes the fake clients sharing it: consumers (`consumer_factory`). `weir.testing.fake` has the
-whole picture.
+makes the fake clients sharing it: consumers (`consumer_factory`) and producers
+(`producer_factory`). `weir.testing.fake` has the whole picture.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from weir.testing.fake_cluster import Cluster, FakeMessage, FakeTransaction
 from weir.testing.fake_consumer import FakeConsumer
+from weir.testing.fake_producer import FakeProducer
 
 __all__ = ["FakeBroker", "FakeMessage", "FakeTransaction"]
 
@@ -19,8 +20,9 @@ class FakeBroker(Cluster):
     """An in-memory Kafka cluster for tests: topics, consumer groups, committed offsets.
 
     Thread-safe: produce from the test thread while `GroupConsumer`s consume on theirs. Pass
-    `consumer_factory` as `GroupConsumer(..., consumer_factory=broker.consumer_factory)`; every
-    consumer it makes shares this broker's state.
+    `consumer_factory` as `GroupConsumer(..., consumer_factory=broker.consumer_factory)`, and
+    `producer_factory` for a member's producers (exactly-once, dead letters); every client it
+    makes shares this broker's state.
 
     `auto_create_topics` creates a one-partition topic on the first produce to it (the real
     broker's `auto.create.topics.enable`); consumers never create topics.
@@ -35,6 +37,8 @@ class FakeBroker(Cluster):
         )
         self.consumers: list[FakeConsumer] = []
         """Every consumer `consumer_factory` made, in order."""
+        self.producers: list[FakeProducer] = []
+        """Every producer `producer_factory` made, in order."""
 
     def consumer_factory(self, conf: dict[str, Any]) -> FakeConsumer:
         """Make a consumer on this broker from a client configuration (the `consumer_factory`
@@ -44,9 +48,19 @@ class FakeBroker(Cluster):
             self.consumers.append(consumer)
         return consumer
 
+    def producer_factory(self, conf: dict[str, Any]) -> FakeProducer:
+        """Make a producer on this broker from a client configuration (the `producer_factory`
+        of `GroupConsumer`): transactional with `conf['transactional.id']`, else plain."""
+        producer = FakeProducer(conf, broker=self)
+        with self._lock:
+            self.producers.append(producer)
+        return producer
+
 
 if TYPE_CHECKING:
-    from weir.client import ClientFactory
+    from weir.client import ClientFactory, ProducerFactory, TransactionalProducerFactory
 
-    # mypy proves the factory fits where GroupConsumer takes the real client's (weir.client).
+    # mypy proves the factories fit where GroupConsumer takes the real clients' (weir.client).
     _broker_factory: ClientFactory = FakeBroker().consumer_factory
+    _producer_factory: ProducerFactory = FakeBroker().producer_factory
+    _transactional_factory: TransactionalProducerFactory = FakeBroker().producer_factory

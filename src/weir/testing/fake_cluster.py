@@ -34,7 +34,7 @@ from confluent_kafka.admin._metadata import (
     TopicMetadata,
 )
 
-__all__ = ["Cluster", "FakeMessage", "FakeTransaction", "GroupClient"]
+__all__ = ["Cluster", "FakeGroupMetadata", "FakeMessage", "FakeTransaction", "GroupClient"]
 
 TP = tuple[str, int]
 TPLike = TP | TopicPartition
@@ -176,12 +176,26 @@ class FakeTransaction:
     stop before the first of them, until `commit()`; after `abort()` those consumers skip them.
     Either writes a marker into every partition the transaction wrote to, as Kafka's
     transaction coordinator does: markers occupy offsets and are never delivered. As a context
-    manager it commits on success and aborts on an exception."""
+    manager it commits on success and aborts on an exception.
 
-    def __init__(self, broker: Cluster) -> None:
+    A `FakeProducer`'s transactions are of this class too (`FakeProducer.transactions`), with
+    the offsets it sent to them."""
+
+    def __init__(self, broker: Cluster, transactional_id: str | None = None) -> None:
         self._broker = broker
+        self.transactional_id = transactional_id
+        """The `transactional.id` of the producer that began it (None: `broker.transaction()`)."""
         self.state: Literal["open", "committed", "aborted"] = "open"
         self.partitions: list[TP] = []
+        self.records: list[FakeMessage] = []
+        """What it wrote, in order."""
+        self.offsets: dict[str, dict[TP, tuple[int, str | None]]] = {}
+        """Offsets and metadata sent to it (`send_offsets_to_transaction`) per group: committed
+        for that group with the transaction, dropped if it aborts. A scripted consumer's
+        private broker keeps every group's under "" (its one store)."""
+        # When each offset was sent, in the order of the broker's offset writes: a plain commit
+        # made after it wins over it.
+        self._sent: dict[tuple[str, TP], int] = {}
 
     def produce(
         self,
@@ -224,6 +238,18 @@ class FakeTransaction:
 # -- the group coordinator -------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class FakeGroupMetadata:
+    """What `consumer_group_metadata()` returns: opaque on the real client, readable here.
+    `generation` is that of the member's last assignment (-1 before one): offsets sent to a
+    transaction with it are refused once the member is assigned again (ILLEGAL_GENERATION) or
+    has left the group (UNKNOWN_MEMBER_ID)."""
+
+    group_id: str
+    member_id: str
+    generation: int = -1
+
+
 class GroupClient(Protocol):
     """What the group coordinator reads and sets on a member's client (a `FakeConsumer`)."""
 
@@ -257,6 +283,17 @@ class _Member:
     pending_lost: tuple[TP, ...] | None = None
     serving: bool = False
     """A rebalance callback of this member's is running."""
+    generation: int | None = None
+    """The group's generation when the member was last served an assignment (its metadata
+    carries it); None before that, and once it expired."""
+
+
+@dataclass(eq=False)
+class _TransactionalId:
+    epoch: int = -1
+    """The producer epoch of the latest `init_transactions` with this id: older ones are fenced."""
+    open: FakeTransaction | None = None
+    """The transaction of the latest epoch that holds writes or offsets, until it ends."""
 
 
 class _Group:
@@ -398,23 +435,48 @@ class Cluster:
         self._groups: dict[str, _Group] = {}
         self._member_seq = itertools.count(1)
         self._unkeyed: dict[str, int] = {}
+        self._max_bytes: dict[str, int] = {}  # topics' max.message.bytes
         # A scripted FakeConsumer's private broker: partitions exist once produced or assigned.
         self._grow = False
+        # The transaction coordinator: producer epochs per transactional.id, and the open
+        # transactions that hold offsets (what a read_committed committed() waits for).
+        self._transactional: dict[str, _TransactionalId] = {}
+        self._holding_offsets: set[FakeTransaction] = set()
+        # The order of offset writes, per (group, partition) the last one's: a transaction's
+        # offsets count as written when they were sent, and apply at its commit only if nothing
+        # was committed to their partition since.
+        self._writes = itertools.count(1)
+        self._written: dict[tuple[str, TP], int] = {}
 
     # -- topics --------------------------------------------------------------------------------
 
-    def create_topic(self, name: str, partitions: int = 1) -> str:
-        """Create a topic with `partitions` empty partitions; returns its name."""
+    def create_topic(
+        self, name: str, partitions: int = 1, *, config: Mapping[str, str] | None = None
+    ) -> str:
+        """Create a topic with `partitions` empty partitions; returns its name. `config` may set
+        `max.message.bytes`, the one topic setting the fake models: a record whose key, value
+        and headers are larger is refused (MSG_SIZE_TOO_LARGE)."""
         if not isinstance(name, str) or not name:
             raise ValueError("a topic name must be a non-empty str")
         if not isinstance(partitions, int) or partitions < 1:
             raise ValueError(f"partitions must be an int >= 1, not {partitions!r}")
+        limit = None
+        for key, value in (config or {}).items():
+            if key != "max.message.bytes":
+                raise ValueError(
+                    f"the fake models no topic setting {key!r}: only max.message.bytes"
+                )
+            if not str(value).isdigit() or int(value) < 1:
+                raise ValueError(f"max.message.bytes must be a positive integer, not {value!r}")
+            limit = int(value)
         with self._cond:
             if name in self._topics:
                 raise KafkaException(
                     KafkaError(KafkaError.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
                 )
             self._topics[name] = partitions
+            if limit is not None:
+                self._max_bytes[name] = limit
             self._topics_changed()
             return name
 
@@ -510,6 +572,23 @@ class Cluster:
         value_b = _bytes(value, "value")
         hdrs = _headers(headers)
         with self._cond:
+            partition = self._place(topic, key_b, partition)
+            self._check_size(topic, key_b, value_b, hdrs)
+            stamp = int(time.time() * 1000) if timestamp is None else timestamp
+            msg = FakeMessage(topic, partition, None, key_b, value_b, hdrs, stamp, None, 0)
+            self._append((topic, partition), msg, txn)
+            if txn is not None:
+                txn.records.append(msg)
+                if (topic, partition) not in txn.partitions:
+                    txn.partitions.append((topic, partition))
+            self._cond.notify_all()
+            return msg
+
+    def _place(self, topic: str, key: bytes | None, partition: int | None) -> int:
+        """The partition a record goes to: `partition`, or the client's partitioners' choice
+        (crc32 of the key, else round robin). An unknown topic is created with one partition
+        if `auto_create_topics`; otherwise, and for an unknown partition, KafkaException."""
+        with self._cond:
             if topic not in self._topics:
                 if not self.auto_create_topics:
                     raise KafkaException(
@@ -522,19 +601,34 @@ class Cluster:
                 self._topics_changed()
             n = self._topics[topic]
             if partition is None:
-                if key_b is not None:
-                    partition = zlib.crc32(key_b) % n
+                if key is not None:
+                    partition = zlib.crc32(key) % n
                 else:
                     partition = self._unkeyed.get(topic, 0) % n
                     self._unkeyed[topic] = partition + 1
             self._check_partition(topic, partition)
-            stamp = int(time.time() * 1000) if timestamp is None else timestamp
-            msg = FakeMessage(topic, partition, None, key_b, value_b, hdrs, stamp, None, 0)
-            self._append((topic, partition), msg, txn)
-            if txn is not None and (topic, partition) not in txn.partitions:
-                txn.partitions.append((topic, partition))
-            self._cond.notify_all()
-            return msg
+            return partition
+
+    def _check_size(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None,
+    ) -> None:
+        limit = self._max_bytes.get(topic)
+        if limit is None:
+            return
+        size = len(key or b"") + len(value or b"")
+        size += sum(len(name.encode()) + len(v or b"") for name, v in headers or ())
+        if size > limit:
+            raise KafkaException(
+                KafkaError(
+                    KafkaError.MSG_SIZE_TOO_LARGE,
+                    f"Broker: Message size too large ({size} bytes; {topic}'s "
+                    f"max.message.bytes is {limit})",
+                )
+            )
 
     def _append(
         self, tp: TP, msg: FakeMessage, txn: FakeTransaction | None, at: int | None = None
@@ -563,6 +657,18 @@ class Cluster:
                 marker = FakeMessage(tp[0], tp[1], None)
                 marker._control = True
                 self._append(tp, marker, txn)
+            if state == "committed":
+                for group, offsets in txn.offsets.items():
+                    store = self._offsets.setdefault(group, {})
+                    for tp, entry in offsets.items():
+                        sent = txn._sent[(group, tp)]
+                        if self._written.get((group, tp), 0) < sent:
+                            store[tp] = entry
+                            self._written[(group, tp)] = sent
+            self._holding_offsets.discard(txn)
+            held = self._transactional.get(txn.transactional_id or "")
+            if held is not None and held.open is txn:
+                held.open = None
             self._cond.notify_all()
 
     # -- reading -------------------------------------------------------------------------------
@@ -614,6 +720,7 @@ class Cluster:
             for p in offsets:
                 self._check_partition(p.topic, p.partition)
                 store[(p.topic, p.partition)] = (p.offset, p.metadata)
+                self._written[(group, (p.topic, p.partition))] = next(self._writes)
             self._cond.notify_all()
 
     def committed_offsets(self, group: str, topic: str | None = None) -> dict[TP, int]:
@@ -689,7 +796,90 @@ class Cluster:
         store = self._offsets.setdefault(group, {})
         for tp, offset in offsets.items():
             store[tp] = (offset, metadata.get(tp))
+            self._written[(group, tp)] = next(self._writes)
         self._cond.notify_all()
+
+    def _store_key(self, group_id: str) -> str:
+        """Where `group_id`'s offsets are kept: a scripted consumer's private broker keeps one
+        store, whatever the group (`FakeConsumer._group_key`)."""
+        return "" if self._grow else group_id
+
+    def _unstable(self, group: str, tps: Iterable[TP]) -> bool:
+        """Some of `tps` have offsets of `group` in an open transaction: a read_committed
+        committed() waits for it to end (the broker answers UNSTABLE_OFFSET_COMMIT)."""
+        wanted = set(tps)
+        return any(wanted & txn.offsets.get(group, {}).keys() for txn in self._holding_offsets)
+
+    # -- the transaction coordinator -----------------------------------------------------------
+
+    def _init_transactions(self, transactional_id: str) -> int:
+        """A producer initialises with `transactional_id`: its epoch, which fences every
+        producer of an earlier one. The transaction an earlier one left open is aborted (its
+        writes and offsets dropped), as the coordinator does."""
+        with self._cond:
+            held = self._transactional.setdefault(transactional_id, _TransactionalId())
+            held.epoch += 1
+            if held.open is not None and held.open.state == "open":
+                self._end_transaction(held.open, "aborted")
+            held.open = None
+            return held.epoch
+
+    def _fenced(self, transactional_id: str, epoch: int) -> bool:
+        with self._lock:
+            return self._transactional[transactional_id].epoch != epoch
+
+    def _hold(self, txn: FakeTransaction) -> None:
+        """`txn` writes to the broker: the open transaction of its transactional id."""
+        assert txn.transactional_id is not None
+        self._transactional[txn.transactional_id].open = txn
+
+    def _send_offsets(
+        self, txn: FakeTransaction, group: FakeGroupMetadata, offsets: Sequence[TopicPartition]
+    ) -> KafkaError | None:
+        """Add `offsets` to `txn` for the group of `group` (a TxnOffsetCommit): refused, with
+        the abortable error the client raises, when the member's generation is over (or it is
+        no member), a partition is unknown or a metadata string too large."""
+        with self._cond:
+            wanted = {_tp(p): p.offset for p in offsets}
+            metadata = {_tp(p): p.metadata for p in offsets}
+            refused = self._member_error(group)
+            errors = dict.fromkeys(wanted, refused) if refused else {}
+            errors = errors or self._commit_errors(wanted, metadata)
+            if errors:
+                topic, partition = first = min(errors)
+                err = errors[first]
+                return KafkaError(
+                    err.code(),
+                    "Failed to commit offsets to transaction on broker fake:9092/1: "
+                    f"{topic}((null))[{partition}]({KafkaError(err.code()).str()})",
+                    txn_requires_abort=True,
+                )
+            key = self._store_key(group.group_id)
+            held = txn.offsets.setdefault(key, {})
+            for tp, offset in wanted.items():
+                held[tp] = (offset, metadata[tp])
+                txn._sent[(key, tp)] = next(self._writes)
+            self._hold(txn)
+            self._holding_offsets.add(txn)
+            return None
+
+    def _member_error(self, meta: FakeGroupMetadata) -> KafkaError | None:
+        """Why the group coordinator refuses a transaction's offsets sent with `meta`."""
+        g = self._groups.get(meta.group_id)
+        if g is None or not g.members:
+            return None  # no member to check against
+        if not meta.member_id and meta.generation < 0:
+            # A client outside the group: the classic coordinator takes its offsets (as it
+            # takes an admin's), KIP-848's refuses them.
+            if g.protocol != "consumer":
+                return None
+            return KafkaError(KafkaError.UNKNOWN_MEMBER_ID)
+        m = g.members.get(meta.member_id)
+        if m is None or m.generation is None:
+            return KafkaError(KafkaError.UNKNOWN_MEMBER_ID)
+        if meta.generation != m.generation:
+            return KafkaError(KafkaError.ILLEGAL_GENERATION)
+        return None
 
     # -- groups --------------------------------------------------------------------------------
 
@@ -757,6 +947,7 @@ class Cluster:
             m.needs_revoke = False
             m.awaiting = True
             m.assigned_gen = 0
+            m.generation = None
             m.group.revoking.discard(m.member_id)
             self._rebalance(m.group)
 
@@ -847,6 +1038,8 @@ class Cluster:
         for an assign at once, for a revoke only once the callback has run: `_step_done`)."""
         step = self._due(m)
         m.serving = step is not None
+        if step is not None and step[0] == "assign":
+            m.generation = m.group.generation
         return step
 
     def _due(self, m: _Member) -> tuple[str, tuple[TP, ...]] | None:

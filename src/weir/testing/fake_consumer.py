@@ -31,6 +31,7 @@ from weir.testing.fake_cluster import (
     _LATEST,
     TP,
     Cluster,
+    FakeGroupMetadata,
     FakeMessage,
     TPLike,
     _invalid,
@@ -43,7 +44,6 @@ __all__ = [
     "CommitCall",
     "CommittedOffsets",
     "FakeConsumer",
-    "FakeGroupMetadata",
     "ScriptedEvent",
 ]
 
@@ -117,21 +117,16 @@ class ScriptedEvent:
         return self.finished_at - self.started_at
 
 
-@dataclass(frozen=True)
-class FakeGroupMetadata:
-    """What `consumer_group_metadata()` returns: opaque on the real client, readable here."""
-
-    group_id: str
-    member_id: str
-    generation: int = -1
-
-
 class CommittedOffsets(Mapping[TP, int]):
     """A consumer's committed offsets, read from its broker's store for its group.
 
     Callable as the client's `committed(partitions, timeout)`: TopicPartitions with the
     committed offset and metadata (offset -1001 and metadata None where nothing is committed).
-    Also a read-only mapping of (topic, partition) to offset, for assertions."""
+    Under read_committed (the default) a partition whose offsets an open transaction holds
+    makes it wait for that transaction to end, and raise _TIMED_OUT if it does not within
+    `timeout`, as the client does while the broker answers UNSTABLE_OFFSET_COMMIT.
+    Also a read-only mapping of (topic, partition) to offset (what is committed), for
+    assertions."""
 
     def __init__(self, consumer: FakeConsumer) -> None:
         self._consumer = consumer
@@ -146,7 +141,19 @@ class CommittedOffsets(Mapping[TP, int]):
         c = self._consumer
         c._check_open()
         out = []
-        with c._lock:
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        with c._cond:
+            tps = [_tp(p) for p in partitions]
+            while c._read_committed and c._broker._unstable(c._group_key(), tps):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise KafkaException(
+                        KafkaError(
+                            KafkaError._TIMED_OUT,
+                            "Failed to get committed offsets: Local: Timed out",
+                        )
+                    )
+                c._cond.wait(left)
             store = self._store()
             for p in partitions:
                 offset, metadata = store.get(_tp(p), (OFFSET_INVALID, None))
@@ -280,6 +287,15 @@ class FakeConsumer:
             )
             self._record("__init__", dict(conf))
             return self
+
+    def restarted(self) -> FakeConsumer:
+        """Scripted mode: a new consumer on this one's private broker, as a restarted process
+        finds it (its logs, committed offsets, transactions and producers' epochs), with
+        nothing assigned. Hand its `factory` to the next `GroupConsumer`."""
+        self._scripted_only("restarted")
+        fresh = FakeConsumer(fetch_chunk=self.fetch_chunk)
+        fresh._broker, fresh._lock, fresh._cond = self._broker, self._lock, self._cond
+        return fresh
 
     def _conf_value(self, key: str, default: Any) -> Any:
         return (self.conf or {}).get(key, default)
@@ -887,7 +903,7 @@ class FakeConsumer:
     def consumer_group_metadata(self) -> FakeGroupMetadata:
         with self._lock:
             m = self._member
-            generation = m.group.generation if m is not None else -1
+            generation = -1 if m is None or m.generation is None else m.generation
             return FakeGroupMetadata(
                 str(self._conf_value("group.id", "")), self.memberid(), generation
             )
