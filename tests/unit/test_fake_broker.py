@@ -575,3 +575,25 @@ def test_a_restarted_scripted_consumer_finds_what_the_last_one_left() -> None:
     assert fake._broker.end_offsets("t") == {0: 4}
     with pytest.raises(RuntimeError, match="scripted"):
         FakeBroker().consumer_factory({"group.id": "g"}).restarted()
+
+
+def test_a_plain_producer_reports_each_record_and_refuses_the_planned_ones() -> None:
+    broker = FakeBroker()
+    broker.create_topic("t")
+    p = broker.producer_factory({"enable.idempotence": True})
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    p.fail_deliveries(too_large, after=2)  # the third record from now
+    for value in (b"a", b"b", b"c", b"d"):
+        p.produce("t", value, partition=0)
+    assert len(p) == 4  # reports wait for a poll or flush
+    assert p.flush(1) == 0 and len(p) == 0
+    assert [(err and err.code(), msg.value()) for err, msg in p.reports] == [
+        (None, b"a"),
+        (None, b"b"),
+        (KafkaError.MSG_SIZE_TOO_LARGE, b"c"),
+        (None, b"d"),
+    ]
+    assert [m.value() for m in broker.messages("t")] == [b"a", b"b", b"d"]
+    with pytest.raises(KafkaException) as caught:
+        p.begin_transaction()
+    assert caught.value.args[0].code() == KafkaError._NOT_CONFIGURED

@@ -119,7 +119,7 @@ class FakeProducer:
         self._gaps: set[TP] = set()  # partitions a refused record left a sequence gap in
         self._resume: str | None = None  # a call whose effect happened but whose answer was lost
         self._faults: dict[str, deque[_Fault]] = {}
-        self._refusals: deque[KafkaError] = deque()
+        self._refusals: deque[KafkaError | None] = deque()  # None: the record is written
         self._hang = threading.Condition()
         self._hanging = 0
         self._released = 0
@@ -188,14 +188,15 @@ class FakeProducer:
         with self._hang:
             return self._hanging
 
-    def fail_deliveries(self, error: KafkaError, count: int = 1) -> None:
-        """The broker refuses the next `count` records produced with `error`: they are not
-        written, their delivery reports carry it, and a transaction they were in can only abort
-        (or, for a fencing code, the producer is fenced)."""
-        if count < 1:
-            raise ValueError(f"count must be >= 1, not {count}")
+    def fail_deliveries(self, error: KafkaError, count: int = 1, *, after: int = 0) -> None:
+        """The broker refuses `count` records produced with `error`, the first of them `after`
+        records from now: they are not written, their delivery reports carry it, and a
+        transaction they were in can only abort (or, for a fencing code, the producer is
+        fenced)."""
+        if count < 1 or after < 0:
+            raise ValueError(f"count must be >= 1 and after >= 0, not {count} and {after}")
         with self._lock:
-            self._refusals.extend([error] * count)
+            self._refusals.extend([None] * after + [error] * count)
 
     def _plan(self, call: str, fault: _Fault, count: int) -> None:
         if call not in CALLS:
@@ -434,13 +435,14 @@ class FakeProducer:
                     raise  # the client knows the partition count and refuses it at once
                 return self._refused(topic, -1, key, value, headers, err), err
             tp = (topic, placed)
+            planned = self._refusals.popleft() if self._refusals else None
             if self._txn is not None and broker._fenced(self.transactional_id or "", self._epoch):
                 err = KafkaError(
                     KafkaError.INVALID_PRODUCER_EPOCH,
                     "Broker: Producer attempted an operation with an old epoch",
                 )
-            elif self._refusals:
-                err = self._refusals.popleft()
+            elif planned is not None:
+                err = planned
             elif self._txn is not None and tp in self._gaps:
                 self._gaps.discard(tp)
                 err = KafkaError(KafkaError._PURGE_QUEUE, "Local: Purged in queue")
