@@ -114,8 +114,10 @@ class Starts:
     def assign(self, tps: Sequence[Partition]) -> list[TP]:
         """In the assign callback: the committed offsets of `tps`, read now (waiting for a
         transaction that holds them, within a bound), and each partition at the explicit offset
-        to assign it at. Partitions not settled here start paused (`paused`)."""
-        found = self.read(tps, self._callback_timeout)
+        to assign it at. Partitions not settled here start paused (`paused`). While the
+        producer is being replaced none is: the transaction it left open may yet commit their
+        offsets, and no record may finish before a new one is open; they are read once it is."""
+        found = self.read(tps, self._callback_timeout) if self._ready() else {}
         out = []
         self._assigning = True
         try:

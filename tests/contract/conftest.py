@@ -2,23 +2,23 @@
 broker (the embedded one from the weir pytest plugin).
 
 Every test in this directory takes the `backend` fixture and runs once per backend, through the
-`weir.client.ConsumerClient` protocol only. On the real broker conditions arrive
-asynchronously, so tests wait with `pump()`, which polls members until a condition holds or a
-deadline passes; on the fake the same loop ends at once.
+`weir.client.ConsumerClient` and `weir.client.TransactionalProducer` protocols only. On the real
+broker conditions arrive asynchronously, so tests wait with `pump()`, which polls members until a
+condition holds or a deadline passes; on the fake the same loop ends at once.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from weir.client import ConsumerClient, KafkaMessage
+from weir.client import ConsumerClient, KafkaMessage, TransactionalProducer
 from weir.testing.fake import FakeBroker, FakeConsumer
 
 TP = tuple[str, int]
@@ -57,7 +57,7 @@ class Backend:
     def __init__(self) -> None:
         self._consumers: list[ConsumerClient] = []
 
-    def topic(self, partitions: int = 1) -> str:
+    def topic(self, partitions: int = 1, config: Mapping[str, str] | None = None) -> str:
         raise NotImplementedError
 
     def produce(self, topic: str, records: Iterable[Rec]) -> None:
@@ -72,6 +72,16 @@ class Backend:
     def make(self, conf: dict[str, Any]) -> ConsumerClient:
         """A consumer from exactly `conf` (plus the bootstrap servers); not closed for you."""
         raise NotImplementedError
+
+    def make_producer(self, conf: dict[str, Any]) -> TransactionalProducer:
+        """A producer from exactly `conf` (plus the bootstrap servers)."""
+        raise NotImplementedError
+
+    def producer(self, transactional_id: str | None = None, **conf: Any) -> TransactionalProducer:
+        """A producer, transactional with `transactional_id` (a fresh one: `txn_id()`)."""
+        if transactional_id is not None:
+            conf["transactional.id"] = transactional_id
+        return self.make_producer(conf)
 
     def miss_poll_interval(self, silent: Member, others: Sequence[Member]) -> None:
         """Make `silent` miss max.poll.interval.ms while `others` keep polling."""
@@ -102,8 +112,9 @@ class FakeBackend(Backend):
         super().__init__()
         self.broker = FakeBroker()
 
-    def topic(self, partitions: int = 1) -> str:
-        return self.broker.create_topic(f"contract-{uuid.uuid4().hex[:10]}", partitions)
+    def topic(self, partitions: int = 1, config: Mapping[str, str] | None = None) -> str:
+        name = f"contract-{uuid.uuid4().hex[:10]}"
+        return self.broker.create_topic(name, partitions, config=config)
 
     def produce(self, topic: str, records: Iterable[Rec]) -> None:
         for r in records:
@@ -123,6 +134,9 @@ class FakeBackend(Backend):
     def make(self, conf: dict[str, Any]) -> ConsumerClient:
         return self.broker.consumer_factory(conf)
 
+    def make_producer(self, conf: dict[str, Any]) -> TransactionalProducer:
+        return self.broker.producer_factory(conf)
+
     def miss_poll_interval(self, silent: Member, others: Sequence[Member]) -> None:
         assert isinstance(silent.client, FakeConsumer)
         self.broker.expire(silent.client)
@@ -138,8 +152,8 @@ class RealBackend(Backend):
         self.bootstrap = bootstrap
         self._make_topic = make_topic
 
-    def topic(self, partitions: int = 1) -> str:
-        return self._make_topic(partitions, name_prefix="contract")
+    def topic(self, partitions: int = 1, config: Mapping[str, str] | None = None) -> str:
+        return self._make_topic(partitions, config=config, name_prefix="contract")
 
     def produce(self, topic: str, records: Iterable[Rec]) -> None:
         producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "linger.ms": 0})
@@ -173,6 +187,10 @@ class RealBackend(Backend):
         client: ConsumerClient = Consumer({"bootstrap.servers": self.bootstrap, **conf})
         return client
 
+    def make_producer(self, conf: dict[str, Any]) -> TransactionalProducer:
+        producer: TransactionalProducer = Producer({"bootstrap.servers": self.bootstrap, **conf})
+        return producer
+
     def miss_poll_interval(self, silent: Member, others: Sequence[Member]) -> None:
         interval = silent.conf["max.poll.interval.ms"] / 1000
         deadline = time.monotonic() + interval + 0.5
@@ -194,6 +212,11 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
         yield chosen
     finally:
         chosen.close_all()
+
+
+def txn_id() -> str:
+    """A transactional id no other producer has."""
+    return f"contract-{uuid.uuid4().hex[:10]}"
 
 
 def real_only(reason: str) -> Callable[[Backend], None]:

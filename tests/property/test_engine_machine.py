@@ -18,6 +18,8 @@ from __future__ import annotations
 import itertools
 import os
 import queue
+import threading
+import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from typing import Any, Literal
@@ -34,7 +36,9 @@ from hypothesis.stateful import (
     rule,
 )
 
+from weir import bounded as bounded_module
 from weir import settlement as settlement_module
+from weir import transactions as transactions_module
 from weir.config import ConsumerConfig
 from weir.engine import Engine
 from weir.errors import HandlerError
@@ -43,7 +47,7 @@ from weir.policy import FailurePolicy, RetryPolicy
 from weir.records import Context, Handler, Partition, Record
 from weir.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
 from weir.testing.clock import ManualClock
-from weir.testing.fake import FakeConsumer
+from weir.testing.fake import FakeConsumer, FakeProducer
 from weir.workers import Progress
 
 TOPIC = "t"
@@ -60,6 +64,67 @@ STEPS = int(os.environ.get("WEIR_MACHINE_STEPS", "40"))
 # replays them), and every wait the engine loops on still ends. The wall clock (a dead letter's
 # weir.dlq.failed_at) stays the real one.
 CLOCK = ManualClock(tick=0.001)
+
+
+def _sleep(seconds: float) -> None:
+    """A wait of the owner's (a transactional call retried) passes at once in machine time; one
+    of another thread (the reaper of a replaced producer) takes its real time."""
+    if threading.current_thread() is threading.main_thread():
+        CLOCK.advance(seconds)
+    else:
+        time.sleep(seconds)
+
+
+# The waits for a transactional producer's calls are real ones in weir (`weir.bounded`): in the
+# machine they read its clock too.
+_TIME = type(
+    "_Time",
+    (),
+    {
+        "monotonic": staticmethod(CLOCK.monotonic),
+        "perf_counter": staticmethod(CLOCK.perf_counter),
+        "time": staticmethod(time.time),
+        "sleep": staticmethod(_sleep),
+    },
+)
+
+
+class _Hangs:
+    """The machine's fake producers, whose calls may hang (`FakeProducer.hang_next`)."""
+
+    def __init__(self) -> None:
+        self.producers: list[FakeProducer] = []
+        self._seen = 0
+
+    def reset(self) -> None:
+        self.producers = []
+        self._seen = 0
+
+    def began(self) -> bool:
+        """A call began to hang since the last look."""
+        total = sum(p.hangs for p in self.producers)
+        began, self._seen = total > self._seen, total
+        return began
+
+
+HANGS = _Hangs()
+
+
+class _CallDone(threading.Event):
+    """What `weir.bounded` waits on for a call running on a thread of its own, in machine time:
+    the wait lasts (in real time) until the call returns or a fake producer's call begins to
+    hang; a hang lets the wait's whole timeout pass on the machine's clock at once, so the call
+    is abandoned at its deadline, deterministically and without waiting for it."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        while not super().wait(0.001):
+            if HANGS.began() or timeout == 0:
+                CLOCK.advance(timeout or 0.0)
+                return self.is_set()
+        return True
+
+
+_BOUNDED_THREADING = type("_Threading", (), {"Thread": threading.Thread, "Event": _CallDone})
 
 
 class _Completions:
@@ -190,6 +255,8 @@ class EngineMachine(RuleBasedStateMachine):
         # in one of its tasks before its revoke (what its watermark is made of).
         self.delivered: dict[int, set[int]] = defaultdict(set)
         self.finished: dict[int, set[int]] = defaultdict(set)
+        # Partitions that started over (an aborted transaction) in the turn under way.
+        self.started_over: set[Partition] = set()
 
     # -- set-up and incarnations ---------------------------------------------------------
 
@@ -236,7 +303,7 @@ class EngineMachine(RuleBasedStateMachine):
         self._incarnate({(TOPIC, p): 0 for p in range(1, PARTITIONS)})
         self.assign(ps)
 
-    def _config(self) -> ConsumerConfig:
+    def _config(self, **extra: Any) -> ConsumerConfig:
         return ConsumerConfig(
             bootstrap_servers="fake:9092",
             group_id="g",
@@ -253,10 +320,11 @@ class EngineMachine(RuleBasedStateMachine):
             max_batch_records=4,
             flow={"capacity_records": 12, "pause_records": 8, "resume_records": 2},
             failure=self.failure,
+            **extra,
         )
 
-    def _incarnate(self, committed: dict[TP, int]) -> None:
-        """A new process: a fresh engine and client over the same log and committed offsets."""
+    def _client(self, committed: dict[TP, int]) -> FakeConsumer:
+        """A new process's client: a fresh fake over the same log and committed offsets."""
         fake = FakeConsumer()
         fake._broker.create_topic(TOPIC, PARTITIONS)
         for (topic, p), entries in self.logs.items():
@@ -267,13 +335,18 @@ class EngineMachine(RuleBasedStateMachine):
                     fake.produce(topic, p, b"v", key, offset=off)
         # A scripted fake keeps its committed offsets in its private broker, under group "".
         fake._broker.commit("", [TopicPartition(t, p, off) for (t, p), off in committed.items()])
-        self.fake = fake
+        return fake
+
+    def _engine(self, fake: FakeConsumer) -> Engine:
+        return Engine(self._config(), _Unused(), fake.factory, self.life, self.workers, clock=CLOCK)
+
+    def _incarnate(self, committed: dict[TP, int]) -> None:
+        """A new process: a fresh engine and client over the same log and committed offsets."""
+        fake = self.fake = self._client(committed)
         self.workers = ManualWorkers(concurrent=self.concurrent)
         self.life = Lifecycle()
         self.soon.clear()
-        engine = self.engine = Engine(
-            self._config(), _Unused(), fake.factory, self.life, self.workers, clock=CLOCK
-        )
+        engine = self.engine = self._engine(fake)
         if self.fast:
             engine.scheduler._per_record = 1e-6
         replay = engine.replay
@@ -314,17 +387,24 @@ class EngineMachine(RuleBasedStateMachine):
             seen = len(self.fk.delivered)
             # A partition whose start is not sought yet drops what it is handed (the seek
             # comes after the turn's intake): nothing of it is delivered to its assignment.
+            # Nor to one that started over in the turn (its next records come after a seek).
             starting = set(self.eng.starts.pending)
-            self.eng.step()
+            self.started_over.clear()
+            self._turn()
             for tp, off in self.fk.delivered[seen:]:
-                st_ = self.eng.own.partitions.get(Partition(*tp))
-                if st_ is not None and Partition(*tp) not in starting:
+                part = Partition(*tp)
+                st_ = self.eng.own.partitions.get(part)
+                if st_ is not None and part not in starting and part not in self.started_over:
                     self.delivered[st_.assignment.token].add(off)
             done += 1
             self._check_commits()
             if self.life.failure is not None:
                 self._stop_after_failure()
                 return
+
+    def _turn(self) -> None:
+        """One turn of the owner loop, as `Engine.run` makes it."""
+        self.eng.step()
 
     def _stop_after_failure(self) -> None:
         failure = self.life.failure
@@ -559,15 +639,20 @@ class EngineMachine(RuleBasedStateMachine):
         rec = task.records[i]
         lane = _lane(self.ordering, rec)
         self._check_order(a.token, lane, rec.offset)
-        self.handled[(rec.topic, rec.partition)].add(rec.offset)
-        if not a.cancel.is_set():
-            self.finished[a.token].add(rec.offset)
+        self._handled(task, i)
         task.done.append(i)
         if a.dispatching:
             idxs = self._lanes_of(task)[lane]
             after = idxs.index(i) + 1
             if after < len(idxs):
                 self.began.setdefault(id(task), set()).add(idxs[after])
+
+    def _handled(self, task: Task, i: int) -> None:
+        """The handler of `task.records[i]` returned (before the record counts as finished)."""
+        rec = task.records[i]
+        self.handled[(rec.topic, rec.partition)].add(rec.offset)
+        if not task.assignment.cancel.is_set():
+            self.finished[task.assignment.token].add(rec.offset)
 
     @precondition(lambda self: any(self.handled.values()))
     @rule()
@@ -608,9 +693,7 @@ class EngineMachine(RuleBasedStateMachine):
                 continue
             self._check_order(a.token, lane, rec.offset)
             outcomes[i] = DONE
-            self.handled[(rec.topic, rec.partition)].add(rec.offset)
-            if not a.cancel.is_set():
-                self.finished[a.token].add(rec.offset)
+            self._handled(task, i)
         if task.moved:
             event("records moved off a long task")
         clean = all(o == DONE for o in outcomes)
@@ -844,6 +927,13 @@ for machine in (EngineMachine, ConcurrentEngineMachine):
 def _machine_time(monkeypatch: pytest.MonkeyPatch) -> None:
     # A slow task gives its unreached records away after a few turns of machine time.
     monkeypatch.setattr(settlement_module, "_MOVE_AFTER", 0.01)
+    for module in (transactions_module, bounded_module):
+        monkeypatch.setattr(module, "time", _TIME)
+    # Exactly-once: a transactional call's wait is one wait for its whole deadline, in machine
+    # time (`_CallDone`), and a replaced producer's initialisation is tried again every turn.
+    monkeypatch.setattr(bounded_module, "threading", _BOUNDED_THREADING)
+    monkeypatch.setattr(bounded_module, "_SLICE", float("inf"))
+    monkeypatch.setattr(transactions_module, "_RECOVER_EVERY", 0.02)
 
 
 TestEngineMachine = EngineMachine.TestCase

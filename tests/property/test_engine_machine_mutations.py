@@ -8,6 +8,10 @@ derandomized, with no example database and no shrinking: each test fails the sam
 time, at its first failing example. The control tests run the unmutated machines under the very
 same settings and must pass, so a failure is the planted bug's.
 
+The exactly-once mutants (a refused output left in its transaction, no rewind after an abort,
+a partition sought before a replaced producer is ready) run the transactional machine of
+test_engine_machine_transactional.py.
+
 Two tiers. The default one holds the bugs the machines find within a few dozen examples whatever
 the seed. The `slow` one holds those they find only after hundreds: a revoke or lost that lands
 while a handler is finishing (the `finish_soon` rule right before `revoke` or `lose`), and
@@ -18,7 +22,8 @@ bound.
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -31,16 +36,20 @@ from tests.property.test_engine_machine import (
     EngineMachine,
     _machine_time,  # noqa: F401
 )
+from tests.property.test_engine_machine_transactional import TransactionalEngineMachine
 
 from weir.budget import Budget
 from weir.engine import Engine
+from weir.exactly_once import ExactlyOnce
 from weir.offsetmap import FinishedMap
 from weir.ownership import PartitionState
 from weir.records import Partition, Record
 from weir.scheduling import Scheduler, _Lane
 from weir.settlement import Settlement
+from weir.starts import Starts
 from weir.tasks import Assignment
 from weir.tracking import BatchProgress
+from weir.transactions import Transactions
 
 Machine = type[RuleBasedStateMachine]
 
@@ -80,9 +89,11 @@ def _caught(machine: Machine, invariant: str, run: settings = FAST) -> None:
 # -- controls ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("machine", [EngineMachine, ConcurrentEngineMachine])
+@pytest.mark.parametrize(
+    "machine", [EngineMachine, ConcurrentEngineMachine, TransactionalEngineMachine]
+)
 def test_unmutated_engine_passes(machine: Machine) -> None:
-    """Control: the engine as it is passes both machines under the default tier's settings."""
+    """Control: the engine as it is passes the machines under the default tier's settings."""
     run_state_machine_as_test(machine, settings=FAST)
 
 
@@ -161,6 +172,75 @@ def test_catches_offset_map_read_off_by_one(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(FinishedMap, "is_finished", is_finished)
     _caught(ConcurrentEngineMachine, r"map skips unhandled")
+
+
+def test_catches_a_refused_output_left_in_its_transaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug: `Transactions._delivered` ignores an output's failed delivery report. librdkafka
+    still fails the commit (measured: tests/contract/test_producer_contract.py), so the
+    transaction aborts, but only at its next boundary: until then the member goes on marking
+    records finished into a transaction that can only abort, work that all runs again.
+    Caught by: a failed write's transaction ends in the turn that reported it (`_check_turn`;
+    the machine's `refuse_output` refuses the last output of a task, so that no later write of
+    the turn gives the error away)."""
+    monkeypatch.setattr(Transactions, "_delivered", lambda self, err, msg: None)
+    _caught(TransactionalEngineMachine, r"a transaction left open after the turn")
+
+
+def _no_engine_rewind(monkeypatch: pytest.MonkeyPatch) -> None:
+    def rewind(self: ExactlyOnce, tps: list[Partition], *, reread: bool = False) -> None:
+        pass  # the bug: the partitions go on from where they were
+
+    monkeypatch.setattr(ExactlyOnce, "rewind", rewind)
+
+
+def _no_starts_rewind(monkeypatch: pytest.MonkeyPatch) -> None:
+    def rewind(self: Starts, tp: Partition, *, reread: bool) -> None:
+        pass  # the bug: reset, but never sought back to the committed offset
+
+    monkeypatch.setattr(Starts, "rewind", rewind)
+
+
+@pytest.mark.parametrize("plant", [_no_engine_rewind, _no_starts_rewind])
+def test_catches_no_rewind_after_an_abort(
+    monkeypatch: pytest.MonkeyPatch, plant: Callable[[pytest.MonkeyPatch], None]
+) -> None:
+    """Bug: after an aborted transaction the owned partitions do not start over from their
+    committed offsets (`ExactlyOnce.rewind` does nothing, or `Starts.rewind` seeks nowhere): the
+    records marked finished in the aborted transaction, whose outputs were aborted, never run
+    again, and the next commit passes them.
+    Caught by: every partition still owned starts over after an abort (`_check_rewound`), and
+    the output topic holds the output of every committed input (`outputs_match_committed_
+    inputs`); when the abort came with a replaced producer, the partitions go on without an
+    open transaction (`a record marked finished without an open transaction`)."""
+    plant(monkeypatch)
+    _caught(
+        TransactionalEngineMachine,
+        r"not rewound after the abort|committed inputs without their output"
+        r"|marked finished without an open transaction",
+    )
+
+
+def test_catches_a_seek_before_the_new_producer_is_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug: while a replaced producer's successor is not ready, partitions are sought (and
+    assigned) at their committed offsets all the same (`Starts` ignores its `ready`): their
+    records run and are marked finished with no transaction open, their outputs dropped, and
+    the commit after the recovery passes them.
+    Caught by: no record is marked finished without an open transaction (the machine's check
+    on every output the member writes), or what follows from it: a committed input without its
+    output, or (when the transaction the old producer left open commits after all) an output
+    of an input that runs again."""
+    init = Starts.__init__
+
+    def eager(self: Starts, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self._ready = lambda: True  # the bug
+
+    monkeypatch.setattr(Starts, "__init__", eager)
+    _caught(
+        TransactionalEngineMachine,
+        r"marked finished without an open transaction|committed inputs without their output"
+        r"|outputs of inputs not committed",
+    )
 
 
 # -- mutants the machines find after hundreds of examples ---------------------------------

@@ -7,20 +7,35 @@ and running `GroupConsumer` on it as the docs show.
 
 from __future__ import annotations
 
+import ast
+import importlib
+import sys
 import threading
 import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from tests.consumer_overrides import Overrides
 from typing_extensions import Unpack
 
-from weir import Context, GroupConsumer, Handler, HandlerError, Partition, Record
+import weir.testing
+from weir import (
+    Context,
+    FailurePolicy,
+    GroupConsumer,
+    Handler,
+    HandlerError,
+    Partition,
+    Record,
+    RetryPolicy,
+)
 from weir.config import ConsumerSettings
-from weir.testing import FakeBroker
+from weir.testing import FakeBroker, FakeConsumer, FakeGroupMetadata
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,8 +60,13 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 def member(
-    broker: FakeBroker, handler: Seen | Handler, **overrides: Unpack[Overrides]
+    broker: FakeBroker,
+    handler: Seen | Handler | Callable[[Record], None],
+    *,
+    producing: bool = False,
+    **overrides: Unpack[Overrides],
 ) -> GroupConsumer:
+    """A member on `broker`; `producing`: its producers too (exactly-once, dead letters)."""
     settings: ConsumerSettings = {
         "bootstrap_servers": "fake:9092",
         "group_id": "billing",
@@ -55,7 +75,12 @@ def member(
         "commit_interval_s": 0.05,
         **overrides,
     }
-    return GroupConsumer(handler, consumer_factory=broker.consumer_factory, **settings)
+    return GroupConsumer(
+        handler,
+        consumer_factory=broker.consumer_factory,
+        producer_factory=broker.producer_factory if producing else None,
+        **settings,
+    )
 
 
 @pytest.mark.parametrize(
@@ -231,6 +256,57 @@ def test_a_broker_consumer_is_configured_like_the_client() -> None:
     assert consumer.consumer_group_metadata().group_id == "g"
 
 
+def test_importing_weir_testing_does_not_import_the_fake() -> None:
+    """weir.testing is a pytest plugin, imported in every run of every project that installs
+    weir: its names resolve lazily. Imported afresh here; the modules this run had loaded are put
+    back afterwards, and those the fresh import loaded dropped (one class per name)."""
+
+    def ours() -> dict[str, ModuleType]:
+        return {n: m for n, m in sys.modules.items() if n.split(".")[:2] == ["weir", "testing"]}
+
+    before = ours()
+    try:
+        for name in before:
+            del sys.modules[name]
+        fresh = importlib.import_module("weir.testing")
+        loaded = set(ours())
+        assert not loaded & {"weir.testing.fake", "weir.testing.fake_broker"}, loaded
+        assert fresh.FakeBroker is importlib.import_module("weir.testing.fake").FakeBroker
+    finally:
+        for name in ours():
+            del sys.modules[name]
+        sys.modules.update(before)
+
+
+def test_no_module_of_weir_testing_imports_itself_through_others() -> None:
+    """Every import counts, at any depth (inside a function, under TYPE_CHECKING): a cycle
+    ties modules together however it is hidden (the fake's consumer and broker modules once
+    imported each other)."""
+    root = Path(weir.testing.__file__).parent
+    names = {f"weir.testing.{path.stem}": path for path in root.glob("*.py")}
+    imports: dict[str, set[str]] = {}
+    for name, path in names.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        imports[name] = found & set(names)
+
+    def cycle_from(name: str, path: list[str]) -> list[str] | None:
+        if name in path:
+            return [*path[path.index(name) :], name]
+        for nxt in sorted(imports[name]):
+            found = cycle_from(nxt, [*path, name])
+            if found:
+                return found
+        return None
+
+    cycles = [c for name in sorted(imports) if (c := cycle_from(name, []))]
+    assert not cycles, f"import cycle: {' -> '.join(cycles[0])}"
+
+
 # -- the examples of docs/testing-without-a-broker.md -----------------------------------------
 
 
@@ -314,3 +390,224 @@ def test_aborted_transactions_are_never_handled() -> None:
         broker.wait_until_committed("billing")
     assert list(seen.count) == [(0, 0)]
     assert broker.committed_offsets("billing") == {("orders", 0): 4}
+
+
+class Enrich(Handler):
+    """What an exactly-once pipeline does: one output per input, in the member's transaction."""
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        ctx.produce("enriched", (record.value or b"") + b"!", record.key)
+
+
+def test_an_exactly_once_member_writes_every_output_once_through_a_refused_write() -> None:
+    broker = FakeBroker()
+    broker.create_topic("orders", partitions=3)
+    broker.create_topic("enriched", partitions=3)
+    for i in range(200):
+        broker.produce("orders", key=f"customer-{i % 7}", value=f"order-{i}")
+    consumer = member(
+        broker,
+        Enrich(),
+        producing=True,
+        transactional_id="enricher-1",
+        transaction_interval_s=0.05,
+    )
+    with consumer:
+        broker.wait_until_committed("billing", timeout=10)
+        (producer,) = broker.producers
+        # The broker refuses the next output: its transaction aborts, its records run again.
+        producer.fail_deliveries(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "too large"))
+        for i in range(200, 400):
+            broker.produce("orders", key=f"customer-{i % 7}", value=f"order-{i}")
+        broker.wait_until_committed("billing", timeout=10)
+    outputs = Counter(m.value() for m in broker.messages("enriched"))  # read_committed
+    assert outputs == Counter(f"order-{i}!".encode() for i in range(400))
+    assert [t.state for t in producer.transactions].count("aborted") >= 1
+    assert producer.conf["transactional.id"] == "enricher-1"
+
+
+def test_a_dead_letter_goes_through_the_fakes_plain_producer() -> None:
+    broker = FakeBroker()
+    broker.create_topic("orders", partitions=1)
+    broker.create_topic("orders.dlq", partitions=1)
+    for value in ["ok", "poison", "ok"]:
+        broker.produce("orders", key="k", value=value)
+
+    def handle(record: Record) -> None:
+        assert record.value != b"poison", "cannot parse"
+
+    policy = FailurePolicy(retry=RetryPolicy(max_attempts=1), final="dead_letter")
+    with member(broker, handle, producing=True, failure=policy):
+        broker.wait_until_committed("billing")
+    (letter,) = broker.messages("orders.dlq")
+    assert (letter.key(), letter.value()) == (b"k", b"poison")
+    assert dict(letter.headers() or [])["weir.dlq.offset"] == b"1"
+    (producer,) = broker.producers
+    assert producer.transactional_id is None and producer.reports[0][0] is None
+
+
+def test_init_transactions_fences_the_older_producer_and_aborts_what_it_left_open() -> None:
+    broker = FakeBroker()
+    broker.create_topic("t", partitions=1)
+    old = broker.producer_factory({"transactional.id": "app-1"})
+    old.init_transactions()
+    old.begin_transaction()
+    old.produce("t", b"zombie", partition=0)
+    new = broker.producer_factory({"transactional.id": "app-1"})
+    new.init_transactions()
+    assert (old.epoch, new.epoch) == (0, 1)
+    assert [t.state for t in old.transactions] == ["aborted"]  # by the coordinator
+    assert broker.messages("t") == [] and broker.end_offsets("t") == {0: 2}
+    with pytest.raises(KafkaException) as caught:
+        old.commit_transaction()
+    assert caught.value.args[0].code() == KafkaError._FENCED and old.state == "fatal"
+
+
+def test_a_faulty_call_fails_before_or_after_it_takes_effect() -> None:
+    broker = FakeBroker()
+    broker.create_topic("t", partitions=1)
+    p = broker.producer_factory({"transactional.id": "app-1"})
+
+    def state() -> str:
+        return p.state
+
+    timed_out = KafkaError(KafkaError._TIMED_OUT, "retry call to resume", retriable=True)
+    p.fail_next("init_transactions", timed_out)
+    with pytest.raises(KafkaException):
+        p.init_transactions()
+    assert state() == "init"  # not applied: call it again
+    p.init_transactions()
+    p.begin_transaction()
+    p.produce("t", b"v", partition=0)
+    # The commit reached the coordinator; its answer did not come back.
+    p.fail_next("commit_transaction", timed_out, applied=True)
+    with pytest.raises(KafkaException):
+        p.commit_transaction()
+    assert [m.value() for m in broker.messages("t")] == [b"v"]
+    p.commit_transaction()  # resumed: it is done
+    assert p.calls[-2:] == ["commit_transaction", "commit_transaction"]
+    assert [t.state for t in p.transactions] == ["committed"]
+
+    abortable = KafkaError(KafkaError.ILLEGAL_GENERATION, "generation", txn_requires_abort=True)
+    p.begin_transaction()
+    p.fail_next("send_offsets_to_transaction", abortable)
+    with pytest.raises(KafkaException):
+        p.send_offsets_to_transaction([TopicPartition("t", 0, 1)], FakeGroupMetadata("g", ""))
+    assert state() == "abortable"
+    with pytest.raises(KafkaException):
+        p.commit_transaction()
+    p.abort_transaction()
+    p.begin_transaction()
+    p.fail_next("produce", BufferError("Local: Queue full"))
+    with pytest.raises(BufferError):
+        p.produce("t", b"w", partition=0)
+    p.fail_next("begin_transaction", KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    p.abort_transaction()
+    with pytest.raises(KafkaException):
+        p.begin_transaction()
+    assert state() == "fatal"
+    with pytest.raises(KafkaException) as caught:
+        p.poll(0)  # the fatal error comes out of the next poll once, as the client's does
+    assert caught.value.args[0].code() == KafkaError._FENCED
+    assert p.poll(0) == 0
+    with pytest.raises(ValueError, match="unknown call"):
+        p.fail_next("commit", timed_out)
+    with pytest.raises(ValueError, match="does not reach the coordinator"):
+        p.hang_next("produce", applied=True)
+
+
+def test_a_hung_call_blocks_until_released_then_goes_on() -> None:
+    broker = FakeBroker()
+    broker.create_topic("t", partitions=1)
+    p = broker.producer_factory({"transactional.id": "app-1"})
+    p.init_transactions()
+    p.begin_transaction()
+    p.produce("t", b"v", partition=0)
+    p.hang_next("commit_transaction")
+    done = threading.Event()
+
+    def commit() -> None:
+        p.commit_transaction(0.1)
+        done.set()
+
+    threading.Thread(target=commit, daemon=True).start()
+    wait_until(lambda: p.hanging == 1)
+    assert not done.wait(0.2)  # whatever its timeout
+    assert broker.messages("t") == []  # not applied: nothing committed yet
+    p.release()
+    assert done.wait(5) and p.hanging == 0 and p.hangs == 1
+    assert [m.value() for m in broker.messages("t")] == [b"v"]
+    # Applied: the coordinator committed before the call hung; the caller never hears of it.
+    p.begin_transaction()
+    p.produce("t", b"w", partition=0)
+    p.hang_next("commit_transaction", applied=True)
+    threading.Thread(target=p.commit_transaction, daemon=True).start()
+    wait_until(lambda: p.hanging == 1)
+    assert [m.value() for m in broker.messages("t")] == [b"v", b"w"]
+    p.release()
+    wait_until(lambda: p.state == "ready")
+
+
+def test_an_expired_member_can_no_longer_send_offsets_to_a_transaction() -> None:
+    broker = FakeBroker()
+    broker.create_topic("t", partitions=1)
+    zombie = broker.consumer_factory({"group.id": "g", "auto.offset.reset": "earliest"})
+    zombie.subscribe(["t"])
+    zombie.consume(10, 0)
+    meta = zombie.consumer_group_metadata()
+    assert meta.generation >= 1
+    p = broker.producer_factory({"transactional.id": "app-1"})
+    p.init_transactions()
+    p.begin_transaction()
+    broker.expire(zombie)
+    with pytest.raises(KafkaException) as caught:
+        p.send_offsets_to_transaction([TopicPartition("t", 0, 1)], meta)
+    err = caught.value.args[0]
+    assert (err.code(), err.txn_requires_abort()) == (KafkaError.UNKNOWN_MEMBER_ID, True)
+
+
+def test_a_topics_max_message_bytes_refuses_larger_records() -> None:
+    broker = FakeBroker()
+    broker.create_topic("small", config={"max.message.bytes": "10"})
+    broker.produce("small", key="k", value="123456789")
+    with pytest.raises(KafkaException) as caught:
+        broker.produce("small", key="k", value="1234567890")
+    assert caught.value.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    with pytest.raises(ValueError, match=r"only max\.message\.bytes"):
+        broker.create_topic("other", config={"retention.ms": "1000"})
+    with pytest.raises(ValueError, match="positive integer"):
+        broker.create_topic("other", config={"max.message.bytes": "-1"})
+
+
+def test_a_restarted_scripted_consumer_finds_what_the_last_one_left() -> None:
+    fake = FakeConsumer()
+    fake.produce_many("t", 0, range(3))
+    fake.given_committed({("t", 0): 2})
+    again = fake.restarted()
+    assert again is not fake and dict(again.committed) == {("t", 0): 2}
+    again.produce("t", 0)
+    assert fake._broker.end_offsets("t") == {0: 4}
+    with pytest.raises(RuntimeError, match="scripted"):
+        FakeBroker().consumer_factory({"group.id": "g"}).restarted()
+
+
+def test_a_plain_producer_reports_each_record_and_refuses_the_planned_ones() -> None:
+    broker = FakeBroker()
+    broker.create_topic("t")
+    p = broker.producer_factory({"enable.idempotence": True})
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    p.fail_deliveries(too_large, after=2)  # the third record from now
+    for value in (b"a", b"b", b"c", b"d"):
+        p.produce("t", value, partition=0)
+    assert len(p) == 4  # reports wait for a poll or flush
+    assert p.flush(1) == 0 and len(p) == 0
+    assert [(err and err.code(), msg.value()) for err, msg in p.reports] == [
+        (None, b"a"),
+        (None, b"b"),
+        (KafkaError.MSG_SIZE_TOO_LARGE, b"c"),
+        (None, b"d"),
+    ]
+    assert [m.value() for m in broker.messages("t")] == [b"a", b"b", b"d"]
+    with pytest.raises(KafkaException) as caught:
+        p.begin_transaction()
+    assert caught.value.args[0].code() == KafkaError._NOT_CONFIGURED

@@ -1,6 +1,6 @@
 """Test harness: an embedded broker/cluster, broker providers, pytest fixtures, and an in-memory
-fake of Kafka (``FakeBroker`` and ``FakeConsumer`` in ``weir.testing.fake``) for tests without a
-JVM.
+fake of Kafka (``FakeBroker``, ``FakeConsumer`` and ``FakeProducer`` in ``weir.testing.fake``) for
+tests without a JVM.
 
 Importing this package starts nothing and imports almost nothing: the pytest plugin lives here and
 is loaded in every pytest run of every project that installs weir, so names resolve lazily.
@@ -29,14 +29,10 @@ if TYPE_CHECKING:
         WorkdirInUseError,
     )
     from weir.testing.events import capture_events
-    from weir.testing.fake import (
-        CommitCall,
-        CommittedOffsets,
-        FakeConsumer,
-        FakeGroupMetadata,
-        ScriptedEvent,
-    )
-    from weir.testing.fake_broker import FakeBroker, FakeMessage, FakeTransaction
+    from weir.testing.fake_broker import FakeBroker
+    from weir.testing.fake_cluster import FakeGroupMetadata, FakeMessage, FakeTransaction
+    from weir.testing.fake_consumer import CommitCall, CommittedOffsets, FakeConsumer, ScriptedEvent
+    from weir.testing.fake_producer import FakeProducer
     from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars
     from weir.testing.providers import (
         BrokerProvider,
@@ -61,14 +57,15 @@ _WHERE = {
     "PortInUseError": "errors",
     "WorkdirError": "errors",
     "WorkdirInUseError": "errors",
-    "CommitCall": "fake",
-    "CommittedOffsets": "fake",
+    "CommitCall": "fake_consumer",
+    "CommittedOffsets": "fake_consumer",
     "FakeBroker": "fake_broker",
-    "FakeConsumer": "fake",
-    "FakeTransaction": "fake_broker",
-    "FakeGroupMetadata": "fake",
-    "FakeMessage": "fake_broker",
-    "ScriptedEvent": "fake",
+    "FakeConsumer": "fake_consumer",
+    "FakeTransaction": "fake_cluster",
+    "FakeGroupMetadata": "fake_cluster",
+    "FakeMessage": "fake_cluster",
+    "FakeProducer": "fake_producer",
+    "ScriptedEvent": "fake_consumer",
     "KAFKA_VERSION": "jars",
     "ensure_kafka_jars": "jars",
     "capture_events": "events",
@@ -96,6 +93,7 @@ __all__ = [
     "FakeConsumer",
     "FakeGroupMetadata",
     "FakeMessage",
+    "FakeProducer",
     "FakeTransaction",
     "HarnessError",
     "JavaNotFoundError",
