@@ -94,7 +94,7 @@ from weir import (
     Record,
     RetryPolicy,
 )
-from weir.scheduling import Ordering
+from weir.records import Ordering
 
 # Targets from the issue.
 NOOP_TARGET = 0.30  # of the raw loop

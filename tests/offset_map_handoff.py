@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from weir._engine.replay import ReplayMaps
+from weir._engine.tracking import PartitionProgress
 from weir.offsetmap import DEFAULT_MAX_BYTES, NoMap, decode_finished
 from weir.records import Partition
-from weir.replay import ReplayMaps
-from weir.tracking import PartitionProgress
 
 TP = Partition("t", 0)
 

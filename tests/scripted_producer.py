@@ -11,7 +11,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from weir.client import DeliveryCallback
+from weir._engine.client import DeliveryCallback
 
 # What a scripted call does: None returns, an exception is raised, HANG blocks until released
 # (ignoring its timeout, as librdkafka's transactional calls were seen to on a broker restart),

@@ -1,6 +1,8 @@
 """kafka-weir: consume from Kafka with worker threads and never lose or skip a record."""
 
-from weir.committing import CommitEvent
+from weir._engine.committing import CommitEvent
+from weir._engine.lifecycle import State
+from weir._engine.tracking import BatchProgress, PartitionProgress
 from weir.config import ConsumerConfig, ConsumerSettings, FlowConfig
 from weir.consumer import GroupConsumer
 from weir.errors import (
@@ -21,11 +23,9 @@ from weir.errors import (
     WeirError,
 )
 from weir.health import Health
-from weir.lifecycle import State
 from weir.policy import FailurePolicy, RetryPolicy
 from weir.records import Context, Handler, Partition, Record
 from weir.stats import ConsumerStats, LatencyHistogram, PartitionStats
-from weir.tracking import BatchProgress, PartitionProgress
 
 __all__ = [
     "AuthenticationError",

@@ -34,6 +34,7 @@ from weir._secrets import SENSITIVE_KEYS, is_secret_key, mask_secrets, masked, w
 from weir._topics import topic_name_problem, topic_problem
 from weir._unknown_settings import RENAMED, suggest, with_suggestions
 from weir.policy import FailurePolicy
+from weir.records import Ordering
 
 __all__ = [
     "SENSITIVE_KEYS",
@@ -211,7 +212,7 @@ class ConsumerConfig(BaseModel):
         "([below](#topics-and-regular-expressions)).",
     )
 
-    ordering: Literal["key", "partition", "unordered"] = Field(
+    ordering: Ordering = Field(
         "key",
         description="What runs one record at a time, in offset order: a key's records, a "
         "partition's, or none ([workers-and-ordering.md](workers-and-ordering.md)).",
@@ -797,7 +798,7 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "bootstrap_servers": Required[str],
         "group_id": Required[str],
         "topics": Required[list[str]],
-        "ordering": Literal["key", "partition", "unordered"],
+        "ordering": Ordering,
         "workers": int,
         "max_in_flight": int,
         "group_protocol": Literal["classic", "consumer"],

@@ -2,7 +2,7 @@
 
 It validates the configuration and owns the lifecycle (run, start, stop, join, signals, context
 manager). Everything it shares with its engine goes through one `Lifecycle` object; the
-owner-thread engine itself lives in `weir.engine`.
+owner-thread engine itself lives in `weir._engine.engine`.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from typing import Any, overload
 from confluent_kafka import Consumer
 from typing_extensions import Unpack
 
-from weir.client import ClientFactory, ProducerFactory
-from weir.committing import CommitEvent
+from weir._engine.client import ClientFactory, ProducerFactory
+from weir._engine.committing import CommitEvent
+from weir._engine.engine import Engine
+from weir._engine.lifecycle import Lifecycle, State
 from weir.config import ConsumerConfig, ConsumerSettings, for_async_handler
-from weir.engine import Engine
 from weir.fencing.base import Fence
 from weir.health import Health, check
-from weir.lifecycle import Lifecycle, State
 from weir.logs import get_logger
 from weir.records import Handler, Partition, Record, as_handler, is_async_handler
 from weir.serde import AsyncDeserializingHandler, Deserializers, DeserializingHandler

@@ -1,9 +1,8 @@
 """Exceptions raised by weir: every one of its errors is defined here, once.
 
 The modules that raise them import them from here; the documented import paths elsewhere
-(`weir`, `weir.policy.NonRetryable`, `weir.deadletter.DeadLetterError`, `weir.fencing`'s,
-`weir.lag`'s, `weir.transactions.TransactionError`) name these same classes. The test harness's
-own errors (no Java, a broker that did not start, ...) are in `weir.testing.errors`.
+(`weir`, `weir.policy.NonRetryable`, `weir.fencing`'s, `weir.lag`'s) name these same classes. The
+test harness's own errors (no Java, a broker that did not start, ...) are in `weir.testing.errors`.
 """
 
 from __future__ import annotations

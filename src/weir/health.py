@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from weir.lifecycle import Lifecycle, State
+from weir._engine.lifecycle import Lifecycle, State
 from weir.records import Partition
 from weir.stats import ConsumerStats
 

@@ -11,7 +11,7 @@ issue 5040: its OffsetFetch handler asks the client's consumer-group object, whi
 has not, to look the coordinator up again). The consumer's own fetch retries that.
 Every call takes one deadline for all its requests: a broker that does not answer costs the
 caller ``timeout`` seconds, not one timeout per request. A broker that refuses the client's
-credentials or TLS (`weir.refusals`) ends the call as soon as no broker is left to try, with
+credentials or TLS (`weir._engine.refusals`) ends the call as soon as no broker is left to try, with
 ``AuthenticationError`` or ``TlsError``, when the admin client was made by ``admin_client``:
 the client reports those only to its error callback, while its requests just time out.
 
@@ -199,7 +199,7 @@ class _Deadline:
         return refused if refused is not None else _unreachable(self.timeout, reason)
 
     def refused(self) -> BrokerRefusedError | None:
-        from weir.refusals import refusal_error, startup_refusal
+        from weir._engine.refusals import refusal_error, startup_refusal
 
         if self._admin is not None:
             self._admin.poll(0)  # serves the error callback

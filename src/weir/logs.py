@@ -153,10 +153,18 @@ class Logger(structlog.stdlib.BoundLogger):
         self._logger.log(level, *call_args, stacklevel=_STACKLEVEL, **call_kw)
 
 
+def logger_name(module: str) -> str:
+    """The stdlib logger a weir module logs to: its own name, except that the engine's private
+    modules log under their public names (`weir._engine.failures` as `weir.failures`: the names
+    docs/logging.md lists, and applications configure)."""
+    private = "weir._engine."
+    return "weir." + module[len(private) :] if module.startswith(private) else module
+
+
 def get_logger(name: str) -> Logger:
-    """The logger of weir module `name`: structlog events on the stdlib logger `name`, built
-    without structlog's global configuration (weir neither reads nor changes it)."""
-    return Logger(logging.getLogger(name), _PROCESSORS, {})
+    """The logger of weir module `name` (`logger_name`): structlog events on the stdlib logger,
+    built without structlog's global configuration (weir neither reads nor changes it)."""
+    return Logger(logging.getLogger(logger_name(name)), _PROCESSORS, {})
 
 
 # -- repeated occurrences ------------------------------------------------------------------------

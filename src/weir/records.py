@@ -7,12 +7,15 @@ import operator
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 from typing_extensions import Self
 
-__all__ = ["Context", "Handler", "HandlerFunc", "Partition", "Record"]
+__all__ = ["Context", "Handler", "HandlerFunc", "Ordering", "Partition", "Record"]
+
+Ordering = Literal["key", "partition", "unordered"]
+"""What may run at once within a partition (docs/workers-and-ordering.md)."""
 
 
 class Partition(NamedTuple):
@@ -84,7 +87,7 @@ class Record:
     """
 
     # Private slots behind read-only properties: a plain slot store is what makes building a
-    # record cheap (`weir.intake` builds them without calling `__init__`), and no
+    # record cheap (`weir._engine.intake` builds them without calling `__init__`), and no
     # `__setattr__` override is needed to keep the public fields read-only.
     __slots__ = (
         "_dkey",

@@ -116,7 +116,7 @@ class DeserializingHandler(Handler):
         handle: Callable[[Record, Context], object] = self.inner.handle
         result = handle(record, ctx)
         if result is not None:
-            from weir.workers import _refuse_awaitable
+            from weir._engine.workers import _refuse_awaitable
 
             _refuse_awaitable(handle, result)
 

@@ -1,10 +1,10 @@
 """Read-only snapshots of the engine's state, published by the owner thread.
 
 A snapshot is built on the owner thread and swapped in whole, so other threads read a consistent
-object without touching engine state. The words follow the budget's vocabulary (`weir.budget`):
-*throttled* (polls take one record at a time) and *paused* (the client stops fetching a
-partition, with a reason). docs/observability.md says what each number means, how it is measured
-and what is sampled.
+object without touching engine state. The words follow the budget's vocabulary
+(`weir._engine.budget`): *throttled* (polls take one record at a time) and *paused* (the client
+stops fetching a partition, with a reason). docs/observability.md says what each number means, how
+it is measured and what is sampled.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class PartitionStats:
     paused: bool
     """The client is not fetching this partition (see `pause_reason`)."""
     pause_reason: PauseReason | None = None
-    """Why (`weir.fetching`): the first of these that holds it."""
+    """Why (`weir._engine.fetching`): the first of these that holds it."""
     read_ahead: int = 0
     """Records read ahead of the partition's share of the budget (flow-control.md): registered,
     so the watermark waits for them, but not yet in the lanes."""

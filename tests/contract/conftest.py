@@ -2,9 +2,9 @@
 broker (the embedded one from the weir pytest plugin).
 
 Every test in this directory takes the `backend` fixture and runs once per backend, through the
-`weir.client.ConsumerClient` and `weir.client.TransactionalProducer` protocols only. On the real
-broker conditions arrive asynchronously, so tests wait with `pump()`, which polls members until a
-condition holds or a deadline passes; on the fake the same loop ends at once.
+`weir._engine.client.ConsumerClient` and `weir._engine.client.TransactionalProducer` protocols only.
+On the real broker conditions arrive asynchronously, so tests wait with `pump()`, which polls
+members until a condition holds or a deadline passes; on the fake the same loop ends at once.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from weir.client import ConsumerClient, KafkaMessage, TransactionalProducer
+from weir._engine.client import ConsumerClient, KafkaMessage, TransactionalProducer
 from weir.testing.fake import FakeBroker, FakeConsumer
 
 TP = tuple[str, int]

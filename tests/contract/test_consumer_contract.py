@@ -1,6 +1,6 @@
 """The client contract weir relies on, checked on a real broker and on `weir.testing.FakeBroker`.
 
-Each test runs twice (`backend` is `fake` or `real`) through `weir.client.ConsumerClient`.
+Each test runs twice (`backend` is `fake` or `real`) through `weir._engine.client.ConsumerClient`.
 A test that passes on the real broker and fails on the fake is a bug in the fake.
 """
 

@@ -1,9 +1,9 @@
 """The producer contract weir's exactly-once mode relies on, checked on a real broker and on
 `weir.testing.FakeBroker`'s `FakeProducer`.
 
-Each test runs twice (`backend` is `fake` or `real`) through `weir.client.TransactionalProducer`
-and `weir.client.ConsumerClient`. A test that passes on the real broker and fails on the fake is
-a bug in the fake.
+Each test runs twice (`backend` is `fake` or `real`) through
+`weir._engine.client.TransactionalProducer` and `weir._engine.client.ConsumerClient`. A test that
+passes on the real broker and fails on the fake is a bug in the fake.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tests.contract.conftest import (
     pump,
     txn_id,
 )
-from weir.client import ConsumerClient, TransactionalProducer
+from weir._engine.client import ConsumerClient, TransactionalProducer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,7 @@ from typing_extensions import Unpack
 
 from tests.consumer_overrides import Overrides
 from weir import GroupConsumer, Handler, Record
-from weir.client import ClientFactory
+from weir._engine.client import ClientFactory
 from weir.config import ConsumerSettings
 
 

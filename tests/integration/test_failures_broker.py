@@ -38,7 +38,7 @@ from weir import (
     Record,
     RetryPolicy,
 )
-from weir.deadletter import HEADERS
+from weir._engine.deadletter import HEADERS
 from weir.serde import json_deserializer, pydantic_deserializer
 from weir.testing.pytest_plugin import (
     ConsumedRecord,

@@ -184,7 +184,7 @@ def test_a_graceful_stop_in_key_mode_leaves_nothing_finished_to_rehandle(
     assert twice == set(), f"{len(twice)} finished records handled again"
     assert handled_by_m2 == sorted(queued)  # k0 in order, and nothing else
     assert _offsets(evs, "m1", "abandoned") == [100]
-    # The new group's start (weir.starts), then the shutdown's commit, the only other one.
+    # The new group's start (weir._engine.starts), then the shutdown's commit, the only other one.
     assert _committed_by(evs, "m1") == [0, 100]
     # The shutdown's map lists exactly what m1 finished above the committed offset.
     assert _finished_in(offset, metadata) == {o for o in done_by_m1 if o > 100}

@@ -4,8 +4,8 @@ and failing handlers, revoke, lost, re-assign and crash/restart, under every ord
 The engine runs on the test thread: `Engine.step()` is one turn of the owner loop, the client is
 the in-memory fake, and the workers are `ManualWorkers`, which run a task only when a rule says
 so (all at once, or taken now and finished later: a slow handler). Half the runs use them as
-*concurrent* workers, the model of async handlers (`weir.aio`): a task's lanes run at once, and
-`progress_task` finishes any records whose calls are under way, in any order, reporting them
+*concurrent* workers, the model of async handlers (`weir._engine.aio`): a task's lanes run at once,
+and `progress_task` finishes any records whose calls are under way, in any order, reporting them
 in `Task.done` with a `Progress` notice, so lanes are freed while the task still runs. After
 every step the invariants below are checked; a crash drops the engine without a shutdown and
 starts a new one from what the fake broker committed, as a restarted process would.
@@ -36,19 +36,19 @@ from hypothesis.stateful import (
     rule,
 )
 
-from weir import bounded as bounded_module
-from weir import settlement as settlement_module
-from weir import transactions as transactions_module
+from weir._engine import bounded as bounded_module
+from weir._engine import settlement as settlement_module
+from weir._engine import transactions as transactions_module
+from weir._engine.engine import Engine
+from weir._engine.lifecycle import Lifecycle
+from weir._engine.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
+from weir._engine.workers import Progress
 from weir.config import ConsumerConfig
-from weir.engine import Engine
 from weir.errors import HandlerError
-from weir.lifecycle import Lifecycle
 from weir.policy import FailurePolicy, RetryPolicy
 from weir.records import Context, Handler, Partition, Record
-from weir.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
 from weir.testing.clock import ManualClock
 from weir.testing.fake import FakeConsumer, FakeProducer
-from weir.workers import Progress
 
 TOPIC = "t"
 PARTITIONS = 3
@@ -75,8 +75,8 @@ def _sleep(seconds: float) -> None:
         time.sleep(seconds)
 
 
-# The waits for a transactional producer's calls are real ones in weir (`weir.bounded`): in the
-# machine they read its clock too.
+# The waits for a transactional producer's calls are real ones in weir (`weir._engine.bounded`): in
+# the machine they read its clock too.
 _TIME = type(
     "_Time",
     (),
@@ -111,8 +111,8 @@ HANGS = _Hangs()
 
 
 class _CallDone(threading.Event):
-    """What `weir.bounded` waits on for a call running on a thread of its own, in machine time:
-    the wait lasts (in real time) until the call returns or a fake producer's call begins to
+    """What `weir._engine.bounded` waits on for a call running on a thread of its own, in machine
+    time: the wait lasts (in real time) until the call returns or a fake producer's call begins to
     hang; a hang lets the wait's whole timeout pass on the machine's clock at once, so the call
     is abandoned at its deadline, deterministically and without waiting for it."""
 
@@ -299,7 +299,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.logs[(TOPIC, i % PARTITIONS)].append((i // PARTITIONS, key, False))
         # The group committed the start of every partition but the first before (a group that
         # ran before); the first has nothing committed, so its start goes through the reset
-        # path (`weir.starts`: resolved, committed, then sought) under every rule.
+        # path (`weir._engine.starts`: resolved, committed, then sought) under every rule.
         self._incarnate({(TOPIC, p): 0 for p in range(1, PARTITIONS)})
         self.assign(ps)
 

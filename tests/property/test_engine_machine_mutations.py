@@ -38,18 +38,18 @@ from tests.property.test_engine_machine import (
 )
 from tests.property.test_engine_machine_transactional import TransactionalEngineMachine
 
-from weir.budget import Budget
-from weir.engine import Engine
-from weir.exactly_once import ExactlyOnce
+from weir._engine.budget import Budget
+from weir._engine.engine import Engine
+from weir._engine.exactly_once import ExactlyOnce
+from weir._engine.ownership import PartitionState
+from weir._engine.scheduling import Scheduler, _Lane
+from weir._engine.settlement import Settlement
+from weir._engine.starts import Starts
+from weir._engine.tasks import Assignment
+from weir._engine.tracking import BatchProgress
+from weir._engine.transactions import Transactions
 from weir.offsetmap import FinishedMap
-from weir.ownership import PartitionState
 from weir.records import Partition, Record
-from weir.scheduling import Scheduler, _Lane
-from weir.settlement import Settlement
-from weir.starts import Starts
-from weir.tasks import Assignment
-from weir.tracking import BatchProgress
-from weir.transactions import Transactions
 
 Machine = type[RuleBasedStateMachine]
 

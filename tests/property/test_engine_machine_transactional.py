@@ -46,12 +46,12 @@ from tests.property.test_engine_machine import (
     _Unused,
 )
 
+from weir._engine.engine import Engine
+from weir._engine.tasks import Assignment, Task
 from weir.config import ConsumerConfig
-from weir.engine import Engine
 from weir.errors import TransactionError
 from weir.offsetmap import FinishedMap, decode_finished
 from weir.records import Output, Partition
-from weir.tasks import Assignment, Task
 from weir.testing.fake import FakeConsumer, FakeProducer, FakeTransaction
 
 OUT = "out"

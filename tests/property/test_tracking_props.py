@@ -17,9 +17,9 @@ from hypothesis.stateful import (
 )
 from tests.offset_map_handoff import skipped_by_next_owner
 
-from weir.committing import Committer
+from weir._engine.committing import Committer
+from weir._engine.tracking import BatchProgress, PartitionProgress
 from weir.records import Partition
-from weir.tracking import BatchProgress, PartitionProgress
 
 # Derandomized: the same examples on every run and every machine, so a red run is reproducible
 # and CI never flakes.

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weir.budget import Budget
+from weir._engine.budget import Budget
+from weir._engine.scheduling import Scheduler
+from weir._engine.tasks import Assignment, Task
+from weir._engine.tracking import BatchProgress
 from weir.config import ConsumerConfig, FlowConfig
 from weir.records import Partition, Record
-from weir.scheduling import Scheduler
-from weir.tasks import Assignment, Task
-from weir.tracking import BatchProgress
 
 MiB = 1024 * 1024
 TOPIC = "t"

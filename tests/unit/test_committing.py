@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from weir.committing import CommitEvent, Committer
+from weir._engine.committing import CommitEvent, Committer
 from weir.records import Partition
 
 P0 = Partition("t", 0)

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from weir import ConsumerConfig, FlowConfig, GroupConsumer
-from weir.client import ConsumerClient
+from weir._engine.client import ConsumerClient
 
 BASE: dict[str, Any] = {"bootstrap_servers": "broker:9092", "group_id": "g", "topics": ["t"]}
 SECRET = "hunter2-S3CRET-value"

@@ -40,11 +40,11 @@ from weir import (
     RetryPolicy,
     State,
 )
-from weir import settlement as settlement_module
+from weir._engine import settlement as settlement_module
+from weir._engine.engine import Engine
+from weir._engine.lifecycle import Lifecycle
+from weir._engine.scheduling import Ordering
 from weir.config import ConsumerSettings
-from weir.engine import Engine
-from weir.lifecycle import Lifecycle
-from weir.scheduling import Ordering
 from weir.testing.fake import FakeConsumer, FakeMessage
 
 pytestmark = pytest.mark.timeout(60)
@@ -211,7 +211,7 @@ class Launch(Protocol):
     """Starts a member on `fake` with SETTINGS and `overrides`; stopped after the test. The
     group has committed the first offset of every partition produced to so far (a group that
     ran before): the commits a test sees are its member's, not a new group's start commits
-    (`weir.starts`, tested in test_starts.py)."""
+    (`weir._engine.starts`, tested in test_starts.py)."""
 
     def __call__(
         self,

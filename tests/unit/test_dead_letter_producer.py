@@ -15,8 +15,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import ConfigEntry
 
 from weir import FailurePolicy, Record
+from weir._engine.deadletter import DeadLetterError, DeadLetters, WriteFailure, header_room
 from weir.config import ConsumerConfig
-from weir.deadletter import DeadLetterError, DeadLetters, WriteFailure, header_room
 from weir.logs import ClientLog, Repeats
 
 pytestmark = pytest.mark.timeout(30)

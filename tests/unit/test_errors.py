@@ -17,7 +17,7 @@ from weir.testing.errors import BrokerStartError, PostgresStartError
 # Private signals that never leave their module (or, for CallAbandoned, the two engine modules
 # that bound a client call), so no caller ever catches them.
 INTERNAL = {
-    ("weir.bounded", "CallAbandoned"),
+    ("weir._engine.bounded", "CallAbandoned"),
     ("weir.cli", "_UsageError"),
     ("weir.fencing.sqlite", "_Replay"),
     ("weir.offsetmap", "_Corrupt"),
@@ -65,11 +65,9 @@ def test_each_concept_has_one_class() -> None:
         ("weir", "DeadLetterError"),
         ("weir", "TransactionError"),
         ("weir.policy", "NonRetryable"),
-        ("weir.deadletter", "DeadLetterError"),
-        ("weir.transactions", "TransactionError"),
         ("weir.fencing", "FenceUnavailableError"),
         ("weir.fencing", "NoEpochError"),
-        ("weir.workers", "AwaitableReturned"),
+        ("weir.errors", "AwaitableReturned"),
         ("weir.lag", "LagError"),
         ("weir.lag", "GroupNotFoundError"),
         ("weir.lag", "TopicNotFoundError"),

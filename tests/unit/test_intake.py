@@ -21,7 +21,7 @@ from confluent_kafka import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weir.intake import Run, runs_of
+from weir._engine.intake import Run, runs_of
 from weir.records import Record
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from weir.logs import logger_name
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 DOC = ROOT / "docs" / "logging.md"
@@ -40,7 +42,7 @@ def event_names(node: ast.expr, where: str) -> list[str]:
 def source_events() -> dict[str, Event]:
     events: dict[str, Event] = {}
     for path in sorted((SRC / "weir").rglob("*.py")):
-        module = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        module = logger_name(".".join(path.relative_to(SRC).with_suffix("").parts))
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not (
                 isinstance(node, ast.Call)

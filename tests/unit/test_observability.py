@@ -22,17 +22,17 @@ from tests.logged import events
 from tests.waiting import wait_until
 
 from weir import ConsumerConfig, GroupConsumer, Partition, Record
-from weir.committing import CommitEvent
-from weir.engine import Engine
+from weir._engine.committing import CommitEvent
+from weir._engine.engine import Engine
+from weir._engine.lifecycle import Lifecycle, State
+from weir._engine.metrics import Histogram, Metrics, PartitionMetrics
+from weir._engine.tasks import Assignment, Task
+from weir._engine.tracking import PartitionProgress
+from weir._engine.watermarks import WatermarkRefresher
 from weir.health import check
-from weir.lifecycle import Lifecycle, State
-from weir.metrics import Histogram, Metrics, PartitionMetrics
 from weir.records import as_handler
 from weir.stats import BUCKETS, EMPTY, ConsumerStats, LatencyHistogram, PartitionStats
-from weir.tasks import Assignment, Task
 from weir.testing.fake import FakeConsumer
-from weir.tracking import PartitionProgress
-from weir.watermarks import WatermarkRefresher
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 from tests.waiting import wait_until
 
 from weir import AuthenticationError, BrokerUnreachableError, GroupConsumer, TlsError
-from weir.refusals import Refusal, explain, refusal_of, startup_refusal
+from weir._engine.refusals import Refusal, explain, refusal_of, startup_refusal
 from weir.testing.fake import FakeConsumer
 
 AUTH = (

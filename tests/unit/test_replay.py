@@ -22,14 +22,14 @@ from tests.waiting import wait_until
 from typing_extensions import Unpack
 
 from weir import Context, FlowConfig, GroupConsumer, Handler, Record
-from weir import scheduling as scheduling_module
+from weir._engine import scheduling as scheduling_module
+from weir._engine.replay import ReplayMaps
+from weir._engine.tracking import PartitionProgress
 from weir.config import ConsumerSettings
 from weir.offsetmap import Encoded, FinishedMap, decode_finished, encode_finished
 from weir.records import Partition
-from weir.replay import ReplayMaps
 from weir.testing.fake import FakeConsumer
 from weir.testing.fake_broker import FakeBroker
-from weir.tracking import PartitionProgress
 
 pytestmark = pytest.mark.timeout(60)
 

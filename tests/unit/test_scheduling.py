@@ -26,12 +26,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weir import scheduling
+from weir._engine import scheduling
+from weir._engine.scheduling import (
+    _FIRST_GUESS,
+    _MAX_TASK,
+    _TASK_SECONDS,
+    Ordering,
+    Scheduler,
+    lane_of,
+)
+from weir._engine.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
+from weir._engine.tracking import BatchProgress
+from weir._engine.workers import ThreadWorkers
 from weir.records import Context, Handler, Partition, Record, as_handler
-from weir.scheduling import _FIRST_GUESS, _MAX_TASK, _TASK_SECONDS, Ordering, Scheduler, lane_of
-from weir.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
-from weir.tracking import BatchProgress
-from weir.workers import ThreadWorkers
 
 WAIT = 5.0
 

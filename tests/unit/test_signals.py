@@ -13,7 +13,7 @@ import pytest
 from tests.scripted_producer import NativeHang, Producers, Scripted
 
 from weir import Context, GroupConsumer, Handler, Record
-from weir.lifecycle import State
+from weir._engine.lifecycle import State
 from weir.testing.fake import FakeConsumer
 
 TOPIC = "t"

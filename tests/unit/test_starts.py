@@ -1,4 +1,4 @@
-"""Where a new partition starts (`weir.starts`), on the fake: every partition at an explicit
+"""Where a new partition starts (`weir._engine.starts`), on the fake: every partition at an explicit
 offset, the reset position of a partition with nothing committed committed before its first
 record, and committed offsets that could not be read read again from the loop."""
 

@@ -1,4 +1,4 @@
-"""`weir.transactions` on scripted producers: what a boundary does when the coordinator is
+"""`weir._engine.transactions` on scripted producers: what a boundary does when the coordinator is
 slow, gone, or fenced the producer, and that no call keeps the owner past weir's deadline."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from tests.scripted_producer import (
     transport,
 )
 
-import weir.transactions as transactions_module
+import weir._engine.transactions as transactions_module
 from weir import ConsumerConfig, TransactionError
+from weir._engine.transactions import Outcome, Transactions
 from weir.records import Output, Partition
-from weir.transactions import Outcome, Transactions
 
 OFFSETS = {Partition("t", 0): 5}
 

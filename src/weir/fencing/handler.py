@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from weir.committing import CommitEvent
+from weir._engine.committing import CommitEvent
 from weir.errors import FenceUnavailableError, NoEpochError
 from weir.fencing.base import Fence, check_group, check_seconds
 from weir.logs import get_logger

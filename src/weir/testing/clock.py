@@ -6,8 +6,8 @@ __all__ = ["ManualClock"]
 
 
 class ManualClock:
-    """`weir.clock.Clock` for tests: the time is `now`, which `advance` moves, and every reading
-    adds `tick` (a small tick lets every wait the engine loops on end, and a run is the same
+    """`weir._engine.clock.Clock` for tests: the time is `now`, which `advance` moves, and every
+    reading adds `tick` (a small tick lets every wait the engine loops on end, and a run is the same
     every time it is replayed)."""
 
     def __init__(self, start: float = 1000.0, *, tick: float = 0.0) -> None:

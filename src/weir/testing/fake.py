@@ -1,8 +1,9 @@
 """In-memory Kafka for tests without a JVM: `FakeBroker`, `FakeConsumer` and `FakeProducer`.
 
-`FakeConsumer` satisfies `weir.client.ConsumerClient` and `FakeProducer`
-`weir.client.TransactionalProducer` (mypy checks both in their modules, as `weir.client` checks
-the real clients), so `GroupConsumer` runs on them unchanged. The consumer comes in two modes:
+`FakeConsumer` satisfies `weir._engine.client.ConsumerClient` and `FakeProducer`
+`weir._engine.client.TransactionalProducer` (mypy checks both in their modules, as
+`weir._engine.client` checks the real clients), so `GroupConsumer` runs on them unchanged. The
+consumer comes in two modes:
 
 **Group mode** — consumers made by `FakeBroker.consumer_factory` share one in-memory broker:
 topics with partitioned logs, consumer groups whose members are assigned partitions when they

@@ -58,9 +58,10 @@ class FakeBroker(Cluster):
 
 
 if TYPE_CHECKING:
-    from weir.client import ClientFactory, ProducerFactory, TransactionalProducerFactory
+    from weir._engine.client import ClientFactory, ProducerFactory, TransactionalProducerFactory
 
-    # mypy proves the factories fit where GroupConsumer takes the real clients' (weir.client).
+    # mypy proves the factories fit where GroupConsumer takes the real clients'
+    # (weir._engine.client).
     _broker_factory: ClientFactory = FakeBroker().consumer_factory
     _producer_factory: ProducerFactory = FakeBroker().producer_factory
     _transactional_factory: TransactionalProducerFactory = FakeBroker().producer_factory

@@ -1,8 +1,8 @@
 """`FakeConsumer`: the fake Kafka consumer, scripted or a member of a `FakeBroker`'s groups.
 
-It satisfies `weir.client.ConsumerClient` (mypy checks it at the end of this module, as
-`weir.client` checks `confluent_kafka.Consumer`), so `GroupConsumer` runs on it unchanged; its
-state is a `weir.testing.fake_cluster.Cluster`'s. `weir.testing.fake` has the whole picture.
+It satisfies `weir._engine.client.ConsumerClient` (mypy checks it at the end of this module, as
+`weir._engine.client` checks `confluent_kafka.Consumer`), so `GroupConsumer` runs on it unchanged;
+its state is a `weir.testing.fake_cluster.Cluster`'s. `weir.testing.fake` has the whole picture.
 """
 
 from __future__ import annotations
@@ -1018,9 +1018,9 @@ class FakeConsumer:
 
 
 if TYPE_CHECKING:
-    from weir.client import ClientFactory, ConsumerClient, KafkaMessage
+    from weir._engine.client import ClientFactory, ConsumerClient, KafkaMessage
 
-    # mypy proves the fake satisfies the same boundary as the real client (see weir.client).
+    # mypy proves the fake satisfies the same boundary as the real client (see weir._engine.client).
     def _fake_consumer(consumer: FakeConsumer) -> ConsumerClient:
         return consumer
 

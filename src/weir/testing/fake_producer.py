@@ -1,9 +1,9 @@
 """`FakeProducer`: the fake Kafka producer on a `weir.testing.fake_cluster.Cluster`, plain (a
 dead-letter producer) or transactional (an exactly-once member's).
 
-It satisfies `weir.client.TransactionalProducer` (mypy checks it at the end of this module, as
-`weir.client` checks `confluent_kafka.Producer`) and does what librdkafka's producer does as far
-as weir relies on it, checked against a real broker by the contract suite (tests/contract/ in
+It satisfies `weir._engine.client.TransactionalProducer` (mypy checks it at the end of this module,
+as `weir._engine.client` checks `confluent_kafka.Producer`) and does what librdkafka's producer does
+as far as weir relies on it, checked against a real broker by the contract suite (tests/contract/ in
 weir's repository):
 
 - a transaction's records are written at once but read_committed consumers see them only once
@@ -51,7 +51,7 @@ from weir.testing.fake_cluster import (
 )
 
 if TYPE_CHECKING:
-    from weir.client import DeliveryCallback
+    from weir._engine.client import DeliveryCallback
 
 __all__ = ["CALLS", "FakeProducer"]
 
@@ -551,9 +551,9 @@ def _not_valid(state: State) -> KafkaException:
 
 
 if TYPE_CHECKING:
-    from weir.client import ProducerClient, TransactionalProducer
+    from weir._engine.client import ProducerClient, TransactionalProducer
 
-    # mypy proves the fake satisfies the same boundary as the real client (see weir.client).
+    # mypy proves the fake satisfies the same boundary as the real client (see weir._engine.client).
     def _fake_producer(producer: FakeProducer) -> TransactionalProducer:
         return producer
 

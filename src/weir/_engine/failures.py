@@ -25,20 +25,20 @@ from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
 from typing import Literal
 
-from weir.budget import Budget
-from weir.clock import SYSTEM, Clock
+from weir._engine.budget import Budget
+from weir._engine.clock import SYSTEM, Clock
+from weir._engine.deadletter import DeadLetters, WriteFailure
+from weir._engine.fetching import FetchControl
+from weir._engine.lifecycle import Lifecycle
+from weir._engine.scheduling import Scheduler
+from weir._engine.tasks import Assignment, Task
+from weir._engine.tracking import BatchProgress
+from weir._engine.workers import AwaitableReturned
 from weir.config import ConsumerConfig
-from weir.deadletter import DeadLetters, WriteFailure
 from weir.errors import DeserializationError, HandlerError
-from weir.fetching import FetchControl
-from weir.lifecycle import Lifecycle
 from weir.logs import get_logger
 from weir.policy import FailurePolicy
 from weir.records import Partition, Record
-from weir.scheduling import Scheduler
-from weir.tasks import Assignment, Task
-from weir.tracking import BatchProgress
-from weir.workers import AwaitableReturned
 
 __all__ = ["Failed", "Failures"]
 

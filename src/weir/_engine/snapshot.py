@@ -11,23 +11,23 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from weir.budget import Budget
-from weir.callbacks import Callbacks
-from weir.client import ConsumerClient
-from weir.commits import CommitPath
-from weir.committing import Committer
+from weir._engine.budget import Budget
+from weir._engine.callbacks import Callbacks
+from weir._engine.client import ConsumerClient
+from weir._engine.commits import CommitPath
+from weir._engine.committing import Committer
+from weir._engine.failures import Failures
+from weir._engine.fetching import FetchControl
+from weir._engine.lifecycle import Lifecycle
+from weir._engine.metrics import Metrics
+from weir._engine.ownership import Ownership
+from weir._engine.replay import ReplayMaps
+from weir._engine.settlement import Settlement
+from weir._engine.watermarks import WatermarkRefresher
+from weir._engine.workers import Workers
 from weir.config import FlowConfig
-from weir.failures import Failures
-from weir.fetching import FetchControl
-from weir.lifecycle import Lifecycle
-from weir.metrics import Metrics
-from weir.ownership import Ownership
 from weir.records import Partition
-from weir.replay import ReplayMaps
-from weir.settlement import Settlement
 from weir.stats import ConsumerStats, PartitionStats
-from weir.watermarks import WatermarkRefresher
-from weir.workers import Workers
 
 __all__ = ["Snapshot"]
 

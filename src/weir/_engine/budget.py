@@ -12,7 +12,7 @@ Vocabulary, the same in code, stats, logs and docs (flow-control.md):
 - *paused*: the client stops fetching a partition (librdkafka's pause, which drops that
   partition's prefetch). Reasons: `capacity` (the budget is full: every partition), `share`
   (the partition holds its share of a shared budget in reserve), `blocked` (a failure policy
-  holds it, `weir.failures`: a blocked record, or one waiting for a retry whose lane would
+  holds it, `weir._engine.failures`: a blocked record, or one waiting for a retry whose lane would
   otherwise fill the budget).
 Both lift once the counts are below their low marks (`resume_*`): hysteresis, no flapping.
 
@@ -37,12 +37,12 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Literal
 
+from weir._engine.scheduling import Scheduler
+from weir._engine.tasks import Assignment
+from weir._engine.tracking import BatchProgress
 from weir.config import ConsumerConfig
 from weir.logs import get_logger
 from weir.records import Partition, Record, size_of
-from weir.scheduling import Scheduler
-from weir.tasks import Assignment
-from weir.tracking import BatchProgress
 
 __all__ = ["Budget", "PartitionBudget", "PauseReason"]
 

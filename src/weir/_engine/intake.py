@@ -15,7 +15,7 @@ from typing import NamedTuple, Protocol, cast
 
 from confluent_kafka import KafkaError
 
-from weir.client import KafkaMessage
+from weir._engine.client import KafkaMessage
 from weir.records import Record, header_bytes
 
 __all__ = ["Run", "runs_of"]

@@ -32,14 +32,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, KafkaException
 from confluent_kafka import TopicPartition as TP
 
-from weir.client import ConsumerClient, topic_partitions
-from weir.commits import CommitPath
-from weir.committing import Committer
-from weir.fetching import FetchControl, Reason
+from weir._engine.client import ConsumerClient, topic_partitions
+from weir._engine.commits import CommitPath
+from weir._engine.committing import Committer
+from weir._engine.fetching import FetchControl, Reason
+from weir._engine.replay import ReplayMaps
+from weir._engine.tasks import Assignment
 from weir.logs import get_logger
 from weir.records import Partition
-from weir.replay import ReplayMaps
-from weir.tasks import Assignment
 
 __all__ = ["Committed", "Starts"]
 

@@ -29,11 +29,11 @@ from typing import get_args
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from weir.client import ConsumerClient, topic_partitions
+from weir._engine.client import ConsumerClient, topic_partitions
+from weir._engine.tasks import Assignment
 from weir.logs import get_logger
 from weir.records import Partition
 from weir.stats import PauseReason as Reason
-from weir.tasks import Assignment
 
 __all__ = ["FetchControl", "Reason"]
 

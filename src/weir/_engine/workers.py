@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Collection, Hashable
 from typing import Protocol
 
+from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Task
 from weir.errors import AwaitableReturned, FencedError
 from weir.logs import get_logger
 from weir.records import Context, Handler, Output, Record, _FunctionHandler
-from weir.tasks import DONE, FAILED, HELD, Assignment, Task
 
 __all__ = ["AwaitableReturned", "Completions", "Progress", "ThreadWorkers", "Workers"]
 

@@ -11,7 +11,7 @@ owned partition (with its offset map) with a fresh consumer-group metadata
 invariant.
 
 Every call that waits on the coordinator runs under a deadline weir enforces
-(`weir.bounded`): librdkafka's transactional calls do not always keep to their timeout. What
+(`weir._engine.bounded`): librdkafka's transactional calls do not always keep to their timeout. What
 happens when a boundary fails is `Outcome`: an abortable error aborts the transaction (nothing
 of it committed: the engine rewinds to the committed offsets it knows); a broker that went away
 (a restart, a coordinator move, a call that never returned) gets the producer replaced: a new one
@@ -32,11 +32,15 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from weir.bounded import CallAbandoned, call_within
-from weir.client import TransactionalProducer, TransactionalProducerFactory, offsets_to_commit
-from weir.clock import SYSTEM, Clock
+from weir._engine.bounded import CallAbandoned, call_within
+from weir._engine.client import (
+    TransactionalProducer,
+    TransactionalProducerFactory,
+    offsets_to_commit,
+)
+from weir._engine.clock import SYSTEM, Clock
+from weir._engine.deadletter import shared_settings
 from weir.config import ConsumerConfig
-from weir.deadletter import shared_settings
 from weir.errors import TransactionError
 from weir.logs import get_logger
 from weir.records import Output, Partition

@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from weir.clock import SYSTEM, Clock
+from weir._engine.clock import SYSTEM, Clock
+from weir._engine.tasks import Assignment
 from weir.logs import get_logger
 from weir.records import Partition
-from weir.tasks import Assignment
 
 __all__ = ["CommitEvent", "Committer"]
 

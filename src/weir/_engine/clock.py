@@ -3,7 +3,8 @@
 Every timing decision of the owner thread (commit intervals, retry backoffs, revoke and shutdown
 budgets, when a long task reports, transaction boundaries) reads the clock it was given, so a
 test can drive those decisions step by step and replay them exactly. Waits on other threads (a
-worker's handler, a client call under `weir.bounded`) stay on real time: they are real waits.
+worker's handler, a client call under `weir._engine.bounded`) stay on real time: they are real
+waits.
 """
 
 from __future__ import annotations

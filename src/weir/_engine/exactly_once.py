@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from weir.client import ConsumerClient
-from weir.clock import SYSTEM, Clock
-from weir.commits import CommitPath
-from weir.committing import Committer
-from weir.failures import Failures
-from weir.lifecycle import Lifecycle
-from weir.ownership import Ownership
+from weir._engine.client import ConsumerClient
+from weir._engine.clock import SYSTEM, Clock
+from weir._engine.commits import CommitPath
+from weir._engine.committing import Committer
+from weir._engine.failures import Failures
+from weir._engine.lifecycle import Lifecycle
+from weir._engine.ownership import Ownership
+from weir._engine.starts import Starts
+from weir._engine.transactions import Outcome, Transactions
 from weir.records import Partition
-from weir.starts import Starts
-from weir.transactions import Outcome, Transactions
 
 __all__ = ["ExactlyOnce"]
 

@@ -33,20 +33,20 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby
 from typing import Literal
 
-from weir.budget import Budget
-from weir.clock import SYSTEM, Clock
-from weir.committing import Committer
+from weir._engine.budget import Budget
+from weir._engine.clock import SYSTEM, Clock
+from weir._engine.committing import Committer
+from weir._engine.failures import Failed, Failures
+from weir._engine.metrics import Metrics
+from weir._engine.ownership import Ownership, PartitionState
+from weir._engine.scheduling import Scheduler
+from weir._engine.tasks import DONE, FAILED, FENCED, Assignment, Task
+from weir._engine.tracking import BatchProgress
+from weir._engine.transactions import Transactions
+from weir._engine.workers import Progress, Workers
 from weir.errors import FencedError
-from weir.failures import Failed, Failures
 from weir.logs import get_logger
-from weir.metrics import Metrics
-from weir.ownership import Ownership, PartitionState
 from weir.records import Record, offset_of, size_of
-from weir.scheduling import Scheduler
-from weir.tasks import DONE, FAILED, FENCED, Assignment, Task
-from weir.tracking import BatchProgress
-from weir.transactions import Transactions
-from weir.workers import Progress, Workers
 
 __all__ = ["Settlement"]
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from weir._engine.tasks import Assignment
+from weir._engine.tracking import PartitionProgress
 from weir.logs import get_logger
 from weir.offsetmap import Encoded, FinishedMap, NoMap, decode_finished, encode_finished
 from weir.records import Partition, Record
-from weir.tasks import Assignment
-from weir.tracking import PartitionProgress
 
 __all__ = ["ReplayMaps"]
 

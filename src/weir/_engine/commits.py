@@ -1,9 +1,9 @@
 """The owner thread's commit requests: each owned partition's watermark, with its offset map,
 sent to the client, and the results handed back.
 
-`Committer` (weir.committing) decides what is due and keeps offsets monotonic; `ReplayMaps`
-(weir.replay) writes the maps; this module makes the requests between them: asynchronous at every
-commit turn, synchronous at a hand-off (revoke, shutdown), and the client's results, which may
+`Committer` (weir._engine.committing) decides what is due and keeps offsets monotonic; `ReplayMaps`
+(weir._engine.replay) writes the maps; this module makes the requests between them: asynchronous at
+every commit turn, synchronous at a hand-off (revoke, shutdown), and the client's results, which may
 come back in any order. In transactional mode the engine sends the same watermarks and maps into
 the transaction instead (`ExactlyOnce.commit`), through `committable`, `with_maps` and
 `sent` here.
@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from weir.client import ConsumerClient, offsets_to_commit, topic_partitions
-from weir.committing import Committer
+from weir._engine.client import ConsumerClient, offsets_to_commit, topic_partitions
+from weir._engine.committing import Committer
+from weir._engine.ownership import Ownership
+from weir._engine.replay import ReplayMaps
+from weir._engine.tasks import Assignment
 from weir.logs import get_logger
-from weir.ownership import Ownership
 from weir.records import Partition
-from weir.replay import ReplayMaps
-from weir.tasks import Assignment
 
 __all__ = ["CommitPath"]
 
@@ -94,7 +94,7 @@ class CommitPath:
 
     def send_offsets(self, offsets: Mapping[Partition, int], now: float) -> None:
         """Commit these offsets as they are, asynchronously (a partition's start position,
-        `weir.starts`); the results come to `on_commit`."""
+        `weir._engine.starts`); the results come to `on_commit`."""
         try:
             self._client().commit(offsets=offsets_to_commit(offsets), asynchronous=True)
         except KafkaException as exc:

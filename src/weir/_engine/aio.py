@@ -39,11 +39,11 @@ from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
 from types import CodeType, FrameType
 from typing import Any
 
+from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Task
+from weir._engine.workers import LaneOf, Progress
 from weir.errors import FencedError
 from weir.logs import get_logger
 from weir.records import Context, Handler, Output, Record, _AsyncFunctionHandler
-from weir.tasks import DONE, FAILED, HELD, Assignment, Task
-from weir.workers import LaneOf, Progress
 
 __all__ = ["AsyncWorkers"]
 

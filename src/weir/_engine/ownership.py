@@ -14,15 +14,15 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import Literal, Protocol
 
-from weir.budget import Budget
-from weir.callbacks import Callbacks, callback_name
-from weir.clock import SYSTEM, Clock
-from weir.committing import Committer
+from weir._engine.budget import Budget
+from weir._engine.callbacks import Callbacks, callback_name
+from weir._engine.clock import SYSTEM, Clock
+from weir._engine.committing import Committer
+from weir._engine.scheduling import Scheduler
+from weir._engine.tasks import Assignment
+from weir._engine.tracking import PartitionProgress
 from weir.logs import get_logger
 from weir.records import Handler, Partition
-from weir.scheduling import Scheduler
-from weir.tasks import Assignment
-from weir.tracking import PartitionProgress
 
 __all__ = ["Ownership", "PartitionState"]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from weir.client import ProducerClient, ProducerFactory
+from weir._engine.client import ProducerClient, ProducerFactory
 from weir.config import ConsumerConfig
 from weir.errors import DeadLetterError
 from weir.logs import get_logger

@@ -1,6 +1,6 @@
 """The owner thread's engine: the only code that calls the Kafka client.
 
-Each turn is four steps, each calling one owner: *intake* (consume, `weir.intake` builds
+Each turn is four steps, each calling one owner: *intake* (consume, `weir._engine.intake` builds
 records, `PartitionProgress` registers their batch, `Budget` admits them) → *schedule*
 (`Scheduler` packs runnable records into tasks for the `Workers`) → *settle* (finished records
 leave the `Budget` and move their batch's watermark) → *commit* (`Committer` decides, the
@@ -19,10 +19,10 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from weir.aio import AsyncWorkers
-from weir.budget import Budget
-from weir.callbacks import Callbacks, callback_name
-from weir.client import (
+from weir._engine.aio import AsyncWorkers
+from weir._engine.budget import Budget
+from weir._engine.callbacks import Callbacks, callback_name
+from weir._engine.client import (
     ClientFactory,
     ConsumerClient,
     KafkaMessage,
@@ -30,36 +30,36 @@ from weir.client import (
     ProducerFactory,
     TransactionalProducerFactory,
 )
-from weir.client_errors import ClientErrors
-from weir.clock import SYSTEM, Clock
-from weir.commits import CommitPath
-from weir.committing import CommitEvent, Committer
+from weir._engine.client_errors import ClientErrors
+from weir._engine.clock import SYSTEM, Clock
+from weir._engine.commits import CommitPath
+from weir._engine.committing import CommitEvent, Committer
+from weir._engine.deadletter import DeadLetters
+from weir._engine.exactly_once import ExactlyOnce
+from weir._engine.failures import Failures
+from weir._engine.fetching import FetchControl
+from weir._engine.intake import Run, runs_of
+from weir._engine.lifecycle import Lifecycle
+from weir._engine.metrics import Metrics
+from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
+from weir._engine.replay import ReplayMaps
+from weir._engine.scheduling import Scheduler, lane_of
+from weir._engine.settlement import Settlement
+from weir._engine.snapshot import Snapshot
+from weir._engine.starts import Starts
+from weir._engine.tasks import Assignment
+from weir._engine.transactions import TransactionError, Transactions
+from weir._engine.watermarks import WatermarkRefresher
+from weir._engine.workers import ThreadWorkers, Workers
 from weir.config import ConsumerConfig
-from weir.deadletter import DeadLetters
 from weir.errors import FencedError
-from weir.exactly_once import ExactlyOnce
-from weir.failures import Failures
 from weir.fencing.base import Fence
-from weir.fetching import FetchControl
-from weir.intake import Run, runs_of
-from weir.lifecycle import Lifecycle
 from weir.logs import (
     ClientLog,
     Repeats,
     get_logger,
 )
-from weir.metrics import Metrics
-from weir.ownership import Ownership, PartitionState, Scope, Tracker
 from weir.records import Handler, Partition, is_async_handler, size_of
-from weir.replay import ReplayMaps
-from weir.scheduling import Scheduler, lane_of
-from weir.settlement import Settlement
-from weir.snapshot import Snapshot
-from weir.starts import Starts
-from weir.tasks import Assignment
-from weir.transactions import TransactionError, Transactions
-from weir.watermarks import WatermarkRefresher
-from weir.workers import ThreadWorkers, Workers
 
 __all__ = ["Engine"]
 
@@ -645,7 +645,7 @@ class Engine:
         parts = [Partition(t.topic, t.partition) for t in tps]
         if tps:
             # Every partition at an explicit offset: its committed one, read here, never
-            # librdkafka's own fetch (`weir.starts`). Assign here rather than after the
+            # librdkafka's own fetch (`weir._engine.starts`). Assign here rather than after the
             # callback so the pause state set below applies to partitions really assigned.
             at = self.starts.assign(parts)
             if self.cfg.incremental:

@@ -16,10 +16,18 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from weir.client import ConsumerClient, KafkaMessage
+from weir._engine.client import ConsumerClient, KafkaMessage
+from weir._engine.lifecycle import Lifecycle
+from weir._engine.refusals import (
+    ALL_BROKERS_DOWN_CODE,
+    denied_topics,
+    refusal_error,
+    refusal_of,
+    startup_refusal,
+    topics_denied_error,
+)
 from weir.config import ConsumerConfig
 from weir.errors import BrokerUnreachableError, KafkaFatalError, OffsetResetError
-from weir.lifecycle import Lifecycle
 from weir.logs import (
     Burst,
     Repeats,
@@ -29,14 +37,6 @@ from weir.logs import (
     without_retry_details,
 )
 from weir.records import Partition
-from weir.refusals import (
-    ALL_BROKERS_DOWN_CODE,
-    denied_topics,
-    refusal_error,
-    refusal_of,
-    startup_refusal,
-    topics_denied_error,
-)
 
 __all__ = ["ClientErrors"]
 

@@ -2,8 +2,9 @@
 
 A *task* is the hand-off unit: records of one assignment that one worker runs in order (or, with
 concurrent workers, one lane after another and lanes at once), then hands back once with an
-outcome per record. The owner builds tasks (`weir.scheduling`), workers run them
-(`weir.workers`, `weir.aio`), the owner settles what comes back (`weir.engine`).
+outcome per record. The owner builds tasks (`weir._engine.scheduling`), workers run them
+(`weir._engine.workers`, `weir._engine.aio`), the owner settles what comes back
+(`weir._engine.engine`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Hashable, Iterator
 
+from weir._engine.tracking import BatchProgress
 from weir.records import Output, Partition, Record, size_of
-from weir.tracking import BatchProgress
 
 __all__ = ["DONE", "FAILED", "FENCED", "HELD", "Assignment", "Task"]
 
@@ -115,10 +116,11 @@ class Task:
         # What finished records produced (`Context.produce`, transactional members): by index,
         # set by the worker before the record counts as finished.
         self.outputs: dict[int, list[Output]] | None = None
-        # Progress out of order (concurrent workers, `weir.aio`): the worker appends the index of
-        # every record that finished DONE, in the order they finished, and the owner reads the
-        # entries past `reported` when the workers say so (`weir.workers.Progress`). None for a
-        # task whose records run one after another (its progress is the prefix `finished`).
+        # Progress out of order (concurrent workers, `weir._engine.aio`): the worker appends the
+        # index of every record that finished DONE, in the order they finished, and the owner reads
+        # the entries past `reported` when the workers say so (`weir._engine.workers.Progress`).
+        # None for a task whose records run one after another (its progress is the prefix
+        # `finished`).
         self.done: list[int] | None = None
         # Owner side, with `done`: the records of each lane of the task not finished yet. A lane
         # whose count reaches zero is freed while the rest of the task runs

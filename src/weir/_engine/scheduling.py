@@ -4,10 +4,10 @@ Lanes are owner-side state: a lane (a key, or the whole partition) is busy while
 it, and its later records wait until that task comes back, so workers never share ordering
 state. Tasks are sized from the measured handler time: a no-op handler gets whole batches (one
 queue round trip per batch instead of per record), a slow one gets small tasks spread over every
-worker. `weir.workers` runs the tasks.
+worker. `weir._engine.workers` runs the tasks.
 
-Concurrent workers (an event loop, `weir.aio`) run every lane of a task at once and report its
-records as they finish, in any order. Their tasks are as large as a task may be (a task costs
+Concurrent workers (an event loop, `weir._engine.aio`) run every lane of a task at once and report
+its records as they finish, in any order. Their tasks are as large as a task may be (a task costs
 the owner a hand-off, and packing costs no parallelism there), and a lane of a running task is
 freed as soon as its records in the task are done (`progressed`), so a slow record holds only its
 own lane, never the other lanes it was packed with.
@@ -17,16 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable
 from itertools import groupby
-from typing import Literal
 
-from weir.records import Partition, Record, offset_of
-from weir.tasks import DONE, FAILED, HELD, Assignment, Task
-from weir.tracking import BatchProgress
-from weir.workers import Workers
+from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Task
+from weir._engine.tracking import BatchProgress
+from weir._engine.workers import Workers
+from weir.records import Ordering, Partition, Record, offset_of
 
 __all__ = ["Ordering", "Scheduler", "lane_of"]
 
-Ordering = Literal["key", "partition", "unordered"]
 
 # Records of *different* lanes share a task only up to about this much handler time: enough to
 # make the queue round trip (two thread wake-ups, several microseconds each on a busy machine)
