@@ -1,6 +1,5 @@
 """kafka-weir: consume from Kafka with worker threads and never lose or skip a record."""
 
-from weir._engine.committing import CommitEvent
 from weir._engine.lifecycle import State
 from weir._engine.tracking import BatchProgress, PartitionProgress
 from weir.config import ConsumerConfig, ConsumerSettings, FlowConfig
@@ -24,7 +23,7 @@ from weir.errors import (
 )
 from weir.health import Health
 from weir.policy import FailurePolicy, RetryPolicy
-from weir.records import Context, Handler, Partition, Record
+from weir.records import CommitEvent, Context, Handler, Partition, Record
 from weir.stats import ConsumerStats, LatencyHistogram, PartitionStats
 
 __all__ = [

@@ -20,14 +20,13 @@ from confluent_kafka import Consumer
 from typing_extensions import Unpack
 
 from weir._engine.client import ClientFactory, ProducerFactory
-from weir._engine.committing import CommitEvent
 from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle, State
 from weir.config import ConsumerConfig, ConsumerSettings, for_async_handler
 from weir.fencing.base import Fence
 from weir.health import Health, check
 from weir.logs import get_logger
-from weir.records import Handler, Partition, Record, as_handler, is_async_handler
+from weir.records import CommitEvent, Handler, Partition, Record, as_handler, is_async_handler
 from weir.serde import AsyncDeserializingHandler, Deserializers, DeserializingHandler
 from weir.stats import ConsumerStats
 

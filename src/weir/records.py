@@ -7,12 +7,13 @@ import operator
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 from typing_extensions import Self
 
-__all__ = ["Context", "Handler", "HandlerFunc", "Ordering", "Partition", "Record"]
+__all__ = ["CommitEvent", "Context", "Handler", "HandlerFunc", "Ordering", "Partition", "Record"]
 
 Ordering = Literal["key", "partition", "unordered"]
 """What may run at once within a partition (docs/workers-and-ordering.md)."""
@@ -470,3 +471,19 @@ def _check_takes_a_record(fn: Callable[..., object]) -> None:
             "called as handler(record). For the Context too (ctx.produce, ctx.epoch, "
             "cancellation), subclass weir.Handler and define handle(self, record, ctx)"
         ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitEvent:
+    """One partition's commit, as observers (audits, metrics) see it: once when the request is
+    sent (`status="sent"`), once when its result arrives (`"committed"` or `"failed"`)."""
+
+    tp: Partition
+    offset: int
+    sync: bool
+    status: Literal["sent", "committed", "failed"]
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "committed"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from weir._engine.committing import CommitEvent, Committer
-from weir.records import Partition
+from weir._engine.committing import Committer
+from weir.records import CommitEvent, Partition
 
 P0 = Partition("t", 0)
 P1 = Partition("t", 1)

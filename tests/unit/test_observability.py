@@ -22,7 +22,6 @@ from tests.logged import events
 from tests.waiting import wait_until
 
 from weir import ConsumerConfig, GroupConsumer, Partition, Record
-from weir._engine.committing import CommitEvent
 from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle, State
 from weir._engine.metrics import Histogram, Metrics, PartitionMetrics
@@ -30,7 +29,7 @@ from weir._engine.tasks import Assignment, Task
 from weir._engine.tracking import PartitionProgress
 from weir._engine.watermarks import WatermarkRefresher
 from weir.health import check
-from weir.records import as_handler
+from weir.records import CommitEvent, as_handler
 from weir.stats import BUCKETS, EMPTY, ConsumerStats, LatencyHistogram, PartitionStats
 from weir.testing.fake import FakeConsumer
 

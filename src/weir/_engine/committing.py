@@ -8,33 +8,15 @@ the partition only when no newer offset was confirmed since.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Literal
 
 from weir._engine.clock import SYSTEM, Clock
 from weir._engine.tasks import Assignment
 from weir.logs import get_logger
-from weir.records import Partition
+from weir.records import CommitEvent, Partition
 
 __all__ = ["CommitEvent", "Committer"]
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class CommitEvent:
-    """One partition's commit, as observers (audits, metrics) see it: once when the request is
-    sent (`status="sent"`), once when its result arrives (`"committed"` or `"failed"`)."""
-
-    tp: Partition
-    offset: int
-    sync: bool
-    status: Literal["sent", "committed", "failed"]
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "committed"
 
 
 class _State:

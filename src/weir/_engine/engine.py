@@ -33,7 +33,7 @@ from weir._engine.client import (
 from weir._engine.client_errors import ClientErrors
 from weir._engine.clock import SYSTEM, Clock
 from weir._engine.commits import CommitPath
-from weir._engine.committing import CommitEvent, Committer
+from weir._engine.committing import Committer
 from weir._engine.deadletter import DeadLetters
 from weir._engine.exactly_once import ExactlyOnce
 from weir._engine.failures import Failures
@@ -59,7 +59,7 @@ from weir.logs import (
     Repeats,
     get_logger,
 )
-from weir.records import Handler, Partition, is_async_handler, size_of
+from weir.records import CommitEvent, Handler, Partition, is_async_handler, size_of
 
 __all__ = ["Engine"]
 

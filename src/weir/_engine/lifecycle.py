@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from weir._engine.committing import CommitEvent
+from weir.records import CommitEvent
 from weir.stats import EMPTY, ConsumerStats
 
 __all__ = ["CommitListener", "Lifecycle", "State"]

@@ -26,10 +26,9 @@ from collections.abc import Iterable
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
-from weir._engine.committing import CommitEvent
 from weir._engine.tasks import DONE, FAILED, Assignment, Task
 from weir._engine.tracking import BatchProgress
-from weir.records import Partition, Record
+from weir.records import CommitEvent, Partition, Record
 from weir.stats import BUCKETS, LatencyHistogram
 
 __all__ = ["Histogram", "Metrics", "PartitionMetrics"]

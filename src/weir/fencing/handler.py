@@ -6,11 +6,10 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from weir._engine.committing import CommitEvent
 from weir.errors import FenceUnavailableError, NoEpochError
 from weir.fencing.base import Fence, check_group, check_seconds
 from weir.logs import get_logger
-from weir.records import Context, Handler, Partition, Record
+from weir.records import CommitEvent, Context, Handler, Partition, Record
 
 __all__ = ["FencePruner", "FencedHandler", "NoEpochError"]
 
