@@ -66,23 +66,38 @@ STEPS = int(os.environ.get("WEIR_MACHINE_STEPS", "40"))
 CLOCK = ManualClock(tick=0.001)
 
 
+def _owner() -> bool:
+    """The machine drives the engine on the main thread: only its readings are machine time. A
+    thread some earlier test left running (a reaper, a member not yet gone) keeps real time, and
+    cannot move the machine's clock under a run that hypothesis must be able to replay."""
+    return threading.current_thread() is threading.main_thread()
+
+
 def _sleep(seconds: float) -> None:
     """A wait of the owner's (a transactional call retried) passes at once in machine time; one
     of another thread (the reaper of a replaced producer) takes its real time."""
-    if threading.current_thread() is threading.main_thread():
+    if _owner():
         CLOCK.advance(seconds)
     else:
         time.sleep(seconds)
 
 
+def _monotonic() -> float:
+    return CLOCK.monotonic() if _owner() else time.monotonic()
+
+
+def _perf_counter() -> float:
+    return CLOCK.perf_counter() if _owner() else time.perf_counter()
+
+
 # The waits for a transactional producer's calls are real ones in weir (`weir._engine.bounded`): in
-# the machine they read its clock too.
+# the machine the owner's read its clock too.
 _TIME = type(
     "_Time",
     (),
     {
-        "monotonic": staticmethod(CLOCK.monotonic),
-        "perf_counter": staticmethod(CLOCK.perf_counter),
+        "monotonic": staticmethod(_monotonic),
+        "perf_counter": staticmethod(_perf_counter),
         "time": staticmethod(time.time),
         "sleep": staticmethod(_sleep),
     },

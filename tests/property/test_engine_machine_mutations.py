@@ -119,7 +119,12 @@ def test_catches_first_unfinished_off_by_one(monkeypatch: pytest.MonkeyPatch) ->
         self._cursor = len(self._done) if i < 0 else i
 
     monkeypatch.setattr(BatchProgress, "_advance", advance)
-    _caught(EngineMachine, r"commit \d+ on .* passes unhandled offset \d+|unfinished tracked")
+    # Concurrent workers finish a batch's records in any order, the bug's trigger, in every
+    # run; the sequential machine finishes a later record first only across tasks, which its
+    # fixed bound of examples does not always reach.
+    _caught(
+        ConcurrentEngineMachine, r"commit \d+ on .* passes unhandled offset \d+|unfinished tracked"
+    )
 
 
 def test_catches_budget_kept_on_close(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,8 +140,8 @@ def test_catches_budget_kept_on_close(monkeypatch: pytest.MonkeyPatch) -> None:
             return
         # the bug: no `self.records -= pb.records` and `self.bytes -= pb.bytes + pb.ahead_bytes`
         self._resume.discard(tp)
-        self._blocked.discard(pb)
-        self._starved.discard(pb)
+        self._blocked.pop(pb, None)
+        self._starved.pop(pb, None)
 
     monkeypatch.setattr(Budget, "close", close)
     _caught(EngineMachine, r"budget records \d+ != partitions' \d+")

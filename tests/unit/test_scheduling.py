@@ -873,15 +873,15 @@ def test_a_single_lane_task_is_longer_and_reports_progress(lane_tasks: Factory) 
     (t,) = queued(s)
     assert offsets(t) == list(range(n))
     # Longer than a task of several lanes: its worker counts finished records for the owner.
-    assert t.report and s.reporting == {t}
+    assert t.report and list(s.reporting) == [t]
     settle(s, t)
-    assert s.reporting == set()
+    assert not s.reporting
     assert s.dispatch() == 1
     (t,) = queued(s)
-    assert (offsets(t), t.report, s.reporting) == ([n, n + 1, n + 2], True, {t})
+    assert (offsets(t), t.report, list(s.reporting)) == ([n, n + 1, n + 2], True, [t])
     settle(s, t)
     assert s.lanes == 0
-    assert s.reporting == set()
+    assert not s.reporting
 
 
 def test_tasks_of_several_lanes_stay_short_and_report_nothing(lane_tasks: Factory) -> None:

@@ -98,8 +98,10 @@ class Budget:
         self.shared = cfg.ordering == "partition"
         self.sharing = False  # shared budgets apply now: taken once per turn by `begin_turn`
         self._resume: set[Partition] = set()  # paused alone, reserve low: resume them
-        self._blocked: set[PartitionBudget] = set()  # parked by a failure policy
-        self._starved: set[PartitionBudget] = set()  # read-ahead the capacity held back
+        # Insertion-ordered (dicts, not sets of objects hashed by address): the order partitions
+        # are admitted in is the order they were held back in, the same in every run.
+        self._blocked: dict[PartitionBudget, None] = {}  # parked by a failure policy
+        self._starved: dict[PartitionBudget, None] = {}  # read-ahead the capacity held back
         self._size_for = -1
         self._size = 1
         # Records above the capacity that a partition brought back when it ran again: its parked
@@ -127,8 +129,8 @@ class Budget:
         self.records -= pb.records
         self.bytes -= pb.bytes + pb.ahead_bytes
         self._resume.discard(tp)
-        self._blocked.discard(pb)
-        self._starved.discard(pb)
+        self._blocked.pop(pb, None)
+        self._starved.pop(pb, None)
         self._settle_unparked()
 
     # -- records -------------------------------------------------------------------------
@@ -186,7 +188,7 @@ class Budget:
         if pb is None or pb.blocked:
             return False
         pb.blocked = True
-        self._blocked.add(pb)
+        self._blocked[pb] = None
         return True
 
     def unblock(self, tp: Partition) -> bool:
@@ -195,7 +197,7 @@ class Budget:
         if pb is None or not pb.blocked:
             return False
         pb.blocked = False
-        self._blocked.discard(pb)
+        self._blocked.pop(pb, None)
         self.unparked = max(0, self.live - self._flow.capacity_records)
         return True
 
@@ -248,7 +250,7 @@ class Budget:
         """Read-ahead records the capacity held back, once it has room again."""
         if not self._starved or self.live >= self._flow.capacity_records:
             return
-        starved, self._starved = self._starved, set()
+        starved, self._starved = self._starved, {}
         for pb in starved:
             if pb.ahead and self.parts.get(pb.assignment.tp) is pb:
                 self._admit(pb)
@@ -370,7 +372,7 @@ class Budget:
         want = self.share_size() - pb.records if self.sharing else pb.ahead_records
         free = self._flow.capacity_records - self.live
         if want > free:
-            self._starved.add(pb)
+            self._starved[pb] = None
         room = min(want, free)
         ahead = pb.ahead
         while room > 0 and ahead:
@@ -468,5 +470,5 @@ class Budget:
                 f"{self.live} records in flight (not parked) > capacity"
                 + (f" + {self.unparked} brought back by an unblock" if self.unparked else "")
             )
-        if self._blocked != {pb for pb in parts if pb.blocked}:
+        if set(self._blocked) != {pb for pb in parts if pb.blocked}:
             raise AssertionError("the parked partitions are not the blocked ones")

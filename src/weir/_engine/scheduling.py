@@ -140,11 +140,13 @@ class Scheduler:
         # holding it (see `_submit_keys`).
         self._lanes: dict[Assignment, dict[Hashable, _Lane | list[Hashable]]] = {}
         self._pending: list[_Group] = []
-        # Outstanding tasks whose workers count their finished records (`Task.report`).
-        self.reporting: set[Task] = set()
+        # Outstanding tasks whose workers count their finished records (`Task.report`). Tasks
+        # are kept in dicts, not sets (hashed by address): they are walked in the order they
+        # were handed out, the same in every run.
+        self.reporting: dict[Task, None] = {}
         # Tasks handed to workers and not yet back, per assignment (not per partition: work
         # left over from an earlier assignment of the same partition must not hold up this one).
-        self._outstanding: dict[Assignment, set[Task]] = {}
+        self._outstanding: dict[Assignment, dict[Task, None]] = {}
         self._out_records = 0
         self._per_record = _FIRST_GUESS  # smoothed handler seconds per record
         # Tasks of forgotten assignments that a worker is still running, per partition: a new
@@ -579,13 +581,13 @@ class Scheduler:
             task.done = []  # its workers list finished records here, in any order
         elif len(task.records) > self.task_size():
             task.report = True  # a long task: its finished records count before it ends
-            self.reporting.add(task)
+            self.reporting[task] = None
         a = task.assignment
         out = self._outstanding.get(a)
         if out is None:
-            self._outstanding[a] = {task}
+            self._outstanding[a] = {task: None}
         else:
-            out.add(task)
+            out[task] = None
         self._out_records += len(task.records)
         self._submit_task(task)
 
@@ -594,10 +596,10 @@ class Scheduler:
         a = task.assignment
         if self._stale and a.tp in self._stale:
             self._stale_returned(task)
-        self.reporting.discard(task)
+        self.reporting.pop(task, None)
         out = self._outstanding.get(a)
         if out is not None and task in out:
-            out.discard(task)
+            out.pop(task, None)
             self._out_records -= len(task.records) - task.moved
             if not out:
                 del self._outstanding[a]
