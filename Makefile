@@ -5,6 +5,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.weir-installed
 BENCH_STAMP := $(VENV)/.weir-bench-installed
 PYTEST_ARGS ?=
+# Most broker tests wait on the broker (rebalances, session timeouts), not on a core: make test
+# runs them on several pytest-xdist workers, each with its own embedded broker.
+TEST_WORKERS ?= 3
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: demo test lint typecheck unit integration chaos bench broker clean
 
@@ -25,7 +29,9 @@ demo: $(STAMP)
 	@$(BIN)/python -m examples.orders
 
 test: lint typecheck
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	@echo "running the tests on $(TEST_WORKERS) workers, each with its own embedded Kafka broker" \
+	  "(TEST_WORKERS=1 for one; the slowest are listed at the end)..."
+	$(BIN)/python -m pytest -m "not slow" $(XDIST) --durations=15 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks
@@ -38,7 +44,7 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit tests/property $(PYTEST_ARGS)
 
 integration: $(STAMP)
-	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/integration $(XDIST) $(PYTEST_ARGS)
 
 # The kill/restart scenarios (short and long runs; make test runs none of them), then the engine
 # state machine at ten times make test's examples and its mutants' slow tier (the planted bugs it

@@ -81,10 +81,23 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     yield from _no_processes_in_unit_tests(item)
 
 
+# Session resources that cost several JVMs: under pytest-xdist (`make test` runs workers in
+# parallel, `--dist loadgroup`), the tests that use one run on one worker, which alone starts it.
+_ONE_WORKER = {
+    "kafka_cluster_session": "cluster",
+    "kafka_secure_broker": "secure",
+    "postgres_dsn": "postgres",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "postgres_dsn" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "postgres_dsn" in fixtures:
             item.add_marker(pytest.mark.postgres)
+        groups = sorted({g for name, g in _ONE_WORKER.items() if name in fixtures})
+        if groups:
+            item.add_marker(pytest.mark.xdist_group("+".join(groups)))
 
 
 @pytest.fixture(scope="session")
