@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal, Protocol
 
 import pytest
@@ -31,6 +31,7 @@ from weir._engine.scheduling import (
     _FIRST_GUESS,
     _MAX_TASK,
     _TASK_SECONDS,
+    LaneKey,
     Ordering,
     Scheduler,
     lane_of,
@@ -126,7 +127,7 @@ def next_task(s: Scheduler) -> Task:
     return pool(s).completions.get(timeout=WAIT)
 
 
-def retried(s: Scheduler, recorder: Recorder, a: Assignment, key: Hashable) -> Task:
+def retried(s: Scheduler, recorder: Recorder, a: Assignment, key: LaneKey) -> Task:
     """A retry: failures stop, the held lane is released, and its records go out as one task,
     which comes back with every record done."""
     recorder.fail.clear()

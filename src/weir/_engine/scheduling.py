@@ -15,15 +15,15 @@ own lane, never the other lanes it was packed with.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Iterable
 from itertools import groupby
 
-from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Task
+from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Lane, LaneKey, Task
 from weir._engine.tracking import BatchProgress
 from weir._engine.workers import Workers
 from weir.records import Ordering, Partition, Record, offset_of
 
-__all__ = ["Ordering", "Scheduler", "lane_of"]
+__all__ = ["Lane", "LaneKey", "Ordering", "Scheduler", "lane_of"]
 
 
 # Records of *different* lanes share a task only up to about this much handler time: enough to
@@ -47,7 +47,7 @@ _FIRST_GUESS = 0.001
 # polled batch fits in one task (see `Scheduler._whole_lane`), and a task holds at least
 # `_WHOLE_TASK` records: a small batch alone (one record, taken while throttled) says nothing of
 # the handler, and serialising a partition of 1 ms records cost unordered mode 80% of its rate.
-_WHOLE = ("weir", "whole partition")
+_WHOLE = Lane.WHOLE
 _WHOLE_TASK = 100
 
 
@@ -83,7 +83,7 @@ class _Lane:
         self.batches[:0] = batches
 
 
-def _waiting(lanes: dict[Hashable, _Lane | list[Hashable]], key: Hashable) -> _Lane:
+def _waiting(lanes: dict[LaneKey, _Lane | list[LaneKey]], key: LaneKey) -> _Lane:
     """The waiting list of a busy lane: a key only marked busy by its group gets one."""
     lane = lanes.get(key)
     if type(lane) is not _Lane:
@@ -93,11 +93,11 @@ def _waiting(lanes: dict[Hashable, _Lane | list[Hashable]], key: Hashable) -> _L
 
 # A runnable group: its assignment, the lanes it holds busy (None: unordered, split anywhere),
 # its records in order and the batch of each record.
-_Group = tuple[Assignment, list[Hashable] | None, list[Record], list[BatchProgress]]
+_Group = tuple[Assignment, list[LaneKey] | None, list[Record], list[BatchProgress]]
 
 
 def _joined(
-    a: Assignment, keys: list[Hashable], recs: list[Record], batches: list[BatchProgress]
+    a: Assignment, keys: list[LaneKey], recs: list[Record], batches: list[BatchProgress]
 ) -> _Group:
     """A group of several freed lanes, in offset order: each lane keeps its order, and the
     records of one batch sit together, so the owner marks them finished in one call per batch."""
@@ -108,7 +108,7 @@ def _joined(
     return (a, keys, recs, batches)
 
 
-def lane_of(ordering: Ordering) -> Callable[[Record], Hashable] | None:
+def lane_of(ordering: Ordering) -> Callable[[Record], LaneKey] | None:
     """The lane a record waits in under `ordering` (None: unordered, no lanes)."""
     if ordering == "key":
         # Null keys share one lane per partition: they have no identity to parallelise by.
@@ -138,7 +138,7 @@ class Scheduler:
         self._workers = workers.slots
         # A busy lane is a `_Lane` when records wait for it, else the key list of the group
         # holding it (see `_submit_keys`).
-        self._lanes: dict[Assignment, dict[Hashable, _Lane | list[Hashable]]] = {}
+        self._lanes: dict[Assignment, dict[LaneKey, _Lane | list[LaneKey]]] = {}
         self._pending: list[_Group] = []
         # Outstanding tasks whose workers count their finished records (`Task.report`). Tasks
         # are kept in dicts, not sets (hashed by address): they are walked in the order they
@@ -182,8 +182,8 @@ class Scheduler:
     def _submit_lane(
         self,
         assignment: Assignment,
-        lanes: dict[Hashable, _Lane | list[Hashable]],
-        key: Hashable,
+        lanes: dict[LaneKey, _Lane | list[LaneKey]],
+        key: LaneKey,
         batch: BatchProgress,
         records: list[Record],
     ) -> None:
@@ -198,7 +198,7 @@ class Scheduler:
             lanes[key] = [key]
             self._pending.append((assignment, [key], records, [batch] * n))
 
-    def _whole_lane(self, lanes: dict[Hashable, _Lane | list[Hashable]], n: int) -> bool:
+    def _whole_lane(self, lanes: dict[LaneKey, _Lane | list[LaneKey]], n: int) -> bool:
         """Key and unordered mode, while a polled batch fits in one task: the records go out per
         partition, behind one lane for the whole partition, so in partition order and in key
         order too. Such a task runs its batch on one worker anyway, and fewer, longer tasks
@@ -212,7 +212,7 @@ class Scheduler:
     def _submit_keys(
         self,
         assignment: Assignment,
-        lanes: dict[Hashable, _Lane | list[Hashable]],
+        lanes: dict[LaneKey, _Lane | list[LaneKey]],
         batch: BatchProgress,
         records: list[Record],
     ) -> None:
@@ -223,7 +223,7 @@ class Scheduler:
         record."""
         pending = self._pending
         size = self.task_size()
-        keys: list[Hashable] = []
+        keys: list[LaneKey] = []
         group: list[Record] = []
         for rec in records:
             key = rec._key  # the slot, not the property: this loop runs once per record
@@ -256,7 +256,7 @@ class Scheduler:
         lanes = self._lanes.get(a)
         if lanes is None:
             return  # forgotten: revoked or lost
-        failed: dict[Hashable, tuple[list[Record], list[BatchProgress]]] = {}
+        failed: dict[LaneKey, tuple[list[Record], list[BatchProgress]]] = {}
         key_of = self._key_of
         if task.errors and key_of is not None:
             for i, code in enumerate(task.outcomes or ()):
@@ -281,8 +281,8 @@ class Scheduler:
     def _free(
         self,
         a: Assignment,
-        lanes: dict[Hashable, _Lane | list[Hashable]],
-        freed: Iterable[Hashable],
+        lanes: dict[LaneKey, _Lane | list[LaneKey]],
+        freed: Iterable[LaneKey],
     ) -> None:
         """These lanes of `a` are no longer busy: their waiting records become runnable."""
         # Lanes freed together go out together: one group of several lanes (up to a task),
@@ -290,7 +290,7 @@ class Scheduler:
         pending = self._pending
         size = self.task_size()
         lane_size = self.lane_task_size()
-        group: list[Hashable] = []
+        group: list[LaneKey] = []
         recs: list[Record] = []
         batches: list[BatchProgress] = []
         for key in freed:
@@ -320,8 +320,8 @@ class Scheduler:
     def _split_whole(
         self,
         a: Assignment,
-        lanes: dict[Hashable, _Lane | list[Hashable]],
-        failed: dict[Hashable, tuple[list[Record], list[BatchProgress]]],
+        lanes: dict[LaneKey, _Lane | list[LaneKey]],
+        failed: dict[LaneKey, tuple[list[Record], list[BatchProgress]]],
     ) -> None:
         """Key mode: a whole-partition task came back with failures. The failed keys are held
         with their records; every record that waited behind the whole lane is submitted again
@@ -406,7 +406,7 @@ class Scheduler:
             task.lanes = [running]
             lanes[running] = task.lanes
         behind: tuple[list[Record], list[BatchProgress]] = ([], [])
-        groups: dict[Hashable, tuple[list[Record], list[BatchProgress]]] = {}
+        groups: dict[LaneKey, tuple[list[Record], list[BatchProgress]]] = {}
         for rec, batch in zip(rest, batches, strict=True):
             key = self._key_of(rec)
             recs, bs = behind if key == running else groups.setdefault(key, ([], []))
@@ -441,12 +441,12 @@ class Scheduler:
         """Records wait in lanes (key and partition mode)."""
         return self._key_of is not None
 
-    def lane_key(self, record: Record) -> Hashable:
+    def lane_key(self, record: Record) -> LaneKey:
         """The lane a failed record holds (key or partition mode)."""
         assert self._key_of is not None
         return self._key_of(record)
 
-    def waiting_in(self, assignment: Assignment, key: Hashable) -> int:
+    def waiting_in(self, assignment: Assignment, key: LaneKey) -> int:
         """Records waiting in the lane `key` of `assignment` (0 if it has no waiting list)."""
         lane = self._lanes.get(assignment, {}).get(key)
         return len(lane.records) if type(lane) is _Lane else 0
@@ -456,7 +456,7 @@ class Scheduler:
         if self._lanes.get(assignment) is not None:
             self._pending.append((assignment, None, [record], [batch]))
 
-    def finish_held(self, assignment: Assignment, key: Hashable, record: Record) -> None:
+    def finish_held(self, assignment: Assignment, key: LaneKey, record: Record) -> None:
         """The failed record at the front of a held lane is done with (dead-lettered, or skipped
         by the operator): it leaves the lane, and the lane runs on from the next record."""
         lane = self._lanes.get(assignment, {}).get(key)
@@ -469,7 +469,7 @@ class Scheduler:
     def hold(
         self,
         assignment: Assignment,
-        key: Hashable,
+        key: LaneKey,
         records: list[Record],
         batches: list[BatchProgress],
     ) -> None:
@@ -482,7 +482,7 @@ class Scheduler:
         lane.push_front(records, batches)
         lane.held = True
 
-    def release(self, assignment: Assignment, key: Hashable) -> None:
+    def release(self, assignment: Assignment, key: LaneKey) -> None:
         """Let a held lane run again from its front record (a retry)."""
         lane = self._lanes.get(assignment, {}).get(key)
         if type(lane) is not _Lane or not lane.held:
@@ -512,7 +512,7 @@ class Scheduler:
         cur: Assignment | None = None
         recs: list[Record] = []
         batches: list[BatchProgress] = []
-        keys: list[Hashable] | None = None
+        keys: list[LaneKey] | None = None
         for a, gkeys, grecs, gbatches in groups:
             if not a.dispatching:
                 continue  # revoked, lost or stopping since: these would come back fenced
@@ -664,7 +664,7 @@ class Scheduler:
                     k = key_of(r)
                     left[k] = left.get(k, 0) + 1
             task.lane_left = left
-        freed: list[Hashable] = []
+        freed: list[LaneKey] = []
         if len(left) == 1:
             ((key, n),) = left.items()
             n -= len(finished)
@@ -717,7 +717,7 @@ class Scheduler:
                 if t.started:
                     self._stale.setdefault(a.tp, []).append(t)
 
-    def _hold_stale(self, a: Assignment, lanes: dict[Hashable, _Lane | list[Hashable]]) -> None:
+    def _hold_stale(self, a: Assignment, lanes: dict[LaneKey, _Lane | list[LaneKey]]) -> None:
         """A new assignment of a partition whose earlier assignment still runs tasks: the
         lanes those tasks hold start busy (their offsets, in unordered mode)."""
         for t in self._stale.get(a.tp, ()):
@@ -785,11 +785,7 @@ class Scheduler:
         return self._per_record
 
 
-def _whole(record: Record) -> Hashable:
-    return _WHOLE
-
-
-def _busy_lanes(task: Task) -> list[Hashable]:
+def _busy_lanes(task: Task) -> list[LaneKey]:
     """The lanes a task still holds: all of them, less those a concurrent task freed as their
     records finished (frozen once its assignment is forgotten)."""
     if task.lane_left is not None:
