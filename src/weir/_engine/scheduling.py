@@ -52,7 +52,8 @@ _WHOLE_TASK = 100
 
 
 class _Lane:
-    """A busy lane's records waiting for the task that holds it (parallel lists)."""
+    """What waits in a busy lane: its records, waiting for the task that holds it (parallel
+    lists), a failed record held at the front, or an earlier assignment's task."""
 
     __slots__ = ("batches", "held", "records", "stale")
 
@@ -83,12 +84,12 @@ class _Lane:
         self.batches[:0] = batches
 
 
-def _waiting(lanes: dict[LaneKey, _Lane | list[LaneKey]], key: LaneKey) -> _Lane:
-    """The waiting list of a busy lane: a key only marked busy by its group gets one."""
-    lane = lanes.get(key)
-    if type(lane) is not _Lane:
-        lane = lanes[key] = _Lane()
-    return lane
+# An assignment's busy lanes, each mapped to the key list of the group that made it busy (its
+# identity tells key mode's intake which keys joined the group it is building: `_submit_keys`).
+_Lanes = dict[LaneKey, list[LaneKey]]
+# The busy lanes of an assignment that something waits in (`_Lane`), a subset of its `_Lanes`:
+# only keys that really wait get one, so with distinct keys a record costs a few dict operations.
+_Waiting = dict[LaneKey, _Lane]
 
 
 # A runnable group: its assignment, the lanes it holds busy (None: unordered, split anywhere),
@@ -136,9 +137,8 @@ class Scheduler:
         self._ordering = ordering
         self._key_of = lane_of(ordering)
         self._workers = workers.slots
-        # A busy lane is a `_Lane` when records wait for it, else the key list of the group
-        # holding it (see `_submit_keys`).
-        self._lanes: dict[Assignment, dict[LaneKey, _Lane | list[LaneKey]]] = {}
+        self._lanes: dict[Assignment, _Lanes] = {}
+        self._waiting: dict[Assignment, _Waiting] = {}
         self._pending: list[_Group] = []
         # Outstanding tasks whose workers count their finished records (`Task.report`). Tasks
         # are kept in dicts, not sets (hashed by address): they are walked in the order they
@@ -166,8 +166,9 @@ class Scheduler:
         lanes = self._lanes.get(assignment)
         if lanes is None:
             lanes = self._lanes[assignment] = {}
+            self._waiting[assignment] = {}
             if assignment.tp in self._stale:
-                self._hold_stale(assignment, lanes)
+                self._hold_stale(assignment)
         if self._whole and self._whole_lane(lanes, len(records)):
             self._submit_lane(assignment, lanes, _WHOLE, batch, records)
         elif self._key_of is None:
@@ -182,7 +183,7 @@ class Scheduler:
     def _submit_lane(
         self,
         assignment: Assignment,
-        lanes: dict[LaneKey, _Lane | list[LaneKey]],
+        lanes: _Lanes,
         key: LaneKey,
         batch: BatchProgress,
         records: list[Record],
@@ -191,14 +192,14 @@ class Scheduler:
         wait behind it while it is busy, else they go out as a group that marks it busy."""
         n = len(records)
         if key in lanes:
-            behind = _waiting(lanes, key)
+            behind = self._wait(assignment, key)
             behind.records.extend(records)
             behind.batches.extend([batch] * n)
         else:
             lanes[key] = [key]
             self._pending.append((assignment, [key], records, [batch] * n))
 
-    def _whole_lane(self, lanes: dict[LaneKey, _Lane | list[LaneKey]], n: int) -> bool:
+    def _whole_lane(self, lanes: _Lanes, n: int) -> bool:
         """Key and unordered mode, while a polled batch fits in one task: the records go out per
         partition, behind one lane for the whole partition, so in partition order and in key
         order too. Such a task runs its batch on one worker anyway, and fewer, longer tasks
@@ -212,7 +213,7 @@ class Scheduler:
     def _submit_keys(
         self,
         assignment: Assignment,
-        lanes: dict[LaneKey, _Lane | list[LaneKey]],
+        lanes: _Lanes,
         batch: BatchProgress,
         records: list[Record],
     ) -> None:
@@ -222,6 +223,7 @@ class Scheduler:
         that really wait get a `_Lane`: with distinct keys this is a few dict operations per
         record."""
         pending = self._pending
+        waiting = self._waiting[assignment]
         size = self.task_size()
         keys: list[LaneKey] = []
         group: list[Record] = []
@@ -238,10 +240,11 @@ class Scheduler:
             elif lane is keys and len(group) < size:
                 group.append(rec)
             else:
-                if type(lane) is not _Lane:
-                    lane = lanes[key] = _Lane()  # busy with an earlier group: now it waits
-                lane.records.append(rec)
-                lane.batches.append(batch)
+                behind = waiting.get(key)
+                if behind is None:
+                    behind = waiting[key] = _Lane()  # busy with an earlier group: now it waits
+                behind.records.append(rec)
+                behind.batches.append(batch)
         if group:
             pending.append((assignment, keys, group, [batch] * len(group)))
 
@@ -281,24 +284,23 @@ class Scheduler:
     def _free(
         self,
         a: Assignment,
-        lanes: dict[LaneKey, _Lane | list[LaneKey]],
+        lanes: _Lanes,
         freed: Iterable[LaneKey],
     ) -> None:
         """These lanes of `a` are no longer busy: their waiting records become runnable."""
         # Lanes freed together go out together: one group of several lanes (up to a task),
         # not a group per lane. A lane longer than a task goes alone (dispatch cuts it).
         pending = self._pending
+        waiting = self._waiting[a]
         size = self.task_size()
         lane_size = self.lane_task_size()
         group: list[LaneKey] = []
         recs: list[Record] = []
         batches: list[BatchProgress] = []
         for key in freed:
-            lane = lanes.get(key)
+            lane = waiting.get(key)
             if lane is None:
-                continue
-            if type(lane) is not _Lane:
-                del lanes[key]  # busy with nothing waiting
+                lanes.pop(key, None)  # nothing waits: free
             elif lane.held or lane.stale:
                 continue
             elif lane.records:
@@ -313,24 +315,25 @@ class Scheduler:
                 recs += lane_recs
                 batches += lane_batches
             else:
-                del lanes[key]
+                del lanes[key], waiting[key]
         if recs:
             pending.append(_joined(a, group, recs, batches))
 
     def _split_whole(
         self,
         a: Assignment,
-        lanes: dict[LaneKey, _Lane | list[LaneKey]],
+        lanes: _Lanes,
         failed: dict[LaneKey, tuple[list[Record], list[BatchProgress]]],
     ) -> None:
         """Key mode: a whole-partition task came back with failures. The failed keys are held
         with their records; every record that waited behind the whole lane is submitted again
         by key, in offset order, so other keys go on while the failed ones wait."""
-        whole = lanes.pop(_WHOLE, None)
-        waiting = whole.take() if type(whole) is _Lane else ([], [])
+        lanes.pop(_WHOLE, None)
+        whole = self._waiting[a].pop(_WHOLE, None)
+        behind = ([], []) if whole is None else whole.take()
         for key, (recs, batches) in failed.items():
             self.hold(a, key, recs, batches)
-        recs, batches = waiting
+        recs, batches = behind
         i = 0
         for batch, run in groupby(batches):
             n = len(list(run))
@@ -394,11 +397,12 @@ class Scheduler:
         if task.lanes == [_WHOLE]:
             # The whole lane goes: what waits behind it goes out again below, after the moved
             # records (they come first in offset order).
-            whole = lanes.pop(_WHOLE, None)
+            lanes.pop(_WHOLE, None)
+            whole = self._waiting[a].pop(_WHOLE, None)
             task.lanes = None
         if self._key_of is None:  # unordered: no lanes to keep
             self._pending.append((a, None, rest, batches))
-            if type(whole) is _Lane and whole.records:
+            if whole is not None and whole.records:
                 self._pending.append((a, None, *whole.take()))
             return len(rest)
         running = self._key_of(task.records[at - 1]) if at else None
@@ -413,7 +417,7 @@ class Scheduler:
             recs.append(rec)
             bs.append(batch)
         if behind[0]:
-            _waiting(lanes, running).push_front(*behind)
+            self._wait(a, running).push_front(*behind)
         # The task keeps only the running record's lane: keys whose records it finished, and
         # keys moved below, no longer wait for it.
         done_keys = [k for k in task.lanes if k != running and k not in groups]
@@ -421,18 +425,19 @@ class Scheduler:
         self._free(a, lanes, done_keys)
         if groups:
             keys = list(groups)
+            waiting = self._waiting[a]
             for k in keys:
-                if type(lanes.get(k)) is not _Lane:
+                if k not in waiting:
                     lanes[k] = keys  # busy with the new group (a waiting lane stays as is)
             recs = [r for k in keys for r in groups[k][0]]
             bs = [b for k in keys for b in groups[k][1]]
             self._pending.append(_joined(a, keys, recs, bs))
-        if type(whole) is _Lane and whole.records:
-            waiting, waiting_batches = whole.take()
+        if whole is not None and whole.records:
+            behind_whole, behind_batches = whole.take()
             i = 0
-            for batch, run in groupby(waiting_batches):
+            for batch, run in groupby(behind_batches):
                 n = len(list(run))
-                self._submit_keys(a, lanes, batch, waiting[i : i + n])
+                self._submit_keys(a, lanes, batch, behind_whole[i : i + n])
                 i += n
         return len(rest)
 
@@ -448,8 +453,8 @@ class Scheduler:
 
     def waiting_in(self, assignment: Assignment, key: LaneKey) -> int:
         """Records waiting in the lane `key` of `assignment` (0 if it has no waiting list)."""
-        lane = self._lanes.get(assignment, {}).get(key)
-        return len(lane.records) if type(lane) is _Lane else 0
+        lane = self._waiting.get(assignment, {}).get(key)
+        return 0 if lane is None else len(lane.records)
 
     def resubmit(self, assignment: Assignment, batch: BatchProgress, record: Record) -> None:
         """Unordered mode: a failed record runs again (a retry); it held no lane."""
@@ -459,8 +464,8 @@ class Scheduler:
     def finish_held(self, assignment: Assignment, key: LaneKey, record: Record) -> None:
         """The failed record at the front of a held lane is done with (dead-lettered, or skipped
         by the operator): it leaves the lane, and the lane runs on from the next record."""
-        lane = self._lanes.get(assignment, {}).get(key)
-        if type(lane) is not _Lane or not lane.records or lane.records[0] is not record:
+        lane = self._waiting.get(assignment, {}).get(key)
+        if lane is None or not lane.records or lane.records[0] is not record:
             return
         del lane.records[0], lane.batches[0]
         if lane.held:
@@ -475,17 +480,16 @@ class Scheduler:
     ) -> None:
         """Put a failed record (and the ones behind it) back at the front of its lane and stop
         the lane: nothing of it runs until `release`."""
-        lanes = self._lanes.get(assignment)
-        if lanes is None:
+        if assignment not in self._lanes:
             return
-        lane = _waiting(lanes, key)
+        lane = self._wait(assignment, key)
         lane.push_front(records, batches)
         lane.held = True
 
     def release(self, assignment: Assignment, key: LaneKey) -> None:
         """Let a held lane run again from its front record (a retry)."""
-        lane = self._lanes.get(assignment, {}).get(key)
-        if type(lane) is not _Lane or not lane.held:
+        lane = self._waiting.get(assignment, {}).get(key)
+        if lane is None or not lane.held:
             return
         lane.held = False
         if lane.stale:
@@ -493,7 +497,7 @@ class Scheduler:
         if lane.records:
             self._pending.append((assignment, [key], *lane.take()))
         else:
-            del self._lanes[assignment][key]  # nothing waits: the lane is free
+            del self._lanes[assignment][key], self._waiting[assignment][key]  # the lane is free
 
     def dispatch(self) -> int:
         """Pack the runnable records into tasks and hand them to the workers; returns tasks."""
@@ -524,7 +528,7 @@ class Scheduler:
                     # One lane's records: the rest wait in the lane, so the lane's later records
                     # are never tied to one worker for long. Groups of several lanes are never
                     # longer than a task when submitted.
-                    _waiting(lanes, gkeys[0]).push_front(grecs[lane_size:], gbatches[lane_size:])
+                    self._wait(a, gkeys[0]).push_front(grecs[lane_size:], gbatches[lane_size:])
                     grecs, gbatches = grecs[:lane_size], gbatches[:lane_size]
             if recs and (
                 a is not cur or len(recs) + len(grecs) > size or (keys is None) != (gkeys is None)
@@ -620,10 +624,7 @@ class Scheduler:
     def waiting(self) -> int:
         """Records waiting in busy lanes: registered, but not runnable until a task returns."""
         return sum(
-            len(lane.records)
-            for lanes in self._lanes.values()
-            for lane in lanes.values()
-            if type(lane) is _Lane
+            len(lane.records) for waiting in self._waiting.values() for lane in waiting.values()
         ) + sum(map(len, self._parked.values()))
 
     def tasks_out(self) -> int:
@@ -700,9 +701,8 @@ class Scheduler:
                 keep.append(g)
         self._pending = keep
         for a in targets:
-            for lane in self._lanes.get(a, {}).values():
-                if type(lane) is _Lane:
-                    dropped += lane.take()[0]
+            for lane in self._waiting.get(a, {}).values():
+                dropped += lane.take()[0]
             dropped += [r for r, _ in self._parked.pop(a, ())]
         return dropped
 
@@ -712,17 +712,29 @@ class Scheduler:
         assignment of the partition waits for their lanes."""
         for a in assignments:
             self._lanes.pop(a, None)
+            self._waiting.pop(a, None)
             self._parked.pop(a, None)
             for t in self._outstanding.get(a, ()):
                 if t.started:
                     self._stale.setdefault(a.tp, []).append(t)
 
-    def _hold_stale(self, a: Assignment, lanes: dict[LaneKey, _Lane | list[LaneKey]]) -> None:
+    def _hold_stale(self, a: Assignment) -> None:
         """A new assignment of a partition whose earlier assignment still runs tasks: the
         lanes those tasks hold start busy (their offsets, in unordered mode)."""
         for t in self._stale.get(a.tp, ()):
             for key in _busy_lanes(t):
-                _waiting(lanes, key).stale += 1
+                self._wait(a, key).stale += 1
+
+    def _wait(self, a: Assignment, key: LaneKey) -> _Lane:
+        """What waits in lane `key` of `a`, which is busy from now on if it was not."""
+        waiting = self._waiting[a]
+        lane = waiting.get(key)
+        if lane is None:
+            lane = waiting[key] = _Lane()
+            lanes = self._lanes[a]
+            if key not in lanes:
+                lanes[key] = [key]
+        return lane
 
     def _park_stale(
         self, a: Assignment, batch: BatchProgress, records: list[Record]
@@ -763,10 +775,10 @@ class Scheduler:
                 if free:
                     self._pending.append((cur, None, [r for r, _ in free], [b for _, b in free]))
             return
-        lanes = self._lanes[cur]
+        lanes, waiting = self._lanes[cur], self._waiting[cur]
         for key in _busy_lanes(task):
-            lane = lanes.get(key)
-            if type(lane) is not _Lane or not lane.stale:
+            lane = waiting.get(key)
+            if lane is None or not lane.stale:
                 continue
             lane.stale -= 1
             if lane.stale or lane.held:
@@ -774,7 +786,7 @@ class Scheduler:
             if lane.records:
                 self._pending.append((cur, [key], *lane.take()))
             else:
-                del lanes[key]
+                del lanes[key], waiting[key]
 
     @property
     def lanes(self) -> int:
