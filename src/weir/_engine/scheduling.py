@@ -2,8 +2,13 @@
 
 Lanes are owner-side state: a lane (a key, or the whole partition) is busy while one task holds
 it, and its later records wait until that task comes back, so workers never share ordering
-state. Tasks are sized from the measured handler time: a no-op handler gets whole batches (one
-queue round trip per batch instead of per record), a slow one gets small tasks spread over every
+state. Each ordering mode is an `OrderingRule` (`ByKey`, `ByPartition`, `Unordered`): the lane
+a record holds, how a batch's records enter the lanes, and what a long task may give up. The
+`Scheduler` makes one at construction and does the rest alike for every mode: busy and waiting
+lanes, whole-partition lanes, held failures, stale tasks, packing.
+
+Tasks are sized from the measured handler time: a no-op handler gets whole batches (one queue
+round trip per batch instead of per record), a slow one gets small tasks spread over every
 worker. `weir._engine.workers` runs the tasks.
 
 Concurrent workers (an event loop, `weir._engine.aio`) run every lane of a task at once and report
@@ -15,15 +20,28 @@ own lane, never the other lanes it was packed with.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from itertools import groupby
+from typing import ClassVar
 
 from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Lane, LaneKey, Task
 from weir._engine.tracking import BatchProgress
 from weir._engine.workers import Workers
 from weir.records import Ordering, Partition, Record, offset_of
 
-__all__ = ["Lane", "LaneKey", "Ordering", "Scheduler", "lane_of"]
+__all__ = [
+    "RULES",
+    "ByKey",
+    "ByPartition",
+    "Lane",
+    "LaneKey",
+    "Ordering",
+    "OrderingRule",
+    "Scheduler",
+    "Unordered",
+    "lane_of",
+]
 
 
 # Records of *different* lanes share a task only up to about this much handler time: enough to
@@ -109,14 +127,171 @@ def _joined(
     return (a, keys, recs, batches)
 
 
+class OrderingRule(ABC):
+    """One ordering mode: the lane each record holds, which says what may run at once (records
+    of one lane one at a time, in offset order; records of different lanes, or of none, side by
+    side), and how the scheduler's lanes take records as they arrive and as a long task gives
+    up the records its worker has not reached. The `Scheduler` makes one at construction and
+    asks it wherever the modes differ; a rule works on that scheduler's lanes."""
+
+    ordering: ClassVar[Ordering]
+    # Records hold lanes: a failed record holds its lane until it is retried (`Scheduler.hold`,
+    # `release`). A failed record of no lane is submitted again instead (`Scheduler.resubmit`).
+    ordered: ClassVar[bool] = True
+    # While the handler is fast, a partition's records may go out behind one lane for the whole
+    # partition (`_WHOLE`, see `Scheduler._whole_lane`).
+    whole: ClassVar[bool] = True
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._s = scheduler
+
+    @staticmethod
+    @abstractmethod
+    def lane_of(record: Record) -> LaneKey:
+        """The lane `record` holds in its assignment while it runs or waits (`Lane.NONE`:
+        none, it may run beside any record)."""
+
+    @abstractmethod
+    def submit(
+        self, a: Assignment, lanes: _Lanes, batch: BatchProgress, records: list[Record]
+    ) -> None:
+        """Records of one batch, in offset order, that no whole-partition lane takes: runnable
+        ones go to `Scheduler._pending`, the rest join their busy lane."""
+
+    @abstractmethod
+    def move(self, task: Task, lanes: _Lanes) -> int:
+        """`Scheduler.take_unstarted`: the records that `task`'s worker has not reached go to
+        other workers, as far as the lanes allow; returns how many moved."""
+
+    def task_size(self, size: int, lane_size: int, groups: list[_Group]) -> int:
+        """Records per task when `dispatch` packs `groups`, from the usual `size` and that of
+        a single lane's task."""
+        return size
+
+
+class ByKey(OrderingRule):
+    """`ordering="key"`: a key's records one at a time, in offset order; different keys of a
+    partition side by side. Null keys share one lane: they have no identity to parallelise
+    by."""
+
+    ordering = "key"
+
+    @staticmethod
+    def lane_of(record: Record) -> LaneKey:
+        return record.key
+
+    def submit(
+        self, a: Assignment, lanes: _Lanes, batch: BatchProgress, records: list[Record]
+    ) -> None:
+        self._s._submit_keys(a, lanes, batch, records)
+
+    def move(self, task: Task, lanes: _Lanes) -> int:
+        """Other keys' records move with their lanes; the running key's later records go to
+        the front of its lane, behind the running one."""
+        s = self._s
+        rest, batches, whole = s._unreached(task, lanes)
+        if not rest:
+            return 0
+        a = task.assignment
+        at = len(task.records) - len(rest)
+        lane_of = self.lane_of
+        running = lane_of(task.records[at - 1]) if at else None
+        if task.lanes is None:  # from a whole lane: keep the running key's lane
+            task.lanes = [running]
+            lanes[running] = task.lanes
+        behind: tuple[list[Record], list[BatchProgress]] = ([], [])
+        groups: dict[LaneKey, tuple[list[Record], list[BatchProgress]]] = {}
+        for rec, batch in zip(rest, batches, strict=True):
+            key = lane_of(rec)
+            recs, bs = behind if key == running else groups.setdefault(key, ([], []))
+            recs.append(rec)
+            bs.append(batch)
+        if behind[0]:
+            s._wait(a, running).push_front(*behind)
+        # The task keeps only the running record's lane: keys whose records it finished, and
+        # keys moved below, no longer wait for it.
+        done_keys = [k for k in task.lanes if k != running and k not in groups]
+        task.lanes = [running]
+        s._free(a, lanes, done_keys)
+        if groups:
+            keys = list(groups)
+            waiting = s._waiting[a]
+            for k in keys:
+                if k not in waiting:
+                    lanes[k] = keys  # busy with the new group (a waiting lane stays as is)
+            recs = [r for k in keys for r in groups[k][0]]
+            bs = [b for k in keys for b in groups[k][1]]
+            s._pending.append(_joined(a, keys, recs, bs))
+        if whole is not None and whole.records:
+            s._submit_again(a, lanes, *whole.take())
+        return len(rest)
+
+
+class ByPartition(OrderingRule):
+    """`ordering="partition"`: a partition's records one at a time, in offset order; partitions
+    side by side."""
+
+    ordering = "partition"
+    whole = False  # its one lane already takes the whole partition
+
+    @staticmethod
+    def lane_of(record: Record) -> LaneKey:
+        return None
+
+    def submit(
+        self, a: Assignment, lanes: _Lanes, batch: BatchProgress, records: list[Record]
+    ) -> None:
+        self._s._submit_lane(a, lanes, None, batch, records)
+
+    def move(self, task: Task, lanes: _Lanes) -> int:
+        return 0  # the partition is one lane: the rest would wait for the running record anyway
+
+
+class Unordered(OrderingRule):
+    """`ordering="unordered"`: records hold no lane, any of them may run side by side (the
+    watermark still commits only the contiguous finished prefix)."""
+
+    ordering = "unordered"
+    ordered = False
+
+    @staticmethod
+    def lane_of(record: Record) -> LaneKey:
+        return Lane.NONE
+
+    def submit(
+        self, a: Assignment, lanes: _Lanes, batch: BatchProgress, records: list[Record]
+    ) -> None:
+        s = self._s
+        if s._stale:
+            records = s._park_stale(a, batch, records)
+        s._pending.append((a, None, records, [batch] * len(records)))
+
+    def move(self, task: Task, lanes: _Lanes) -> int:
+        """All of them move, cut anywhere."""
+        s = self._s
+        rest, batches, whole = s._unreached(task, lanes)
+        if rest:
+            s._pending.append((task.assignment, None, rest, batches))
+            if whole is not None and whole.records:
+                s._pending.append((task.assignment, None, *whole.take()))
+        return len(rest)
+
+    def task_size(self, size: int, lane_size: int, groups: list[_Group]) -> int:
+        # A batch that gives every worker two tasks or more goes out in tasks of up to a lane
+        # task's length; longer tasks idle no worker then, and each hand-off saved is owner
+        # time under the interpreter lock that workers wait for.
+        runnable = sum(len(g[2]) for g in groups)
+        return max(size, min(lane_size, runnable // (2 * self._s._workers)))
+
+
+RULES: dict[Ordering, type[OrderingRule]] = {r.ordering: r for r in (ByKey, ByPartition, Unordered)}
+
+
 def lane_of(ordering: Ordering) -> Callable[[Record], LaneKey] | None:
-    """The lane a record waits in under `ordering` (None: unordered, no lanes)."""
-    if ordering == "key":
-        # Null keys share one lane per partition: they have no identity to parallelise by.
-        return lambda r: r.key
-    if ordering == "partition":
-        return lambda r: None
-    return None
+    """The lane a record waits in under `ordering` (None: unordered, no lanes), for workers
+    that hold back a failed record's lane."""
+    rule = RULES[ordering]
+    return rule.lane_of if rule.ordered else None
 
 
 class Scheduler:
@@ -133,9 +308,8 @@ class Scheduler:
         # Concurrent workers run a task's lanes at once: a whole-partition lane would serialise
         # the partition, and the handler time says nothing of the cost of a hand-off.
         self._concurrent = workers.concurrent
-        self._whole = whole and ordering != "partition" and not self._concurrent
-        self._ordering = ordering
-        self._key_of = lane_of(ordering)
+        rule = self._rule = RULES[ordering](self)
+        self._whole = whole and rule.whole and not self._concurrent
         self._workers = workers.slots
         self._lanes: dict[Assignment, _Lanes] = {}
         self._waiting: dict[Assignment, _Waiting] = {}
@@ -171,14 +345,8 @@ class Scheduler:
                 self._hold_stale(assignment)
         if self._whole and self._whole_lane(lanes, len(records)):
             self._submit_lane(assignment, lanes, _WHOLE, batch, records)
-        elif self._key_of is None:
-            if self._stale:
-                records = self._park_stale(assignment, batch, records)
-            self._pending.append((assignment, None, records, [batch] * len(records)))
-        elif self._ordering == "partition":
-            self._submit_lane(assignment, lanes, None, batch, records)
         else:
-            self._submit_keys(assignment, lanes, batch, records)
+            self._rule.submit(assignment, lanes, batch, records)
 
     def _submit_lane(
         self,
@@ -260,17 +428,18 @@ class Scheduler:
         if lanes is None:
             return  # forgotten: revoked or lost
         failed: dict[LaneKey, tuple[list[Record], list[BatchProgress]]] = {}
-        key_of = self._key_of
-        if task.errors and key_of is not None:
+        if task.errors and self._rule.ordered:
+            lane_of = self._rule.lane_of
             for i, code in enumerate(task.outcomes or ()):
                 if code in (FAILED, HELD):
                     rec = task.records[i]
-                    held_recs, held_batches = failed.setdefault(key_of(rec), ([], []))
+                    held_recs, held_batches = failed.setdefault(lane_of(rec), ([], []))
                     held_recs.append(rec)
                     held_batches.append(task.batches[i])
-            if task.lanes == [_WHOLE] and self._ordering == "key":
-                # A failed record holds its key, not the whole partition: the partition leaves
-                # its whole lane, and what waited behind it goes to key lanes again.
+            if task.lanes == [_WHOLE]:
+                # A failed record holds its own lane (key mode: its key), not the whole
+                # partition: the partition leaves its whole lane, and what waited behind it
+                # goes to its own lanes again.
                 self._split_whole(a, lanes, failed)
                 return
         # A concurrent task's lanes that were freed while it ran are not its to free any more.
@@ -330,21 +499,27 @@ class Scheduler:
         by key, in offset order, so other keys go on while the failed ones wait."""
         lanes.pop(_WHOLE, None)
         whole = self._waiting[a].pop(_WHOLE, None)
-        behind = ([], []) if whole is None else whole.take()
         for key, (recs, batches) in failed.items():
             self.hold(a, key, recs, batches)
-        recs, batches = behind
+        if whole is not None:
+            self._submit_again(a, lanes, *whole.take())
+
+    def _submit_again(
+        self, a: Assignment, lanes: _Lanes, records: list[Record], batches: list[BatchProgress]
+    ) -> None:
+        """Records that waited behind a whole lane, now gone, go to their own lanes, batch by
+        batch in offset order."""
         i = 0
         for batch, run in groupby(batches):
             n = len(list(run))
-            self._submit_keys(a, lanes, batch, recs[i : i + n])
+            self._rule.submit(a, lanes, batch, records[i : i + n])
             i += n
 
     def running_long(self, since: float) -> list[Task]:
         """Tasks a worker took at or before `since` (`time.perf_counter()`) that still hold
         records it has not reached, and whose records could go elsewhere. Concurrent workers
         start every lane of a task at once and free each as it ends: nothing to move."""
-        if self._ordering == "partition" or self._concurrent:
+        if self._concurrent:
             return []
         out = []
         for tasks in self._outstanding.values():
@@ -354,7 +529,9 @@ class Scheduler:
                     continue
                 lanes = t.lanes
                 if lanes is not None and len(lanes) == 1 and lanes[0] is not _WHOLE:
-                    continue  # one key's records: they would wait for the running one anyway
+                    # One key's records (in partition mode every task's): they would wait for
+                    # the running one anyway.
+                    continue
                 out.append(t)
         return out
 
@@ -377,79 +554,42 @@ class Scheduler:
         all. Key mode moves other keys' records with their lanes, and puts the running key's
         later records at the front of its lane, behind the running one; a whole-partition
         task leaves its whole lane first. Only for a task a worker took (`Task.it` set) of a
-        dispatching assignment."""
+        dispatching assignment. What moves is the rule's (`OrderingRule.move`)."""
         a = task.assignment
         lanes = self._lanes.get(a)
-        it = task.it
-        if it is None or task.moved or lanes is None or not a.dispatching or self._concurrent:
+        if task.it is None or task.moved or lanes is None or not a.dispatching or self._concurrent:
             return 0
-        if self._ordering == "partition":
-            return 0
-        rest = list(it)  # atomic: its worker will never see these records
+        return self._rule.move(task, lanes)
+
+    def _unreached(
+        self, task: Task, lanes: _Lanes
+    ) -> tuple[list[Record], list[BatchProgress], _Lane | None]:
+        """For `OrderingRule.move`: the records of `task` its worker has not reached leave it,
+        with their batches (none: nothing is left). A whole-partition task leaves its whole
+        lane too: what waited behind it is returned, to go out after the moved records (they
+        come first in offset order)."""
+        assert task.it is not None
+        rest = list(task.it)  # atomic: its worker will never see these records
         if not rest:
-            return 0
-        n = len(task.records)
-        at = n - len(rest)
+            return rest, [], None
         task.moved = len(rest)
-        batches = task.batches[at:]
+        batches = task.batches[len(task.records) - len(rest) :]
         self._out_records -= len(rest)
         whole = None
         if task.lanes == [_WHOLE]:
-            # The whole lane goes: what waits behind it goes out again below, after the moved
-            # records (they come first in offset order).
             lanes.pop(_WHOLE, None)
-            whole = self._waiting[a].pop(_WHOLE, None)
+            whole = self._waiting[task.assignment].pop(_WHOLE, None)
             task.lanes = None
-        if self._key_of is None:  # unordered: no lanes to keep
-            self._pending.append((a, None, rest, batches))
-            if whole is not None and whole.records:
-                self._pending.append((a, None, *whole.take()))
-            return len(rest)
-        running = self._key_of(task.records[at - 1]) if at else None
-        if task.lanes is None:  # key mode, from a whole lane: keep the running key's lane
-            task.lanes = [running]
-            lanes[running] = task.lanes
-        behind: tuple[list[Record], list[BatchProgress]] = ([], [])
-        groups: dict[LaneKey, tuple[list[Record], list[BatchProgress]]] = {}
-        for rec, batch in zip(rest, batches, strict=True):
-            key = self._key_of(rec)
-            recs, bs = behind if key == running else groups.setdefault(key, ([], []))
-            recs.append(rec)
-            bs.append(batch)
-        if behind[0]:
-            self._wait(a, running).push_front(*behind)
-        # The task keeps only the running record's lane: keys whose records it finished, and
-        # keys moved below, no longer wait for it.
-        done_keys = [k for k in task.lanes if k != running and k not in groups]
-        task.lanes = [running]
-        self._free(a, lanes, done_keys)
-        if groups:
-            keys = list(groups)
-            waiting = self._waiting[a]
-            for k in keys:
-                if k not in waiting:
-                    lanes[k] = keys  # busy with the new group (a waiting lane stays as is)
-            recs = [r for k in keys for r in groups[k][0]]
-            bs = [b for k in keys for b in groups[k][1]]
-            self._pending.append(_joined(a, keys, recs, bs))
-        if whole is not None and whole.records:
-            behind_whole, behind_batches = whole.take()
-            i = 0
-            for batch, run in groupby(behind_batches):
-                n = len(list(run))
-                self._submit_keys(a, lanes, batch, behind_whole[i : i + n])
-                i += n
-        return len(rest)
+        return rest, batches, whole
 
     @property
     def ordered(self) -> bool:
         """Records wait in lanes (key and partition mode)."""
-        return self._key_of is not None
+        return self._rule.ordered
 
     def lane_key(self, record: Record) -> LaneKey:
-        """The lane a failed record holds (key or partition mode)."""
-        assert self._key_of is not None
-        return self._key_of(record)
+        """The lane a failed record holds (`Lane.NONE` in unordered mode)."""
+        return self._rule.lane_of(record)
 
     def waiting_in(self, assignment: Assignment, key: LaneKey) -> int:
         """Records waiting in the lane `key` of `assignment` (0 if it has no waiting list)."""
@@ -505,13 +645,8 @@ class Scheduler:
         if not groups:
             return 0
         self._pending = []
-        size = self.task_size()
         lane_size = self.lane_task_size()
-        if self._key_of is None:
-            # Unordered: a batch that gives every worker two tasks or more goes out in tasks of
-            # up to a lane task's length; longer tasks idle no worker then, and each hand-off
-            # saved is owner time under the interpreter lock that workers wait for.
-            size = max(size, min(lane_size, sum(len(g[2]) for g in groups) // (2 * self._workers)))
+        size = self._rule.task_size(self.task_size(), lane_size, groups)
         tasks = 0
         cur: Assignment | None = None
         recs: list[Record] = []
@@ -658,8 +793,7 @@ class Scheduler:
             if len(task.lanes) == 1:
                 left = {task.lanes[0]: len(recs)}
             else:
-                key_of = self._key_of
-                assert key_of is not None
+                key_of = self._rule.lane_of
                 left = {}
                 for r in recs:
                     k = key_of(r)
@@ -675,8 +809,7 @@ class Scheduler:
                 del left[key]
                 freed.append(key)
         else:
-            key_of = self._key_of
-            assert key_of is not None
+            key_of = self._rule.lane_of
             for i in finished:
                 key = key_of(recs[i])
                 n = left[key] - 1
