@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal, Protocol
 
 import pytest
@@ -31,8 +31,15 @@ from weir._engine.scheduling import (
     _FIRST_GUESS,
     _MAX_TASK,
     _TASK_SECONDS,
+    RULES,
+    ByKey,
+    ByPartition,
+    Lane,
+    LaneKey,
     Ordering,
+    OrderingRule,
     Scheduler,
+    Unordered,
     lane_of,
 )
 from weir._engine.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
@@ -126,7 +133,7 @@ def next_task(s: Scheduler) -> Task:
     return pool(s).completions.get(timeout=WAIT)
 
 
-def retried(s: Scheduler, recorder: Recorder, a: Assignment, key: Hashable) -> Task:
+def retried(s: Scheduler, recorder: Recorder, a: Assignment, key: LaneKey) -> Task:
     """A retry: failures stop, the held lane is released, and its records go out as one task,
     which comes back with every record done."""
     recorder.fail.clear()
@@ -1802,3 +1809,82 @@ def test_a_failed_record_keeps_its_lane_held_when_its_task_returns() -> None:
     s.advance(t1)
     assert s.dispatch() == 0, "a is held with its failed record at the front"
     assert s.waiting() == 2  # offsets 0 (failed) and 2 wait in a
+
+
+# -- the ordering rules: what may run at once ----------------------------------------------------
+
+# Keys of one partition's records by offset: two records of A, one of B, two null keys, one of C.
+RULE_KEYS: dict[int, bytes | None] = {0: b"A", 1: b"B", 2: b"A", 3: None, 4: None, 5: b"C"}
+SLOW = 0.001  # 1 ms handlers: a task per record, whole-partition lanes never taken
+
+
+def may_run_at_once(rule: type[OrderingRule], recs: list[Record]) -> list[int]:
+    """What `rule` lets run at once of `recs` (one partition, offset order, nothing running):
+    the first record of each lane, and every record that holds none."""
+    taken: set[LaneKey] = set()
+    out = []
+    for r in recs:
+        lane = rule.lane_of(r)
+        if lane is Lane.NONE or lane not in taken:
+            taken.add(lane)
+            out.append(r.offset)
+    return out
+
+
+def running_now(s: Scheduler) -> list[Task]:
+    """Dispatch, and the tasks that went out: their records run at once (as if on idle workers)."""
+    s.dispatch()
+    tasks = queued(s)
+    for a, lanes in s._lanes.items():
+        assert set(s._waiting[a]) <= set(lanes), "a lane with records waiting is busy"
+    held = [k for t in tasks for k in t.lanes or ()]
+    assert len(held) == len(set(held)), f"two tasks hold one lane: {held}"
+    return tasks
+
+
+@pytest.mark.parametrize(
+    ("ordering", "rule", "lanes", "at_once", "beside", "next_up"),
+    [
+        # A key's records one at a time, keys (the null key too) side by side.
+        ("key", ByKey, [b"A", b"B", b"A", None, None, b"C"], [0, 1, 3, 5], [], [2]),
+        # One record of the partition at a time.
+        ("partition", ByPartition, [None] * 6, [0], [], [1]),
+        # Anything at once.
+        ("unordered", Unordered, [Lane.NONE] * 6, [0, 1, 2, 3, 4, 5], [6], []),
+    ],
+)
+def test_each_rule_states_what_may_run_at_once(
+    make: Factory,
+    ordering: Ordering,
+    rule: type[OrderingRule],
+    lanes: list[LaneKey],
+    at_once: list[int],
+    beside: list[int],
+    next_up: list[int],
+) -> None:
+    """Through the rule's interface: the lane each record holds, and so what may run at once.
+    A scheduler of that mode runs exactly that; a later batch's record of A (offset 6) runs
+    `beside` them only if A's lane is not busy; and when the task holding offset 0 comes back,
+    the next record of its lane (`next_up`) runs."""
+    assert RULES[ordering] is rule
+    recs = [rec(0, o, k) for o, k in RULE_KEYS.items()]
+    assert [rule.lane_of(r) for r in recs] == lanes
+    assert rule.ordered == (ordering != "unordered")
+    assert rule.whole == (ordering != "partition")
+    assert lane_of(ordering) == (rule.lane_of if rule.ordered else None)
+    assert may_run_at_once(rule, recs) == at_once
+
+    s = make(Idle(), ordering, start=False, whole=True)
+    assert type(s._rule) is rule
+    s._per_record = SLOW
+    a = assignment()
+    submit(s, a, list(RULE_KEYS), key=RULE_KEYS.__getitem__)
+    first = running_now(s)
+    assert sorted(o for t in first for o in offsets(t)) == at_once
+    submit(s, a, [6], key=lambda o: b"A")
+    assert [o for t in running_now(s) for o in offsets(t)] == beside
+    assert s.waiting() == len(RULE_KEYS) + 1 - len(at_once) - len(beside)
+    (t0,) = [t for t in first if offsets(t)[0] == 0]
+    t0.seconds = SLOW
+    settle(s, t0)
+    assert sorted(o for t in running_now(s) for o in offsets(t)) == next_up

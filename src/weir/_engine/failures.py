@@ -21,7 +21,7 @@ import heapq
 import itertools
 import random
 import time
-from collections.abc import Callable, Collection, Hashable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,7 +31,7 @@ from weir._engine.deadletter import DeadLetters, WriteFailure
 from weir._engine.fetching import FetchControl
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.scheduling import Scheduler
-from weir._engine.tasks import Assignment, Task
+from weir._engine.tasks import Assignment, Lane, LaneKey, Task
 from weir._engine.tracking import BatchProgress
 from weir._engine.workers import AwaitableReturned
 from weir.config import ConsumerConfig
@@ -44,7 +44,7 @@ __all__ = ["Failed", "Failures"]
 
 log = get_logger(__name__)
 
-_UNORDERED = ("weir", "no lane")  # the lane of a record in unordered mode: it holds none
+_UNORDERED = Lane.NONE  # the lane of a record in unordered mode: it holds none
 
 State = Literal["retry", "running", "dead_letter", "blocked"]
 
@@ -56,7 +56,7 @@ class Failed:
     assignment: Assignment
     record: Record
     batch: BatchProgress
-    lane: Hashable
+    lane: LaneKey
     attempt: int  # the attempt that failed last
     first_failed: float
     error: BaseException

@@ -2,8 +2,13 @@
 
 Lanes are owner-side state: a lane (a key, or the whole partition) is busy while one task holds
 it, and its later records wait until that task comes back, so workers never share ordering
-state. Tasks are sized from the measured handler time: a no-op handler gets whole batches (one
-queue round trip per batch instead of per record), a slow one gets small tasks spread over every
+state. Each ordering mode is an `OrderingRule` (`ByKey`, `ByPartition`, `Unordered`): the lane
+a record holds, how a batch's records enter the lanes, and what a long task may give up. The
+`Scheduler` makes one at construction and does the rest alike for every mode: busy and waiting
+lanes, whole-partition lanes, held failures, stale tasks, packing.
+
+Tasks are sized from the measured handler time: a no-op handler gets whole batches (one queue
+round trip per batch instead of per record), a slow one gets small tasks spread over every
 worker. `weir._engine.workers` runs the tasks.
 
 Concurrent workers (an event loop, `weir._engine.aio`) run every lane of a task at once and report
@@ -15,15 +20,28 @@ own lane, never the other lanes it was packed with.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from itertools import groupby
+from typing import ClassVar
 
-from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Task
+from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Lane, LaneKey, Task
 from weir._engine.tracking import BatchProgress
 from weir._engine.workers import Workers
 from weir.records import Ordering, Partition, Record, offset_of
 
-__all__ = ["Ordering", "Scheduler", "lane_of"]
+__all__ = [
+    "RULES",
+    "ByKey",
+    "ByPartition",
+    "Lane",
+    "LaneKey",
+    "Ordering",
+    "OrderingRule",
+    "Scheduler",
+    "Unordered",
+    "lane_of",
+]
 
 
 # Records of *different* lanes share a task only up to about this much handler time: enough to
@@ -47,12 +65,13 @@ _FIRST_GUESS = 0.001
 # polled batch fits in one task (see `Scheduler._whole_lane`), and a task holds at least
 # `_WHOLE_TASK` records: a small batch alone (one record, taken while throttled) says nothing of
 # the handler, and serialising a partition of 1 ms records cost unordered mode 80% of its rate.
-_WHOLE = ("weir", "whole partition")
+_WHOLE = Lane.WHOLE
 _WHOLE_TASK = 100
 
 
 class _Lane:
-    """A busy lane's records waiting for the task that holds it (parallel lists)."""
+    """What waits in a busy lane: its records, waiting for the task that holds it (parallel
+    lists), a failed record held at the front, or an earlier assignment's task."""
 
     __slots__ = ("batches", "held", "records", "stale")
 
@@ -83,21 +102,21 @@ class _Lane:
         self.batches[:0] = batches
 
 
-def _waiting(lanes: dict[Hashable, _Lane | list[Hashable]], key: Hashable) -> _Lane:
-    """The waiting list of a busy lane: a key only marked busy by its group gets one."""
-    lane = lanes.get(key)
-    if type(lane) is not _Lane:
-        lane = lanes[key] = _Lane()
-    return lane
+# An assignment's busy lanes, each mapped to the key list of the group that made it busy (its
+# identity tells key mode's intake which keys joined the group it is building: `_submit_keys`).
+_Lanes = dict[LaneKey, list[LaneKey]]
+# The busy lanes of an assignment that something waits in (`_Lane`), a subset of its `_Lanes`:
+# only keys that really wait get one, so with distinct keys a record costs a few dict operations.
+_Waiting = dict[LaneKey, _Lane]
 
 
 # A runnable group: its assignment, the lanes it holds busy (None: unordered, split anywhere),
 # its records in order and the batch of each record.
-_Group = tuple[Assignment, list[Hashable] | None, list[Record], list[BatchProgress]]
+_Group = tuple[Assignment, list[LaneKey] | None, list[Record], list[BatchProgress]]
 
 
 def _joined(
-    a: Assignment, keys: list[Hashable], recs: list[Record], batches: list[BatchProgress]
+    a: Assignment, keys: list[LaneKey], recs: list[Record], batches: list[BatchProgress]
 ) -> _Group:
     """A group of several freed lanes, in offset order: each lane keeps its order, and the
     records of one batch sit together, so the owner marks them finished in one call per batch."""
@@ -108,14 +127,171 @@ def _joined(
     return (a, keys, recs, batches)
 
 
-def lane_of(ordering: Ordering) -> Callable[[Record], Hashable] | None:
-    """The lane a record waits in under `ordering` (None: unordered, no lanes)."""
-    if ordering == "key":
-        # Null keys share one lane per partition: they have no identity to parallelise by.
-        return lambda r: r.key
-    if ordering == "partition":
-        return lambda r: None
-    return None
+class OrderingRule(ABC):
+    """One ordering mode: the lane each record holds, which says what may run at once (records
+    of one lane one at a time, in offset order; records of different lanes, or of none, side by
+    side), and how the scheduler's lanes take records as they arrive and as a long task gives
+    up the records its worker has not reached. The `Scheduler` makes one at construction and
+    asks it wherever the modes differ; a rule works on that scheduler's lanes."""
+
+    ordering: ClassVar[Ordering]
+    # Records hold lanes: a failed record holds its lane until it is retried (`Scheduler.hold`,
+    # `release`). A failed record of no lane is submitted again instead (`Scheduler.resubmit`).
+    ordered: ClassVar[bool] = True
+    # While the handler is fast, a partition's records may go out behind one lane for the whole
+    # partition (`_WHOLE`, see `Scheduler._whole_lane`).
+    whole: ClassVar[bool] = True
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._s = scheduler
+
+    @staticmethod
+    @abstractmethod
+    def lane_of(record: Record) -> LaneKey:
+        """The lane `record` holds in its assignment while it runs or waits (`Lane.NONE`:
+        none, it may run beside any record)."""
+
+    @abstractmethod
+    def submit(
+        self, a: Assignment, lanes: _Lanes, batch: BatchProgress, records: list[Record]
+    ) -> None:
+        """Records of one batch, in offset order, that no whole-partition lane takes: runnable
+        ones go to `Scheduler._pending`, the rest join their busy lane."""
+
+    @abstractmethod
+    def move(self, task: Task, lanes: _Lanes) -> int:
+        """`Scheduler.take_unstarted`: the records that `task`'s worker has not reached go to
+        other workers, as far as the lanes allow; returns how many moved."""
+
+    def task_size(self, size: int, lane_size: int, groups: list[_Group]) -> int:
+        """Records per task when `dispatch` packs `groups`, from the usual `size` and that of
+        a single lane's task."""
+        return size
+
+
+class ByKey(OrderingRule):
+    """`ordering="key"`: a key's records one at a time, in offset order; different keys of a
+    partition side by side. Null keys share one lane: they have no identity to parallelise
+    by."""
+
+    ordering = "key"
+
+    @staticmethod
+    def lane_of(record: Record) -> LaneKey:
+        return record.key
+
+    def submit(
+        self, a: Assignment, lanes: _Lanes, batch: BatchProgress, records: list[Record]
+    ) -> None:
+        self._s._submit_keys(a, lanes, batch, records)
+
+    def move(self, task: Task, lanes: _Lanes) -> int:
+        """Other keys' records move with their lanes; the running key's later records go to
+        the front of its lane, behind the running one."""
+        s = self._s
+        rest, batches, whole = s._unreached(task, lanes)
+        if not rest:
+            return 0
+        a = task.assignment
+        at = len(task.records) - len(rest)
+        lane_of = self.lane_of
+        running = lane_of(task.records[at - 1]) if at else None
+        if task.lanes is None:  # from a whole lane: keep the running key's lane
+            task.lanes = [running]
+            lanes[running] = task.lanes
+        behind: tuple[list[Record], list[BatchProgress]] = ([], [])
+        groups: dict[LaneKey, tuple[list[Record], list[BatchProgress]]] = {}
+        for rec, batch in zip(rest, batches, strict=True):
+            key = lane_of(rec)
+            recs, bs = behind if key == running else groups.setdefault(key, ([], []))
+            recs.append(rec)
+            bs.append(batch)
+        if behind[0]:
+            s._wait(a, running).push_front(*behind)
+        # The task keeps only the running record's lane: keys whose records it finished, and
+        # keys moved below, no longer wait for it.
+        done_keys = [k for k in task.lanes if k != running and k not in groups]
+        task.lanes = [running]
+        s._free(a, lanes, done_keys)
+        if groups:
+            keys = list(groups)
+            waiting = s._waiting[a]
+            for k in keys:
+                if k not in waiting:
+                    lanes[k] = keys  # busy with the new group (a waiting lane stays as is)
+            recs = [r for k in keys for r in groups[k][0]]
+            bs = [b for k in keys for b in groups[k][1]]
+            s._pending.append(_joined(a, keys, recs, bs))
+        if whole is not None and whole.records:
+            s._submit_again(a, lanes, *whole.take())
+        return len(rest)
+
+
+class ByPartition(OrderingRule):
+    """`ordering="partition"`: a partition's records one at a time, in offset order; partitions
+    side by side."""
+
+    ordering = "partition"
+    whole = False  # its one lane already takes the whole partition
+
+    @staticmethod
+    def lane_of(record: Record) -> LaneKey:
+        return None
+
+    def submit(
+        self, a: Assignment, lanes: _Lanes, batch: BatchProgress, records: list[Record]
+    ) -> None:
+        self._s._submit_lane(a, lanes, None, batch, records)
+
+    def move(self, task: Task, lanes: _Lanes) -> int:
+        return 0  # the partition is one lane: the rest would wait for the running record anyway
+
+
+class Unordered(OrderingRule):
+    """`ordering="unordered"`: records hold no lane, any of them may run side by side (the
+    watermark still commits only the contiguous finished prefix)."""
+
+    ordering = "unordered"
+    ordered = False
+
+    @staticmethod
+    def lane_of(record: Record) -> LaneKey:
+        return Lane.NONE
+
+    def submit(
+        self, a: Assignment, lanes: _Lanes, batch: BatchProgress, records: list[Record]
+    ) -> None:
+        s = self._s
+        if s._stale:
+            records = s._park_stale(a, batch, records)
+        s._pending.append((a, None, records, [batch] * len(records)))
+
+    def move(self, task: Task, lanes: _Lanes) -> int:
+        """All of them move, cut anywhere."""
+        s = self._s
+        rest, batches, whole = s._unreached(task, lanes)
+        if rest:
+            s._pending.append((task.assignment, None, rest, batches))
+            if whole is not None and whole.records:
+                s._pending.append((task.assignment, None, *whole.take()))
+        return len(rest)
+
+    def task_size(self, size: int, lane_size: int, groups: list[_Group]) -> int:
+        # A batch that gives every worker two tasks or more goes out in tasks of up to a lane
+        # task's length; longer tasks idle no worker then, and each hand-off saved is owner
+        # time under the interpreter lock that workers wait for.
+        runnable = sum(len(g[2]) for g in groups)
+        return max(size, min(lane_size, runnable // (2 * self._s._workers)))
+
+
+RULES: dict[Ordering, type[OrderingRule]] = {r.ordering: r for r in (ByKey, ByPartition, Unordered)}
+
+
+def lane_of(ordering: Ordering) -> Callable[[Record], LaneKey] | None:
+    """The lane a record waits in under `ordering` (None: unordered, no lanes), for workers
+    that hold back a failed record's lane."""
+    rule = RULES[ordering]
+    return rule.lane_of if rule.ordered else None
 
 
 class Scheduler:
@@ -132,13 +308,11 @@ class Scheduler:
         # Concurrent workers run a task's lanes at once: a whole-partition lane would serialise
         # the partition, and the handler time says nothing of the cost of a hand-off.
         self._concurrent = workers.concurrent
-        self._whole = whole and ordering != "partition" and not self._concurrent
-        self._ordering = ordering
-        self._key_of = lane_of(ordering)
+        rule = self._rule = RULES[ordering](self)
+        self._whole = whole and rule.whole and not self._concurrent
         self._workers = workers.slots
-        # A busy lane is a `_Lane` when records wait for it, else the key list of the group
-        # holding it (see `_submit_keys`).
-        self._lanes: dict[Assignment, dict[Hashable, _Lane | list[Hashable]]] = {}
+        self._lanes: dict[Assignment, _Lanes] = {}
+        self._waiting: dict[Assignment, _Waiting] = {}
         self._pending: list[_Group] = []
         # Outstanding tasks whose workers count their finished records (`Task.report`). Tasks
         # are kept in dicts, not sets (hashed by address): they are walked in the order they
@@ -166,24 +340,19 @@ class Scheduler:
         lanes = self._lanes.get(assignment)
         if lanes is None:
             lanes = self._lanes[assignment] = {}
+            self._waiting[assignment] = {}
             if assignment.tp in self._stale:
-                self._hold_stale(assignment, lanes)
+                self._hold_stale(assignment)
         if self._whole and self._whole_lane(lanes, len(records)):
             self._submit_lane(assignment, lanes, _WHOLE, batch, records)
-        elif self._key_of is None:
-            if self._stale:
-                records = self._park_stale(assignment, batch, records)
-            self._pending.append((assignment, None, records, [batch] * len(records)))
-        elif self._ordering == "partition":
-            self._submit_lane(assignment, lanes, None, batch, records)
         else:
-            self._submit_keys(assignment, lanes, batch, records)
+            self._rule.submit(assignment, lanes, batch, records)
 
     def _submit_lane(
         self,
         assignment: Assignment,
-        lanes: dict[Hashable, _Lane | list[Hashable]],
-        key: Hashable,
+        lanes: _Lanes,
+        key: LaneKey,
         batch: BatchProgress,
         records: list[Record],
     ) -> None:
@@ -191,14 +360,14 @@ class Scheduler:
         wait behind it while it is busy, else they go out as a group that marks it busy."""
         n = len(records)
         if key in lanes:
-            behind = _waiting(lanes, key)
+            behind = self._wait(assignment, key)
             behind.records.extend(records)
             behind.batches.extend([batch] * n)
         else:
             lanes[key] = [key]
             self._pending.append((assignment, [key], records, [batch] * n))
 
-    def _whole_lane(self, lanes: dict[Hashable, _Lane | list[Hashable]], n: int) -> bool:
+    def _whole_lane(self, lanes: _Lanes, n: int) -> bool:
         """Key and unordered mode, while a polled batch fits in one task: the records go out per
         partition, behind one lane for the whole partition, so in partition order and in key
         order too. Such a task runs its batch on one worker anyway, and fewer, longer tasks
@@ -212,7 +381,7 @@ class Scheduler:
     def _submit_keys(
         self,
         assignment: Assignment,
-        lanes: dict[Hashable, _Lane | list[Hashable]],
+        lanes: _Lanes,
         batch: BatchProgress,
         records: list[Record],
     ) -> None:
@@ -222,8 +391,9 @@ class Scheduler:
         that really wait get a `_Lane`: with distinct keys this is a few dict operations per
         record."""
         pending = self._pending
+        waiting = self._waiting[assignment]
         size = self.task_size()
-        keys: list[Hashable] = []
+        keys: list[LaneKey] = []
         group: list[Record] = []
         for rec in records:
             key = rec._key  # the slot, not the property: this loop runs once per record
@@ -238,10 +408,11 @@ class Scheduler:
             elif lane is keys and len(group) < size:
                 group.append(rec)
             else:
-                if type(lane) is not _Lane:
-                    lane = lanes[key] = _Lane()  # busy with an earlier group: now it waits
-                lane.records.append(rec)
-                lane.batches.append(batch)
+                behind = waiting.get(key)
+                if behind is None:
+                    behind = waiting[key] = _Lane()  # busy with an earlier group: now it waits
+                behind.records.append(rec)
+                behind.batches.append(batch)
         if group:
             pending.append((assignment, keys, group, [batch] * len(group)))
 
@@ -256,18 +427,19 @@ class Scheduler:
         lanes = self._lanes.get(a)
         if lanes is None:
             return  # forgotten: revoked or lost
-        failed: dict[Hashable, tuple[list[Record], list[BatchProgress]]] = {}
-        key_of = self._key_of
-        if task.errors and key_of is not None:
+        failed: dict[LaneKey, tuple[list[Record], list[BatchProgress]]] = {}
+        if task.errors and self._rule.ordered:
+            lane_of = self._rule.lane_of
             for i, code in enumerate(task.outcomes or ()):
                 if code in (FAILED, HELD):
                     rec = task.records[i]
-                    held_recs, held_batches = failed.setdefault(key_of(rec), ([], []))
+                    held_recs, held_batches = failed.setdefault(lane_of(rec), ([], []))
                     held_recs.append(rec)
                     held_batches.append(task.batches[i])
-            if task.lanes == [_WHOLE] and self._ordering == "key":
-                # A failed record holds its key, not the whole partition: the partition leaves
-                # its whole lane, and what waited behind it goes to key lanes again.
+            if task.lanes == [_WHOLE]:
+                # A failed record holds its own lane (key mode: its key), not the whole
+                # partition: the partition leaves its whole lane, and what waited behind it
+                # goes to its own lanes again.
                 self._split_whole(a, lanes, failed)
                 return
         # A concurrent task's lanes that were freed while it ran are not its to free any more.
@@ -281,24 +453,23 @@ class Scheduler:
     def _free(
         self,
         a: Assignment,
-        lanes: dict[Hashable, _Lane | list[Hashable]],
-        freed: Iterable[Hashable],
+        lanes: _Lanes,
+        freed: Iterable[LaneKey],
     ) -> None:
         """These lanes of `a` are no longer busy: their waiting records become runnable."""
         # Lanes freed together go out together: one group of several lanes (up to a task),
         # not a group per lane. A lane longer than a task goes alone (dispatch cuts it).
         pending = self._pending
+        waiting = self._waiting[a]
         size = self.task_size()
         lane_size = self.lane_task_size()
-        group: list[Hashable] = []
+        group: list[LaneKey] = []
         recs: list[Record] = []
         batches: list[BatchProgress] = []
         for key in freed:
-            lane = lanes.get(key)
+            lane = waiting.get(key)
             if lane is None:
-                continue
-            if type(lane) is not _Lane:
-                del lanes[key]  # busy with nothing waiting
+                lanes.pop(key, None)  # nothing waits: free
             elif lane.held or lane.stale:
                 continue
             elif lane.records:
@@ -313,35 +484,42 @@ class Scheduler:
                 recs += lane_recs
                 batches += lane_batches
             else:
-                del lanes[key]
+                del lanes[key], waiting[key]
         if recs:
             pending.append(_joined(a, group, recs, batches))
 
     def _split_whole(
         self,
         a: Assignment,
-        lanes: dict[Hashable, _Lane | list[Hashable]],
-        failed: dict[Hashable, tuple[list[Record], list[BatchProgress]]],
+        lanes: _Lanes,
+        failed: dict[LaneKey, tuple[list[Record], list[BatchProgress]]],
     ) -> None:
         """Key mode: a whole-partition task came back with failures. The failed keys are held
         with their records; every record that waited behind the whole lane is submitted again
         by key, in offset order, so other keys go on while the failed ones wait."""
-        whole = lanes.pop(_WHOLE, None)
-        waiting = whole.take() if type(whole) is _Lane else ([], [])
+        lanes.pop(_WHOLE, None)
+        whole = self._waiting[a].pop(_WHOLE, None)
         for key, (recs, batches) in failed.items():
             self.hold(a, key, recs, batches)
-        recs, batches = waiting
+        if whole is not None:
+            self._submit_again(a, lanes, *whole.take())
+
+    def _submit_again(
+        self, a: Assignment, lanes: _Lanes, records: list[Record], batches: list[BatchProgress]
+    ) -> None:
+        """Records that waited behind a whole lane, now gone, go to their own lanes, batch by
+        batch in offset order."""
         i = 0
         for batch, run in groupby(batches):
             n = len(list(run))
-            self._submit_keys(a, lanes, batch, recs[i : i + n])
+            self._rule.submit(a, lanes, batch, records[i : i + n])
             i += n
 
     def running_long(self, since: float) -> list[Task]:
         """Tasks a worker took at or before `since` (`time.perf_counter()`) that still hold
         records it has not reached, and whose records could go elsewhere. Concurrent workers
         start every lane of a task at once and free each as it ends: nothing to move."""
-        if self._ordering == "partition" or self._concurrent:
+        if self._concurrent:
             return []
         out = []
         for tasks in self._outstanding.values():
@@ -351,7 +529,9 @@ class Scheduler:
                     continue
                 lanes = t.lanes
                 if lanes is not None and len(lanes) == 1 and lanes[0] is not _WHOLE:
-                    continue  # one key's records: they would wait for the running one anyway
+                    # One key's records (in partition mode every task's): they would wait for
+                    # the running one anyway.
+                    continue
                 out.append(t)
         return out
 
@@ -374,93 +554,58 @@ class Scheduler:
         all. Key mode moves other keys' records with their lanes, and puts the running key's
         later records at the front of its lane, behind the running one; a whole-partition
         task leaves its whole lane first. Only for a task a worker took (`Task.it` set) of a
-        dispatching assignment."""
+        dispatching assignment. What moves is the rule's (`OrderingRule.move`)."""
         a = task.assignment
         lanes = self._lanes.get(a)
-        it = task.it
-        if it is None or task.moved or lanes is None or not a.dispatching or self._concurrent:
+        if task.it is None or task.moved or lanes is None or not a.dispatching or self._concurrent:
             return 0
-        if self._ordering == "partition":
-            return 0
-        rest = list(it)  # atomic: its worker will never see these records
+        return self._rule.move(task, lanes)
+
+    def _unreached(
+        self, task: Task, lanes: _Lanes
+    ) -> tuple[list[Record], list[BatchProgress], _Lane | None]:
+        """For `OrderingRule.move`: the records of `task` its worker has not reached leave it,
+        with their batches (none: nothing is left). A whole-partition task leaves its whole
+        lane too: what waited behind it is returned, to go out after the moved records (they
+        come first in offset order)."""
+        assert task.it is not None
+        rest = list(task.it)  # atomic: its worker will never see these records
         if not rest:
-            return 0
-        n = len(task.records)
-        at = n - len(rest)
+            return rest, [], None
         task.moved = len(rest)
-        batches = task.batches[at:]
+        batches = task.batches[len(task.records) - len(rest) :]
         self._out_records -= len(rest)
         whole = None
         if task.lanes == [_WHOLE]:
-            # The whole lane goes: what waits behind it goes out again below, after the moved
-            # records (they come first in offset order).
-            whole = lanes.pop(_WHOLE, None)
+            lanes.pop(_WHOLE, None)
+            whole = self._waiting[task.assignment].pop(_WHOLE, None)
             task.lanes = None
-        if self._key_of is None:  # unordered: no lanes to keep
-            self._pending.append((a, None, rest, batches))
-            if type(whole) is _Lane and whole.records:
-                self._pending.append((a, None, *whole.take()))
-            return len(rest)
-        running = self._key_of(task.records[at - 1]) if at else None
-        if task.lanes is None:  # key mode, from a whole lane: keep the running key's lane
-            task.lanes = [running]
-            lanes[running] = task.lanes
-        behind: tuple[list[Record], list[BatchProgress]] = ([], [])
-        groups: dict[Hashable, tuple[list[Record], list[BatchProgress]]] = {}
-        for rec, batch in zip(rest, batches, strict=True):
-            key = self._key_of(rec)
-            recs, bs = behind if key == running else groups.setdefault(key, ([], []))
-            recs.append(rec)
-            bs.append(batch)
-        if behind[0]:
-            _waiting(lanes, running).push_front(*behind)
-        # The task keeps only the running record's lane: keys whose records it finished, and
-        # keys moved below, no longer wait for it.
-        done_keys = [k for k in task.lanes if k != running and k not in groups]
-        task.lanes = [running]
-        self._free(a, lanes, done_keys)
-        if groups:
-            keys = list(groups)
-            for k in keys:
-                if type(lanes.get(k)) is not _Lane:
-                    lanes[k] = keys  # busy with the new group (a waiting lane stays as is)
-            recs = [r for k in keys for r in groups[k][0]]
-            bs = [b for k in keys for b in groups[k][1]]
-            self._pending.append(_joined(a, keys, recs, bs))
-        if type(whole) is _Lane and whole.records:
-            waiting, waiting_batches = whole.take()
-            i = 0
-            for batch, run in groupby(waiting_batches):
-                n = len(list(run))
-                self._submit_keys(a, lanes, batch, waiting[i : i + n])
-                i += n
-        return len(rest)
+        return rest, batches, whole
 
     @property
     def ordered(self) -> bool:
         """Records wait in lanes (key and partition mode)."""
-        return self._key_of is not None
+        return self._rule.ordered
 
-    def lane_key(self, record: Record) -> Hashable:
-        """The lane a failed record holds (key or partition mode)."""
-        assert self._key_of is not None
-        return self._key_of(record)
+    def lane_key(self, record: Record) -> LaneKey:
+        """The lane a failed record holds (`Lane.NONE` in unordered mode)."""
+        return self._rule.lane_of(record)
 
-    def waiting_in(self, assignment: Assignment, key: Hashable) -> int:
+    def waiting_in(self, assignment: Assignment, key: LaneKey) -> int:
         """Records waiting in the lane `key` of `assignment` (0 if it has no waiting list)."""
-        lane = self._lanes.get(assignment, {}).get(key)
-        return len(lane.records) if type(lane) is _Lane else 0
+        lane = self._waiting.get(assignment, {}).get(key)
+        return 0 if lane is None else len(lane.records)
 
     def resubmit(self, assignment: Assignment, batch: BatchProgress, record: Record) -> None:
         """Unordered mode: a failed record runs again (a retry); it held no lane."""
         if self._lanes.get(assignment) is not None:
             self._pending.append((assignment, None, [record], [batch]))
 
-    def finish_held(self, assignment: Assignment, key: Hashable, record: Record) -> None:
+    def finish_held(self, assignment: Assignment, key: LaneKey, record: Record) -> None:
         """The failed record at the front of a held lane is done with (dead-lettered, or skipped
         by the operator): it leaves the lane, and the lane runs on from the next record."""
-        lane = self._lanes.get(assignment, {}).get(key)
-        if type(lane) is not _Lane or not lane.records or lane.records[0] is not record:
+        lane = self._waiting.get(assignment, {}).get(key)
+        if lane is None or not lane.records or lane.records[0] is not record:
             return
         del lane.records[0], lane.batches[0]
         if lane.held:
@@ -469,23 +614,22 @@ class Scheduler:
     def hold(
         self,
         assignment: Assignment,
-        key: Hashable,
+        key: LaneKey,
         records: list[Record],
         batches: list[BatchProgress],
     ) -> None:
         """Put a failed record (and the ones behind it) back at the front of its lane and stop
         the lane: nothing of it runs until `release`."""
-        lanes = self._lanes.get(assignment)
-        if lanes is None:
+        if assignment not in self._lanes:
             return
-        lane = _waiting(lanes, key)
+        lane = self._wait(assignment, key)
         lane.push_front(records, batches)
         lane.held = True
 
-    def release(self, assignment: Assignment, key: Hashable) -> None:
+    def release(self, assignment: Assignment, key: LaneKey) -> None:
         """Let a held lane run again from its front record (a retry)."""
-        lane = self._lanes.get(assignment, {}).get(key)
-        if type(lane) is not _Lane or not lane.held:
+        lane = self._waiting.get(assignment, {}).get(key)
+        if lane is None or not lane.held:
             return
         lane.held = False
         if lane.stale:
@@ -493,7 +637,7 @@ class Scheduler:
         if lane.records:
             self._pending.append((assignment, [key], *lane.take()))
         else:
-            del self._lanes[assignment][key]  # nothing waits: the lane is free
+            del self._lanes[assignment][key], self._waiting[assignment][key]  # the lane is free
 
     def dispatch(self) -> int:
         """Pack the runnable records into tasks and hand them to the workers; returns tasks."""
@@ -501,18 +645,13 @@ class Scheduler:
         if not groups:
             return 0
         self._pending = []
-        size = self.task_size()
         lane_size = self.lane_task_size()
-        if self._key_of is None:
-            # Unordered: a batch that gives every worker two tasks or more goes out in tasks of
-            # up to a lane task's length; longer tasks idle no worker then, and each hand-off
-            # saved is owner time under the interpreter lock that workers wait for.
-            size = max(size, min(lane_size, sum(len(g[2]) for g in groups) // (2 * self._workers)))
+        size = self._rule.task_size(self.task_size(), lane_size, groups)
         tasks = 0
         cur: Assignment | None = None
         recs: list[Record] = []
         batches: list[BatchProgress] = []
-        keys: list[Hashable] | None = None
+        keys: list[LaneKey] | None = None
         for a, gkeys, grecs, gbatches in groups:
             if not a.dispatching:
                 continue  # revoked, lost or stopping since: these would come back fenced
@@ -524,7 +663,7 @@ class Scheduler:
                     # One lane's records: the rest wait in the lane, so the lane's later records
                     # are never tied to one worker for long. Groups of several lanes are never
                     # longer than a task when submitted.
-                    _waiting(lanes, gkeys[0]).push_front(grecs[lane_size:], gbatches[lane_size:])
+                    self._wait(a, gkeys[0]).push_front(grecs[lane_size:], gbatches[lane_size:])
                     grecs, gbatches = grecs[:lane_size], gbatches[:lane_size]
             if recs and (
                 a is not cur or len(recs) + len(grecs) > size or (keys is None) != (gkeys is None)
@@ -620,10 +759,7 @@ class Scheduler:
     def waiting(self) -> int:
         """Records waiting in busy lanes: registered, but not runnable until a task returns."""
         return sum(
-            len(lane.records)
-            for lanes in self._lanes.values()
-            for lane in lanes.values()
-            if type(lane) is _Lane
+            len(lane.records) for waiting in self._waiting.values() for lane in waiting.values()
         ) + sum(map(len, self._parked.values()))
 
     def tasks_out(self) -> int:
@@ -657,14 +793,13 @@ class Scheduler:
             if len(task.lanes) == 1:
                 left = {task.lanes[0]: len(recs)}
             else:
-                key_of = self._key_of
-                assert key_of is not None
+                key_of = self._rule.lane_of
                 left = {}
                 for r in recs:
                     k = key_of(r)
                     left[k] = left.get(k, 0) + 1
             task.lane_left = left
-        freed: list[Hashable] = []
+        freed: list[LaneKey] = []
         if len(left) == 1:
             ((key, n),) = left.items()
             n -= len(finished)
@@ -674,8 +809,7 @@ class Scheduler:
                 del left[key]
                 freed.append(key)
         else:
-            key_of = self._key_of
-            assert key_of is not None
+            key_of = self._rule.lane_of
             for i in finished:
                 key = key_of(recs[i])
                 n = left[key] - 1
@@ -700,9 +834,8 @@ class Scheduler:
                 keep.append(g)
         self._pending = keep
         for a in targets:
-            for lane in self._lanes.get(a, {}).values():
-                if type(lane) is _Lane:
-                    dropped += lane.take()[0]
+            for lane in self._waiting.get(a, {}).values():
+                dropped += lane.take()[0]
             dropped += [r for r, _ in self._parked.pop(a, ())]
         return dropped
 
@@ -712,17 +845,29 @@ class Scheduler:
         assignment of the partition waits for their lanes."""
         for a in assignments:
             self._lanes.pop(a, None)
+            self._waiting.pop(a, None)
             self._parked.pop(a, None)
             for t in self._outstanding.get(a, ()):
                 if t.started:
                     self._stale.setdefault(a.tp, []).append(t)
 
-    def _hold_stale(self, a: Assignment, lanes: dict[Hashable, _Lane | list[Hashable]]) -> None:
+    def _hold_stale(self, a: Assignment) -> None:
         """A new assignment of a partition whose earlier assignment still runs tasks: the
         lanes those tasks hold start busy (their offsets, in unordered mode)."""
         for t in self._stale.get(a.tp, ()):
             for key in _busy_lanes(t):
-                _waiting(lanes, key).stale += 1
+                self._wait(a, key).stale += 1
+
+    def _wait(self, a: Assignment, key: LaneKey) -> _Lane:
+        """What waits in lane `key` of `a`, which is busy from now on if it was not."""
+        waiting = self._waiting[a]
+        lane = waiting.get(key)
+        if lane is None:
+            lane = waiting[key] = _Lane()
+            lanes = self._lanes[a]
+            if key not in lanes:
+                lanes[key] = [key]
+        return lane
 
     def _park_stale(
         self, a: Assignment, batch: BatchProgress, records: list[Record]
@@ -763,10 +908,10 @@ class Scheduler:
                 if free:
                     self._pending.append((cur, None, [r for r, _ in free], [b for _, b in free]))
             return
-        lanes = self._lanes[cur]
+        lanes, waiting = self._lanes[cur], self._waiting[cur]
         for key in _busy_lanes(task):
-            lane = lanes.get(key)
-            if type(lane) is not _Lane or not lane.stale:
+            lane = waiting.get(key)
+            if lane is None or not lane.stale:
                 continue
             lane.stale -= 1
             if lane.stale or lane.held:
@@ -774,7 +919,7 @@ class Scheduler:
             if lane.records:
                 self._pending.append((cur, [key], *lane.take()))
             else:
-                del lanes[key]
+                del lanes[key], waiting[key]
 
     @property
     def lanes(self) -> int:
@@ -785,11 +930,7 @@ class Scheduler:
         return self._per_record
 
 
-def _whole(record: Record) -> Hashable:
-    return _WHOLE
-
-
-def _busy_lanes(task: Task) -> list[Hashable]:
+def _busy_lanes(task: Task) -> list[LaneKey]:
     """The lanes a task still holds: all of them, less those a concurrent task freed as their
     records finished (frozen once its assignment is forgotten)."""
     if task.lane_left is not None:

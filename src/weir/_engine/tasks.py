@@ -9,19 +9,36 @@ outcome per record. The owner builds tasks (`weir._engine.scheduling`), workers 
 
 from __future__ import annotations
 
+import enum
 import threading
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 
 from weir._engine.tracking import BatchProgress
 from weir.records import Output, Partition, Record, size_of
 
-__all__ = ["DONE", "FAILED", "FENCED", "HELD", "Assignment", "Task"]
+__all__ = ["DONE", "FAILED", "FENCED", "HELD", "Assignment", "Lane", "LaneKey", "Task"]
 
 # Per-record outcomes in `Task.outcomes` (a bytearray; None there means every record is DONE).
 FENCED = 0  # not run: its assignment stopped dispatching before the worker reached it
 DONE = 1
 FAILED = 2
 HELD = 3  # not run: an earlier record of its lane failed in the same task
+
+
+class Lane(enum.Enum):
+    """The lanes that are no record's key."""
+
+    # A partition's records one task after another, in key and unordered mode while the handler
+    # is fast (`weir._engine.scheduling`).
+    WHOLE = "whole partition"
+    # What a record holds in unordered mode: nothing.
+    NONE = "no lane"
+
+
+# A lane of one assignment (a task never mixes assignments, so the partition is implied): a
+# record's key in key mode (null keys share one lane), None in partition mode (the partition's
+# one lane), or a `Lane`. Record keys are bytes, so neither of the others is ever one of them.
+LaneKey = bytes | None | Lane
 
 
 class Assignment:
@@ -80,7 +97,7 @@ class Task:
         assignment: Assignment,
         records: list[Record],
         batches: list[BatchProgress],
-        lanes: list[Hashable] | None,
+        lanes: list[LaneKey] | None,
     ) -> None:
         self.assignment = assignment
         self.records = records
@@ -125,7 +142,7 @@ class Task:
         # Owner side, with `done`: the records of each lane of the task not finished yet. A lane
         # whose count reaches zero is freed while the rest of the task runs
         # (`Scheduler.progressed`); None until the first progress is read.
-        self.lane_left: dict[Hashable, int] | None = None
+        self.lane_left: dict[LaneKey, int] | None = None
 
     def __repr__(self) -> str:
         first = self.records[0].offset if self.records else None
