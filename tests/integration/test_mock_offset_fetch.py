@@ -1,0 +1,228 @@
+"""Where partitions start when the coordinator fails committed-offset reads while the assignment
+changes, on librdkafka's mock cluster (`tests.mock_cluster`: in this process, no JVM).
+
+The group has committed offset 50 on each of 4 partitions holding 100 records. The next 5
+OffsetFetch requests fail with one error; member A joins, and B joins 0.3 s later, so A's
+assignment changes while its first reads are failing. On eager, cooperative-sticky and KIP-848:
+
+- weir reads the committed offsets itself (`weir._engine.starts`): every partition starts at 50,
+  and every record from 50 on is handled;
+- the control, the same run with plain confluent-kafka consumers (librdkafka's own fetch, no
+  explicit offsets), shows what that avoids: partitions assigned and silent (NOT_COORDINATOR and
+  COORDINATOR_NOT_AVAILABLE are never retried; COORDINATOR_LOAD_IN_PROGRESS is not once the
+  assignment moved), or started over at `auto.offset.reset` (UNSTABLE_OFFSET_COMMIT once the
+  assignment moved). Under the eager protocol librdkafka drops the fetch in flight with the whole
+  assignment and reads again, so the two retriable errors do no harm there: the control says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from tests.mock_cluster import OFFSET_FETCH, MockCluster, mock_cluster
+from tests.waiting import wait_until
+from weir import GroupConsumer, Record
+
+pytestmark = pytest.mark.timeout(60)
+
+TOPIC = "t"
+GROUP = "g"
+PARTITIONS = 4
+RECORDS = 100
+MORE = 125  # records 100 to 124 come once both members hold partitions
+COMMITTED = 50
+ERRORS = 5
+JOIN_GAP_S = 0.3
+
+Protocol = Literal["eager", "cooperative", "consumer"]
+PROTOCOLS: tuple[Protocol, ...] = ("eager", "cooperative", "consumer")
+
+# The same group settings for weir and for the control's plain consumers.
+WEIR: dict[Protocol, dict[str, Any]] = {
+    "eager": {
+        "assignment_strategy": "range",
+        "session_timeout_s": 2.0,
+        "heartbeat_interval_s": 0.1,
+    },
+    "cooperative": {
+        "assignment_strategy": "cooperative-sticky",
+        "session_timeout_s": 2.0,
+        "heartbeat_interval_s": 0.1,
+    },
+    "consumer": {"group_protocol": "consumer"},
+}
+PLAIN: dict[Protocol, dict[str, Any]] = {
+    "eager": {
+        "partition.assignment.strategy": "range",
+        "session.timeout.ms": 2000,
+        "heartbeat.interval.ms": 100,
+    },
+    "cooperative": {
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": 2000,
+        "heartbeat.interval.ms": 100,
+    },
+    "consumer": {"group.protocol": "consumer"},
+}
+
+FAULTS = {
+    "NOT_COORDINATOR": KafkaError.NOT_COORDINATOR,
+    "COORDINATOR_NOT_AVAILABLE": KafkaError.COORDINATOR_NOT_AVAILABLE,
+    "COORDINATOR_LOAD_IN_PROGRESS": KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    "UNSTABLE_OFFSET_COMMIT": KafkaError.UNSTABLE_OFFSET_COMMIT,
+}
+
+# What librdkafka's own fetch makes of each (as measured with librdkafka 2.16.0; None: no harm).
+CONTROL: dict[tuple[Protocol, str], Literal["silent", "reset"] | None] = {
+    **{(p, "NOT_COORDINATOR"): "silent" for p in PROTOCOLS},
+    **{(p, "COORDINATOR_NOT_AVAILABLE"): "silent" for p in PROTOCOLS},
+    ("eager", "COORDINATOR_LOAD_IN_PROGRESS"): None,
+    ("cooperative", "COORDINATOR_LOAD_IN_PROGRESS"): "silent",
+    ("consumer", "COORDINATOR_LOAD_IN_PROGRESS"): "silent",
+    ("eager", "UNSTABLE_OFFSET_COMMIT"): None,
+    ("cooperative", "UNSTABLE_OFFSET_COMMIT"): "reset",
+    ("consumer", "UNSTABLE_OFFSET_COMMIT"): "reset",
+}
+# The control runs this long: the rebalance is over and the errors met within about 2 s.
+CONTROL_RUN_S = 3.5
+
+
+def produce(mc: MockCluster, start: int, end: int) -> None:
+    """Offsets `start` to `end` (exclusive) on every partition."""
+    producer = Producer({"bootstrap.servers": mc.bootstrap_servers})
+    for _ in range(start, end):
+        for p in range(PARTITIONS):
+            producer.produce(TOPIC, value=b"v", partition=p)
+    assert producer.flush(10) == 0
+
+
+@contextlib.contextmanager
+def cluster_with_committed_offsets() -> Iterator[MockCluster]:
+    with mock_cluster() as mc:
+        mc.create_topic(TOPIC, PARTITIONS)
+        mc.set_coordinator(GROUP, 1)
+        produce(mc, 0, RECORDS)
+        committer = Consumer({"bootstrap.servers": mc.bootstrap_servers, "group.id": GROUP})
+        try:
+            committer.commit(
+                offsets=[TopicPartition(TOPIC, p, COMMITTED) for p in range(PARTITIONS)],
+                asynchronous=False,
+            )
+        finally:
+            committer.close()
+        yield mc
+
+
+class Handled:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.offsets: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+
+    def __call__(self, record: Record) -> None:
+        with self.lock:
+            self.offsets[record.partition].append(record.offset)
+
+    def complete(self, end: int) -> bool:
+        with self.lock:
+            return all(set(range(COMMITTED, end)) <= set(offs) for offs in self.offsets.values())
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_weir_starts_every_partition_at_its_committed_offset(
+    protocol: Protocol, fault: str
+) -> None:
+    """Once both members hold partitions, more records come: every partition's records from the
+    committed offset on are handled, none before it."""
+    handled = Handled()
+    with cluster_with_committed_offsets() as mc:
+        mc.fail_requests(OFFSET_FETCH, [FAULTS[fault]] * ERRORS)
+        settings: dict[str, Any] = {
+            "bootstrap_servers": mc.bootstrap_servers,
+            "group_id": GROUP,
+            "topics": [TOPIC],
+            "auto_offset_reset": "earliest",
+            "commit_interval_s": 0.2,
+            "shutdown_timeout_s": 5.0,
+            **WEIR[protocol],
+        }
+        members = [GroupConsumer(handled, **settings) for _ in range(2)]
+        try:
+            members[0].start()
+            time.sleep(JOIN_GAP_S)
+            members[1].start()
+            wait_until(
+                lambda: all(m.stats().partitions for m in members), "both members assigned", 15.0
+            )
+            produce(mc, RECORDS, MORE)
+            wait_until(lambda: handled.complete(MORE), "every record from 50 on", 15.0)
+        finally:
+            for m in members:
+                m.stop()
+            for m in members:
+                m.join(10)
+        assert mc.requests(OFFSET_FETCH) > ERRORS, "weir's reads met the errors"
+    for m in members:
+        assert m.failure is None, repr(m.failure)
+    for p, offs in handled.offsets.items():
+        assert min(offs) == COMMITTED, f"partition {p} started at {min(offs)}, not {COMMITTED}"
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_control_librdkafkas_own_fetch(protocol: Protocol, fault: str) -> None:
+    """The same run on plain consumers: what librdkafka's own committed-offset fetch does."""
+    seen: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+    errors: list[str] = []
+    lock = threading.Lock()
+    with cluster_with_committed_offsets() as mc:
+        mc.fail_requests(OFFSET_FETCH, [FAULTS[fault]] * ERRORS)
+        conf = {
+            "bootstrap.servers": mc.bootstrap_servers,
+            "group.id": GROUP,
+            "auto.offset.reset": "earliest",
+            **PLAIN[protocol],
+        }
+        end = time.monotonic() + CONTROL_RUN_S
+
+        def member(delay: float) -> None:
+            time.sleep(delay)
+            consumer = Consumer(conf)
+            try:
+                consumer.subscribe([TOPIC])
+                while time.monotonic() < end:
+                    for msg in consumer.consume(100, 0.1):
+                        err = msg.error()
+                        with lock:
+                            if err is not None:
+                                errors.append(err.str())
+                            else:
+                                seen[msg.partition() or 0].append(msg.offset() or 0)
+            finally:
+                consumer.close()
+
+        threads = [threading.Thread(target=member, args=(d,)) for d in (0.0, JOIN_GAP_S)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(CONTROL_RUN_S + 10)
+        assert mc.requests(OFFSET_FETCH) >= 2
+    silent = sorted(p for p, offs in seen.items() if not offs)
+    reset = sorted(p for p, offs in seen.items() if offs and min(offs) < COMMITTED)
+    expected = CONTROL[(protocol, fault)]
+    if expected == "silent":
+        assert silent, f"every partition delivered: {seen}"
+        assert any("Failed to fetch committed offset" in e for e in errors), errors
+    elif expected == "reset":
+        assert reset, f"every partition started at its committed offset: {seen}"
+        assert not silent
+    else:
+        assert not silent and not reset, (silent, reset)
+        assert all(set(range(COMMITTED, RECORDS)) <= set(offs) for offs in seen.values())
