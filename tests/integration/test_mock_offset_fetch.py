@@ -13,6 +13,9 @@ assignment changes while its first reads are failing. On eager, cooperative-stic
   assignment moved), or started over at `auto.offset.reset` (UNSTABLE_OFFSET_COMMIT once the
   assignment moved). Under the eager protocol librdkafka drops the fetch in flight with the whole
   assignment and reads again, so the two retriable errors do no harm there: the control says so.
+
+And the stall watchdog (`weir._engine.stalls`) on a partition the client was made to leave to its
+own fetch, which fails: assigned, never started, silent; the watchdog assigns it again.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_STORED, Consumer, KafkaError, Producer, TopicPartition
 
 from tests.mock_cluster import OFFSET_FETCH, MockCluster, mock_cluster
 from tests.waiting import wait_until
 from weir import GroupConsumer, Record
+from weir.testing.events import capture_events
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -226,3 +230,69 @@ def test_control_librdkafkas_own_fetch(protocol: Protocol, fault: str) -> None:
     else:
         assert not silent and not reset, (silent, reset)
         assert all(set(range(COMMITTED, RECORDS)) <= set(offs) for offs in seen.values())
+
+
+# -- the stall watchdog ---------------------------------------------------------------------------
+
+
+def never_starting(mc: MockCluster, partition: int) -> type[Consumer]:
+    """A client whose first assignment of `partition` leaves it to librdkafka's own committed-
+    offset fetch, and fails that fetch (NOT_COORDINATOR, never retried): assigned and never
+    started, as librdkafka leaves a partition. Later assignments are left alone."""
+
+    class NeverStarting(Consumer):
+        planted = False
+
+        def _plant(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+            if self.planted or not any(p.partition == partition for p in partitions):
+                return partitions
+            type(self).planted = True
+            mc.fail_requests(OFFSET_FETCH, [KafkaError.NOT_COORDINATOR])
+            return [
+                TopicPartition(p.topic, p.partition, OFFSET_STORED)
+                if p.partition == partition
+                else p
+                for p in partitions
+            ]
+
+        def assign(self, partitions: list[TopicPartition]) -> None:
+            super().assign(self._plant(partitions))
+
+        def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+            super().incremental_assign(self._plant(partitions))
+
+    return NeverStarting
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_watchdog_restarts_a_partition_librdkafka_never_started(protocol: Protocol) -> None:
+    """Partition 0 is assigned and never started by the client (its seek fails: no fetcher):
+    after `partition_stall_s` without a record while the broker has 50 past its committed
+    offset, the watchdog reports it and assigns it again there; it delivers them all."""
+    handled = Handled()
+    with cluster_with_committed_offsets() as mc, capture_events() as events:
+        consumer = GroupConsumer(
+            handled,
+            consumer_factory=never_starting(mc, 0),
+            bootstrap_servers=mc.bootstrap_servers,
+            group_id=GROUP,
+            topics=[TOPIC],
+            partition_stall_s=1.0,
+            commit_interval_s=0.2,
+            shutdown_timeout_s=5.0,
+            **WEIR[protocol],
+        )
+        consumer.start()
+        try:
+            wait_until(lambda: handled.complete(RECORDS), "every record from 50 on", 15.0)
+            stats = consumer.stats()
+        finally:
+            consumer.stop()
+            consumer.join(10)
+    assert consumer.failure is None, repr(consumer.failure)
+    (stalled,) = [e for e in events if e["event"] == "partition_stalled"]
+    assert stalled["tp"] == "t[0]" and stalled["recovery"] == "assign", stalled
+    assert stalled["position"] == COMMITTED and stalled["log_end"] == RECORDS
+    assert stats.partition_stall_recoveries == 1
+    for p, offs in handled.offsets.items():
+        assert sorted(offs) == list(range(COMMITTED, RECORDS)), f"partition {p}: {offs}"
