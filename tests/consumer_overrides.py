@@ -49,6 +49,7 @@ class Overrides(TypedDict, total=False):
     failure: FailurePolicy
     failure_by_topic: Mapping[str, FailurePolicy]
     stuck_after_s: float
+    partition_stall_s: float | None
     broker_down_unready_s: float | None
     watermark_refresh_s: float | None
     callback_errors: Literal["log", "stop"]

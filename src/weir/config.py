@@ -430,6 +430,20 @@ class ConsumerConfig(BaseModel):
         "it are in flight makes the member not ready "
         "([observability.md](observability.md#consumerhealth)).",
     )
+    # Looked at about once a second; the log end of a partition silent this long is asked for
+    # in one ListOffsets request for all such partitions.
+    partition_stall_s: float | None = Field(
+        30.0,
+        ge=1,
+        le=86400,
+        strict=True,
+        allow_inf_nan=False,
+        description="A partition weir fetches (no pause, no throttle) that delivers nothing for "
+        "this long while the broker has records past its position is stalled: logged "
+        "(`partition_stalled`), shown in stats and `health()` (not ready), and sought once to "
+        "where it reads next. None: no watchdog "
+        "([rebalances.md](rebalances.md#a-partition-that-stays-silent)).",
+    )
     # The owner asks for metadata once a second meanwhile.
     broker_down_unready_s: float | None = Field(
         10.0,
@@ -827,6 +841,7 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "failure": FailurePolicy,
         "failure_by_topic": Mapping[str, FailurePolicy],
         "stuck_after_s": float,
+        "partition_stall_s": float | None,
         "broker_down_unready_s": float | None,
         "watermark_refresh_s": float | None,
         "callback_errors": Literal["log", "stop"],

@@ -207,6 +207,12 @@ _CONSUMER_METRICS: tuple[
         "Times the event loop of async handlers was found blocked",
         lambda st, h: st.loop_blocked,
     ),
+    (
+        _C,
+        "weir_stall_recoveries",
+        "Stalled partitions sought or assigned again by the stall watchdog",
+        lambda st, h: st.partition_stall_recoveries,
+    ),
 )
 
 
@@ -290,6 +296,11 @@ _PARTITION_GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], float | None
         "weir_partition_watermark_stalled_seconds",
         "How long the watermark has not moved while records are in flight",
         lambda p: p.stalled_s,
+    ),
+    (
+        "weir_partition_silent_seconds",
+        "While stalled: seconds since it delivered, with records to read (stall watchdog)",
+        lambda p: p.silent_s,
     ),
     (
         "weir_partition_last_commit_timestamp_seconds",

@@ -119,6 +119,10 @@ class PartitionStats:
     """Now - when the oldest unfinished record was fetched (exact: a batch is fetched at once)."""
     stalled_s: float = 0.0
     """How long the watermark has not moved while work is in flight (0 when none is)."""
+    silent_s: float | None = None
+    """Set while the stall watchdog finds the partition stalled: fetched (no pause), records on
+    the broker past its position, and nothing delivered for `partition_stall_s` or more; the
+    seconds since it last delivered (None: it is not stalled)."""
     last_commit_time: float | None = None
     """`time.time()` of this assignment's last commit result (None before the first)."""
     last_commit_offset: int | None = None
@@ -209,6 +213,8 @@ class ConsumerStats:
     """Commits whose offset map was cut to fit `offset_map_max_bytes` (the rest is replayed)."""
     replay_skipped: int = 0
     """Records not handled again because a committed offset map says they were finished."""
+    partition_stall_recoveries: int = 0
+    """Stalled partitions the watchdog sought (or assigned) again (`partition_stall_s`)."""
     commit_failures: int = 0
     """Partition commits that came back failed (each is retried by a later commit)."""
     rate: float = 0.0
@@ -234,6 +240,11 @@ class ConsumerStats:
     @property
     def paused_partitions(self) -> tuple[Partition, ...]:
         return tuple(p.tp for p in self.partitions if p.paused)
+
+    @property
+    def stalled_partitions(self) -> tuple[Partition, ...]:
+        """Partitions the stall watchdog finds stalled now (`PartitionStats.silent_s`)."""
+        return tuple(p.tp for p in self.partitions if p.silent_s is not None)
 
     @property
     def lag(self) -> int | None:

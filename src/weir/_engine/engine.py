@@ -46,6 +46,7 @@ from weir._engine.replay import ReplayMaps
 from weir._engine.scheduling import Scheduler, lane_of
 from weir._engine.settlement import Settlement
 from weir._engine.snapshot import Snapshot
+from weir._engine.stalls import Stalls
 from weir._engine.starts import Starts
 from weir._engine.tasks import Assignment
 from weir._engine.transactions import TransactionError, Transactions
@@ -165,6 +166,15 @@ class Engine:
             self.fetch,
             ready=None if txn is None else lambda: txn.ready,
         )
+        self.stalls = Stalls(
+            cfg.partition_stall_s,
+            client=lambda: self.client,
+            own=self.own,
+            fetch=self.fetch,
+            budget=self.budget,
+            starts=self.starts,
+            incremental=cfg.incremental,
+        )
         self.eos = (
             None
             if txn is None
@@ -205,6 +215,7 @@ class Engine:
             (self.commits, "partition"),
             (self.replay, "partition"),
             (self.starts, "partition"),
+            (self.stalls, "assignment"),
             (self.fetch, "partition"),
             (self.metrics, "partition"),
         )
@@ -218,6 +229,7 @@ class Engine:
             committer=self.committer,
             commits=self.commits,
             fetch=self.fetch,
+            stalls=self.stalls,
             replay=self.replay,
             settle=self.settle,
             failures=self.failures,
@@ -445,6 +457,7 @@ class Engine:
             self._probe_brokers()
         if self.starts.pending:
             self.starts.turn(now)
+        self.stalls.turn(now)
         if self.eos is not None:
             if self.eos.turn(now):
                 self._publish(running=True)

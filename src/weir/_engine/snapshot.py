@@ -23,6 +23,7 @@ from weir._engine.metrics import Metrics
 from weir._engine.ownership import Ownership
 from weir._engine.replay import ReplayMaps
 from weir._engine.settlement import Settlement
+from weir._engine.stalls import Stalls
 from weir._engine.watermarks import WatermarkRefresher
 from weir._engine.workers import Workers
 from weir.config import FlowConfig
@@ -45,6 +46,7 @@ class Snapshot:
         committer: Committer,
         commits: CommitPath,
         fetch: FetchControl,
+        stalls: Stalls,
         replay: ReplayMaps,
         settle: Settlement,
         failures: Failures,
@@ -61,6 +63,7 @@ class Snapshot:
         self._committer = committer
         self._commits = commits
         self._fetch = fetch
+        self._stalls = stalls
         self._replay = replay
         self._settle = settle
         self._failures = failures
@@ -115,6 +118,7 @@ class Snapshot:
                     oldest_age_s=oldest_age,
                     oldest_fetched_s=oldest_fetched,
                     stalled_s=stalled,
+                    silent_s=self._stalls.silent_s(tp, now),
                     last_commit_time=pm.last_commit_time if pm else None,
                     last_commit_offset=pm.last_commit_offset if pm else None,
                     last_commit_error=pm.last_commit_error if pm else None,
@@ -152,6 +156,7 @@ class Snapshot:
             blocked=tuple(self._failures.blocked()),
             offset_map_truncations=self._replay.truncations,
             replay_skipped=self._replay.skipped,
+            partition_stall_recoveries=self._stalls.recoveries,
             commit_failures=m.commit_failures,
             rate=rate,
             rate_window_s=window,
