@@ -18,6 +18,7 @@ from weir.testing.errors import BrokerStartError, PostgresStartError
 # that bound a client call), so no caller ever catches them.
 INTERNAL = {
     ("weir._engine.bounded", "CallAbandoned"),
+    ("weir._engine.stalls", "_Unplaced"),
     ("weir.cli", "_UsageError"),
     ("weir.fencing.sqlite", "_Replay"),
     ("weir.offsetmap", "_Corrupt"),
