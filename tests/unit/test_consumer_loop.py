@@ -522,8 +522,10 @@ def test_revoke_commits_the_watermark_synchronously_even_if_an_async_commit_is_u
     fake.hold_commit_results = True
     fake.produce_many(TOPIC, 0, range(3))
     fake.script_assign([P0])
-    launch(Probe(), fake)
-    wait_until(lambda: 3 in offsets_committed(fake, P0), "async commit of 3 sent")
+    probe = Probe()
+    launch(probe, fake)
+    wait_until(lambda: probe.finished_count() == 3, "the three records")
+    wait_until(lambda: fake.pending_commit_seqs(), "an async commit in flight")
     assert fake.commit_log()[-1].asynchronous
     revoke = fake.script_revoke([P0])
     assert revoke.done.wait(WAIT)
@@ -538,8 +540,10 @@ def test_stop_commits_synchronously_even_if_an_async_commit_is_unconfirmed(
     fake.hold_commit_results = True
     fake.produce_many(TOPIC, 0, range(3))
     fake.script_assign([P0])
-    gc = launch(Probe(), fake)
-    wait_until(lambda: 3 in offsets_committed(fake, P0), "async commit of 3 sent")
+    probe = Probe()
+    gc = launch(probe, fake)
+    wait_until(lambda: probe.finished_count() == 3, "the three records")
+    wait_until(lambda: fake.pending_commit_seqs(), "an async commit in flight")
     gc.stop()
     gc.join(WAIT)
     sync = [c for c in fake.commit_log() if not c.asynchronous]
@@ -794,46 +798,72 @@ def test_one_slow_record_does_not_stall_other_keys_or_partitions(launch: Launch)
 # -- commit monotonicity ----------------------------------------------------------------------
 
 
-def test_commits_stay_monotonic_with_reordered_and_failing_async_results(launch: Launch) -> None:
+def gated_run(
+    launch: Launch, records: int
+) -> tuple[FakeConsumer, Probe, dict[int, threading.Event], GroupConsumer]:
+    """A member on P0 whose records (one key) each wait for their gate. Record 0 is let through
+    and its commit confirmed; from then on the fake holds commit results until the test
+    delivers them (`deliver_commit_results`)."""
     fake = FakeConsumer()
-    fake.hold_commit_results = True
-    fake.produce_many(TOPIC, 0, range(4), key=b"A")
+    fake.produce_many(TOPIC, 0, range(records), key=b"A")
     fake.script_assign([P0])
     probe = Probe()
-    gates = {off: threading.Event() for off in range(4)}
+    gates = {off: threading.Event() for off in range(records)}
     for off, ev in gates.items():
         probe.actions[(P0, off)] = gated(ev)
     gc = launch(probe, fake)
+    gates[0].set()
+    wait_until(
+        lambda: fake.committed.get(P0) == 1 and not fake.pending_commit_seqs(), "1 committed"
+    )
+    fake.hold_commit_results = True
+    return fake, probe, gates, gc
 
-    def seq_of(offset: int) -> int:
+
+def test_one_async_commit_waits_for_its_answer_before_the_next_is_sent(launch: Launch) -> None:
+    """Under the classic protocol a member's commits queue behind its own JoinGroup while a
+    rebalance waits for the other members, and all fail when it ends (docs/rebalances.md): a
+    commit turn sends nothing while an earlier request has no answer, and the turn after the
+    answer sends the newest offset."""
+    fake, probe, gates, _ = gated_run(launch, 3)
+    gates[1].set()
+    wait_until(lambda: 2 in offsets_committed(fake, P0), "the commit of 2")
+    gates[2].set()
+    wait_until(lambda: probe.did_finish((P0, 2)), "P0@2 finished")
+    settle(fake, steps=20)  # many commit turns, each due (a commit after every record)
+    assert offsets_committed(fake, P0)[-1] == 2
+    fake.deliver_commit_results([(seq, None) for seq in fake.pending_commit_seqs()])
+    wait_until(lambda: offsets_committed(fake, P0)[-1] == 3, "3 sent once 2 was answered")
+
+
+def test_commits_stay_monotonic_with_failing_async_results(launch: Launch) -> None:
+    fake, probe, gates, gc = gated_run(launch, 4)
+
+    def sent(offset: int, times: int = 1) -> int:
+        """The seq of the `times`-th commit of `offset`."""
         return wait_until(
-            lambda: next((c.seq for c in fake.commit_log() if c.offsets.get(P0) == offset), 0),
-            f"commit of {offset}",
+            lambda: ([c.seq for c in fake.commit_log() if c.offsets.get(P0) == offset] + [0] * 2)[
+                times - 1
+            ],
+            f"commit #{times} of {offset}",
         )
 
-    for off in range(3):
-        gates[off].set()
-        seq_of(off + 1)
-    s1, s2, s3 = seq_of(1), seq_of(2), seq_of(3)
     timeout = KafkaError(KafkaError.REQUEST_TIMED_OUT, "late failure")
-    # The newest succeeds first, then the older ones fail.
-    fake.deliver_commit_results([(s3, None), (s1, timeout), (s2, timeout)])
-    wait_until(lambda: len(fake.delivered_results) >= 3, "results delivered")
-    n_before = len(fake.commit_log())
-    settle(fake, steps=10)
-    assert all(c.offsets.get(P0, 4) > 3 for c in fake.commit_log()[n_before:])
+    gates[1].set()
+    s2 = sent(2)
+    gates[2].set()
+    wait_until(lambda: probe.did_finish((P0, 2)), "P0@2 finished")
+    # The answer to 2 fails: the next request carries everything finished since, never below.
+    fake.deliver_commit_results([(s2, timeout)])
+    fake.deliver_commit_results([(sent(3), None)])
     wait_until(lambda: any(p.committed == 3 for p in gc.stats().partitions), "3 confirmed in stats")
     # The newest fails while nothing newer exists: it must be sent again, never below.
     gates[3].set()
-    s4 = seq_of(4)
-    fake.deliver_commit_results([(s4, timeout)])
-    wait_until(lambda: offsets_committed(fake, P0).count(4) == 2, "4 sent again")
-    retry = [c.seq for c in fake.commit_log() if c.offsets.get(P0) == 4][-1]
-    fake.deliver_commit_results([(retry, None)])
+    fake.deliver_commit_results([(sent(4), timeout)])
+    fake.deliver_commit_results([(sent(4, times=2), None)])
     wait_until(lambda: any(p.committed == 4 for p in gc.stats().partitions), "4 confirmed in stats")
-    sent = offsets_committed(fake, P0)
-    assert sent == sorted(sent), sent
-    assert sent.count(4) == 2 and all(sent.count(o) == 1 for o in set(sent) - {4}), sent
+    sent_offsets = offsets_committed(fake, P0)
+    assert sent_offsets[sent_offsets.index(2) :] == [2, 3, 4, 4], sent_offsets
 
 
 def test_failed_async_commit_is_retried_while_idle(launch: Launch) -> None:

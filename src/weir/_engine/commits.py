@@ -12,6 +12,7 @@ the transaction instead (`ExactlyOnce.commit`), through `committable`, `with_map
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -31,6 +32,11 @@ log = get_logger(__name__)
 # One commit result: partition, offset, the error (None: committed), the metadata sent.
 Outcome = tuple[Partition, int, object | None, str | None]
 
+# The longest an asynchronous commit request holds back the next commit turn. librdkafka answers
+# every request (at worst when its socket.timeout.ms, 60 s by default, runs out); past this, a
+# request whose answer never came no longer holds the member's commits.
+RESULT_OVERDUE_S = 120.0
+
 
 class CommitPath:
     """Commit requests for the owned partitions (owner thread only)."""
@@ -49,6 +55,9 @@ class CommitPath:
         # The client's fetch positions of the owned partitions, read at each commit turn (for
         # the stats: in-app and broker backlogs).
         self.positions: dict[Partition, int] = {}
+        # When each asynchronous commit request without an answer yet was sent, oldest first
+        # (the client calls `on_commit` once per request).
+        self._requests: deque[float] = deque()
 
     def committable(self) -> dict[Partition, int | None]:
         """Each owned partition's watermark (None: nothing delivered yet)."""
@@ -79,28 +88,45 @@ class CommitPath:
     def closed(self, a: Assignment) -> None:
         self.positions.pop(a.tp, None)
 
+    def ready(self, now: float) -> bool:
+        """Whether a commit turn may send: no earlier asynchronous request is still waiting for
+        its answer. Under the classic protocol every group request of a member goes over one
+        connection, behind its JoinGroup while a rebalance waits for the other members (up to
+        a dead member's session timeout): requests sent meanwhile all fail when it ends
+        (ILLEGAL_GENERATION, docs/rebalances.md). One waits; the turn after its answer sends
+        what is due then."""
+        requests = self._requests
+        while requests and now - requests[0] >= RESULT_OVERDUE_S:
+            log.warning("commit_result_overdue", waited_s=round(now - requests.popleft(), 1))
+        return not requests
+
     def send_async(self, now: float) -> None:
         """A commit turn: what is due, asynchronously; its results come to `on_commit`."""
         self.catch_up_positions()
         committable = self.committable()
         send, metadata = self.with_maps(committable, self._committer.to_send(committable))
-        if send:
-            try:
-                self._client().commit(offsets=offsets_to_commit(send, metadata), asynchronous=True)
-            except KafkaException as exc:
-                log.warning("commit_request_failed", error=str(exc))
-                send = {}
-        self.sent(send, metadata, now, sync=False)
+        self.sent(self._request(send, metadata, now), metadata, now, sync=False)
 
     def send_offsets(self, offsets: Mapping[Partition, int], now: float) -> None:
         """Commit these offsets as they are, asynchronously (a partition's start position,
         `weir._engine.starts`); the results come to `on_commit`."""
+        if self._request(offsets, {}, now):
+            self.sent(offsets, {}, now, sync=False)
+
+    def _request(
+        self, send: Mapping[Partition, int], metadata: Mapping[Partition, str], now: float
+    ) -> Mapping[Partition, int]:
+        """One asynchronous commit request; returns what it sent (nothing if the client
+        refused it). Its results come to `on_commit`."""
+        if not send:
+            return send
         try:
-            self._client().commit(offsets=offsets_to_commit(offsets), asynchronous=True)
+            self._client().commit(offsets=offsets_to_commit(send, metadata), asynchronous=True)
         except KafkaException as exc:
             log.warning("commit_request_failed", error=str(exc))
-            return
-        self.sent(offsets, {}, now, sync=False)
+            return {}
+        self._requests.append(now)
+        return send
 
     def send_sync(self, committable: Mapping[Partition, int | None]) -> dict[Partition, int]:
         """A hand-off commit (revoke, shutdown): the watermark of these partitions, with their
@@ -204,7 +230,10 @@ class CommitPath:
         return refused
 
     def on_commit(self, err: KafkaError | None, partitions: Sequence[TopicPartition]) -> None:
-        """The client's `on_commit` callback (owner thread, inside consume)."""
+        """The client's `on_commit` callback (owner thread, inside consume): the answer to one
+        asynchronous request."""
+        if self._requests:
+            self._requests.popleft()
         outcome: list[Outcome] = []
         for r in partitions:
             error = r.error or err

@@ -448,7 +448,7 @@ class Engine:
         if self.eos is not None:
             if self.eos.turn(now):
                 self._publish(running=True)
-        elif self.committer.due(now):
+        elif self.committer.due(now) and self.commits.ready(now):
             self.commits.send_async(now)
             self._publish(running=True)
         if now >= self._next_publish:
