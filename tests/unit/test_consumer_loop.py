@@ -836,6 +836,21 @@ def test_one_async_commit_waits_for_its_answer_before_the_next_is_sent(launch: L
     wait_until(lambda: offsets_committed(fake, P0)[-1] == 3, "3 sent once 2 was answered")
 
 
+def test_the_assign_callback_sends_the_unconfirmed_watermark_at_once(launch: Launch) -> None:
+    """A classic rebalance fails the commit requests a member sent while its JoinGroup waited
+    for the other members: the assign callback that ends it sends what the kept partitions
+    finished, not the turn after the failed answers come back."""
+    fake, probe, gates, _ = gated_run(launch, 3)
+    gates[1].set()
+    wait_until(lambda: 2 in offsets_committed(fake, P0), "the commit of 2")
+    gates[2].set()
+    wait_until(lambda: probe.did_finish((P0, 2)), "P0@2 finished")
+    assign = fake.script_assign([P1])
+    assert assign.done.wait(WAIT)
+    during = [(c.offsets, c.asynchronous) for c in fake.commit_log() if c.in_callback == "assign"]
+    assert during == [({P0: 3}, True)]
+
+
 def test_commits_stay_monotonic_with_failing_async_results(launch: Launch) -> None:
     fake, probe, gates, gc = gated_run(launch, 4)
 

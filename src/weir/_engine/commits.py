@@ -94,7 +94,8 @@ class CommitPath:
         connection, behind its JoinGroup while a rebalance waits for the other members (up to
         a dead member's session timeout): requests sent meanwhile all fail when it ends
         (ILLEGAL_GENERATION, docs/rebalances.md). One waits; the turn after its answer sends
-        what is due then."""
+        what is due then, and the assign callback that ends a rebalance sends at once
+        (`send_pending`)."""
         requests = self._requests
         while requests and now - requests[0] >= RESULT_OVERDUE_S:
             log.warning("commit_result_overdue", waited_s=round(now - requests.popleft(), 1))
@@ -105,6 +106,19 @@ class CommitPath:
         self.catch_up_positions()
         committable = self.committable()
         send, metadata = self.with_maps(committable, self._committer.to_send(committable))
+        self.sent(self._request(send, metadata, now), metadata, now, sync=False)
+
+    def send_pending(self, now: float) -> None:
+        """The end of a rebalance (the assign callback): every owned partition's watermark
+        the broker has not confirmed, asynchronously and at once, whatever request is still
+        waiting for its answer. A classic rebalance fails the commits a member sent while its
+        JoinGroup waited (ILLEGAL_GENERATION, often answered after this callback): what the
+        kept partitions finished meanwhile goes now with the new generation, not a commit
+        interval later."""
+        committable = self.committable()
+        send, metadata = self.with_maps(
+            committable, self._committer.to_send(committable, unconfirmed=True)
+        )
         self.sent(self._request(send, metadata, now), metadata, now, sync=False)
 
     def send_offsets(self, offsets: Mapping[Partition, int], now: float) -> None:

@@ -629,6 +629,8 @@ class Engine:
         m = self.metrics
         try:
             self._assign(client, tps, began)
+            if self.eos is None:
+                self.commits.send_pending(self.clock.monotonic())
         finally:
             self.life.joined = True
             self._owned_changed()
