@@ -45,7 +45,7 @@ from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.scheduling import Ordering
 from weir.config import ConsumerSettings
-from weir.testing.fake import FakeConsumer, FakeMessage
+from weir.testing.fake import CommitCall, FakeConsumer, FakeMessage
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -414,8 +414,9 @@ def check_failure_outcome(probe: Probe, fake: FakeConsumer, err: HandlerError) -
     # Nothing of lane A ran after the failed record.
     assert not probe.did_start((P0, 3))
     commits = fake.commit_log()
-    assert [c.asynchronous for c in commits] == [False], commits  # one final sync commit
-    assert commits[0].offsets == {P0: 2}  # at the failed offset: it will be processed again
+    # One final commit, at the failed offset: it will be processed again.
+    assert [c.offsets for c in commits] == [{P0: 2}], commits
+    assert fake.committed == {P0: 2}
     names = fake.call_names()
     assert names.index("commit") < names.index("close")
     assert names[-1] == "close"
@@ -533,9 +534,25 @@ def test_revoke_commits_the_watermark_synchronously_even_if_an_async_commit_is_u
     assert [(c.offsets, c.asynchronous) for c in during] == [({P0: 3}, False)]
 
 
-def test_stop_commits_synchronously_even_if_an_async_commit_is_unconfirmed(
+def finished_member(
+    launch: Launch, records: int, **overrides: Unpack[Overrides]
+) -> tuple[FakeConsumer, Probe, GroupConsumer]:
+    """A member on P0 with no commit turns (QUIET) that finished all `records` records."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(records))
+    fake.script_assign([P0])
+    probe = Probe()
+    quiet: Overrides = {**QUIET, **overrides}
+    gc = launch(probe, fake, **quiet)
+    wait_until(lambda: probe.finished_count() == records, f"{records} processed")
+    return fake, probe, gc
+
+
+def test_stop_commits_at_once_while_an_async_commit_waits_for_its_answer(
     launch: Launch,
 ) -> None:
+    """The shutdown's commit is the partitions' last from this member: it goes whatever
+    request is still waiting for its answer, and the stop waits for its own answer."""
     fake = FakeConsumer()
     fake.hold_commit_results = True
     fake.produce_many(TOPIC, 0, range(3))
@@ -544,11 +561,56 @@ def test_stop_commits_synchronously_even_if_an_async_commit_is_unconfirmed(
     gc = launch(probe, fake)
     wait_until(lambda: probe.finished_count() == 3, "the three records")
     wait_until(lambda: fake.pending_commit_seqs(), "an async commit in flight")
+    assert 3 not in offsets_committed(fake, P0)
     gc.stop()
+    wait_until(lambda: 3 in offsets_committed(fake, P0), "3 sent by the stop")
+    assert gc.state is not State.STOPPED  # waiting for the answer
+    fake.deliver_commit_results([(seq, None) for seq in fake.pending_commit_seqs()])
     gc.join(WAIT)
-    sync = [c for c in fake.commit_log() if not c.asynchronous]
-    assert [c.offsets for c in sync] == [{P0: 3}]
     assert fake.committed.get(P0) == 3
+
+
+def test_a_failed_final_commit_goes_again(launch: Launch) -> None:
+    """A rebalance that ends while the stop waits fails its commit (ILLEGAL_GENERATION); sent
+    again, it carries the new generation."""
+    fake, _, gc = finished_member(launch, 3)
+    fake.hold_commit_results = True
+    gc.stop()
+    wait_until(lambda: offsets_committed(fake, P0) == [3], "3 sent by the stop")
+    generation = KafkaError(KafkaError.ILLEGAL_GENERATION, "the join ended")
+    fake.deliver_commit_results([(fake.pending_commit_seqs()[0], generation)])
+    wait_until(lambda: offsets_committed(fake, P0) == [3, 3], "3 sent again")
+    fake.deliver_commit_results([(fake.pending_commit_seqs()[0], None)])
+    gc.join(WAIT)
+    assert fake.committed.get(P0) == 3
+
+
+def test_the_final_commit_waits_for_its_answer_within_the_shutdown_budget(
+    launch: Launch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under the classic protocol a commit sent while the member's JoinGroup waits for the
+    other members queues behind it: a synchronous one blocked the stop for the whole join (up
+    to a dead member's session timeout, 42 s by default) and then failed. The stop's commit is
+    asynchronous, its answer awaited within the shutdown budget."""
+    join_ended = threading.Event()
+
+    def behind_the_join(call: CommitCall) -> None:
+        if not call.asynchronous:
+            join_ended.wait(WAIT)  # a sync commit returns when the join ends
+        return None
+
+    fake, _, gc = finished_member(launch, 3, shutdown_timeout_s=0.3)
+    fake.hold_commit_results = True  # an async commit's answer waits for the join's end too
+    fake.commit_failure_if = behind_the_join
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="weir"):
+        gc.stop()
+        gc.join(WAIT)
+    took = time.monotonic() - t0
+    join_ended.set()
+    assert took < 2.5, took  # the budget, and at least a second for the answer
+    unanswered = [e for e in events(caplog) if e["event"] == "shutdown_commit_unanswered"]
+    assert [e["offsets"] for e in unanswered] == [{"t[0]": 3}]
 
 
 def test_revoke_honours_its_budget_when_a_handler_is_stuck(launch: Launch) -> None:
@@ -963,18 +1025,13 @@ def test_unordered_mode_runs_one_key_in_parallel(launch: Launch) -> None:
 # -- lifecycle --------------------------------------------------------------------------------
 
 
-def test_stop_makes_a_final_sync_commit_then_unsubscribes_and_closes(launch: Launch) -> None:
-    fake = FakeConsumer()
-    fake.produce_many(TOPIC, 0, range(5))
-    fake.script_assign([P0])
-    probe = Probe()
-    gc = launch(probe, fake, **QUIET)
-    wait_until(lambda: probe.finished_count() == 5, "5 processed")
+def test_stop_makes_a_final_commit_then_unsubscribes_and_closes(launch: Launch) -> None:
+    fake, probe, gc = finished_member(launch, 5)
     assert fake.commit_log() == []
     gc.stop()
     gc.join(WAIT)
     commits = fake.commit_log()
-    assert [(c.offsets, c.asynchronous) for c in commits] == [({P0: 5}, False)]
+    assert [c.offsets for c in commits] == [{P0: 5}]
     assert fake.committed == {P0: 5}
     names = fake.call_names()
     assert names.index("commit") < names.index("unsubscribe") < names.index("close")

@@ -11,13 +11,14 @@ the transaction instead (`ExactlyOnce.commit`), through `committable`, `with_map
 
 from __future__ import annotations
 
-import time
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from weir._engine.client import ConsumerClient, offsets_to_commit, topic_partitions
+from weir._engine.clock import SYSTEM, Clock
 from weir._engine.committing import Committer
 from weir._engine.ownership import Ownership
 from weir._engine.replay import ReplayMaps
@@ -36,6 +37,10 @@ Outcome = tuple[Partition, int, object | None, str | None]
 # every request (at worst when its socket.timeout.ms, 60 s by default, runs out); past this, a
 # request whose answer never came no longer holds the member's commits.
 RESULT_OVERDUE_S = 120.0
+# The shutdown's last commit is sent again after a failed answer at most this often.
+_FINAL_RETRY_S = 0.1
+# How long the shutdown serves the client at a time while it waits for that commit's answer.
+_FINAL_WAIT = 0.05
 
 
 class CommitPath:
@@ -47,7 +52,10 @@ class CommitPath:
         own: Ownership,
         committer: Committer,
         replay: ReplayMaps,
+        *,
+        clock: Clock = SYSTEM,
     ) -> None:
+        self._clock = clock
         self._client = client
         self._own = own
         self._committer = committer
@@ -142,15 +150,68 @@ class CommitPath:
         self._requests.append(now)
         return send
 
+    def send_final(
+        self,
+        committable: Mapping[Partition, int | None],
+        deadline: float,
+        serve: Callable[[float], None],
+        hurry: threading.Event,
+    ) -> dict[Partition, int]:
+        """The shutdown's last commit: the watermark of these partitions, with their offset
+        maps, asynchronously; its answer is awaited by serving the client (`serve(wait)`: the
+        answers and rebalance callbacks come from consume) until `deadline` or a hurried stop,
+        and a failed answer sends it again. Returns what was sent.
+
+        Not a synchronous commit: one has no timeout, and under the classic protocol it waits
+        behind the member's own JoinGroup for as long as a rebalance waits for the other
+        members (up to a dead member's session timeout) only to fail when the join ends. Served
+        meanwhile, the rebalance's assign callback sends the offsets again with the new
+        generation (`send_pending`), which succeeds."""
+        sent: dict[Partition, int] = {}
+        started = next_try = self._clock.monotonic()
+        while True:
+            now = self._clock.monotonic()
+            # The first request goes whatever is still unanswered: the last chance to send
+            # these offsets (the client's close waits for it).
+            if sent and self._requests:
+                if now >= deadline or hurry.is_set():
+                    break
+                serve(max(0.0, min(_FINAL_WAIT, deadline - now)))
+                continue
+            send, metadata = self.with_maps(
+                committable, self._committer.to_send(committable, unconfirmed=True)
+            )
+            if not send:
+                return sent
+            if sent and (now >= deadline or hurry.is_set()):
+                break
+            if now < next_try:
+                serve(max(0.0, min(next_try, deadline) - now))
+                continue
+            requested = self._request(send, metadata, now)
+            self.sent(requested, metadata, now, sync=False)
+            if not requested:
+                return sent  # the client refused the request (logged)
+            sent.update(requested)
+            next_try = now + _FINAL_RETRY_S
+        unanswered = self._committer.to_send(committable, unconfirmed=True)
+        log.warning(
+            "shutdown_commit_unanswered",
+            offsets={str(tp): off for tp, off in sorted(unanswered.items())},
+            waited_s=round(self._clock.monotonic() - started, 3),
+        )
+        return sent
+
     def send_sync(self, committable: Mapping[Partition, int | None]) -> dict[Partition, int]:
-        """A hand-off commit (revoke, shutdown): the watermark of these partitions, with their
-        offset maps; returns what was sent."""
+        """A hand-off commit of a revoke (inside the rebalance callback, where the client can
+        be neither served nor waited on otherwise): the watermark of these partitions, with
+        their offset maps; returns what was sent."""
         send, metadata = self.with_maps(
             committable, self._committer.to_send(committable, unconfirmed=True)
         )
         sent = dict(send)
         while send:
-            self.sent(send, metadata, time.monotonic(), sync=True)
+            self.sent(send, metadata, self._clock.monotonic(), sync=True)
             refused = self._send_sync_once(send, metadata)
             # A map the broker refused for its size (its offset.metadata.max.bytes is below
             # offset_map_max_bytes): the limit was lowered, and as this commit is the

@@ -73,6 +73,9 @@ _PUBLISH_EVERY = 1.0
 # While every broker is reported down: the longest the owner waits for one to answer, once a
 # second (`Lifecycle.broker_probe_due`).
 _PROBE_WAIT = 0.25
+# The shutdown's last commit waits this long for its answer even when the drain used up the
+# shutdown budget: an answer takes milliseconds unless a rebalance holds the connection.
+_FINAL_COMMIT_S = 1.0
 
 
 class Engine:
@@ -140,7 +143,9 @@ class Engine:
             clock=clock,
         )
         self.replay = ReplayMaps(cfg.offset_map, cfg.offset_map_max_bytes)
-        self.commits = CommitPath(lambda: self.client, self.own, self.committer, self.replay)
+        self.commits = CommitPath(
+            lambda: self.client, self.own, self.committer, self.replay, clock=clock
+        )
         # Exactly-once mode: the transactional producer (a real Producer is transactional; a
         # test's producer_factory must give one too).
         self.txn = (
@@ -364,7 +369,7 @@ class Engine:
                     "shutdown_budget_exceeded" if not life.hurry.is_set() else "shutdown_hurried",
                     unfinished=left,
                 )
-            self._commit_sync(self.commits.committable())
+            self._commit_final(client, deadline)
             self.own.fence_progress()
             self._publish(running=False)
             if self.cfg.group_instance_id is None:
@@ -587,6 +592,22 @@ class Engine:
             # The transaction holds outputs of every partition: it commits them all.
             return self.eos.commit(committable)
         return self.commits.send_sync(committable)
+
+    def _commit_final(self, client: ConsumerClient, deadline: float) -> None:
+        """The shutdown's last commit, its answer awaited within the shutdown budget (and at
+        least `_FINAL_COMMIT_S`) by serving the client."""
+        committable = self.commits.committable()
+        if self.eos is not None:
+            self.eos.commit(committable)  # its client calls have deadlines of their own
+            return
+
+        def serve(wait: float) -> None:
+            # Records it hands out are not run: their partitions are held for the shutdown.
+            client.consume(1, wait)
+            self.life.polled_at = self.clock.monotonic()
+
+        until = max(deadline, self.clock.monotonic() + _FINAL_COMMIT_S)
+        self.commits.send_final(committable, until, serve, self.life.hurry)
 
     def _read_position(self, tp: Partition) -> int | None:
         st = self.own.partitions.get(tp)
