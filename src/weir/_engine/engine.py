@@ -42,6 +42,7 @@ from weir._engine.intake import Run, runs_of
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.metrics import Metrics
 from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
+from weir._engine.protocols import ProtocolProbe, choose_protocol
 from weir._engine.replay import ReplayMaps
 from weir._engine.scheduling import Scheduler, lane_of
 from weir._engine.settlement import Settlement
@@ -93,6 +94,7 @@ class Engine:
         loop: asyncio.AbstractEventLoop | None = None,
         *,
         refresh_watermarks: bool = False,
+        protocol_probe: ProtocolProbe | None = None,
         clock: Clock = SYSTEM,
     ) -> None:
         self.cfg = cfg = config
@@ -100,6 +102,8 @@ class Engine:
         self.handler = handler
         self.life = life
         self._factory = client_factory
+        # group_protocol="auto": what asks the broker (None: the classic protocol).
+        self._protocol_probe = protocol_probe
         self.callbacks = Callbacks(cfg.callback_errors, life.fail)
         # The client's errors and librdkafka's log lines repeat while a broker is down (a
         # refused connection every 50 ms): the first of each is logged, the rest counted.
@@ -276,7 +280,7 @@ class Engine:
                 life.end()
 
     def start(self) -> None:
-        cfg = self.cfg
+        cfg = self.cfg = choose_protocol(self.cfg, self._protocol_probe)
         conf = cfg.librdkafka_config()
         conf["on_commit"] = self.commits.on_commit
         conf["error_cb"] = self.errors.on_error
