@@ -1,6 +1,7 @@
 """Commits around a rebalance, on the scripted FakeConsumer, the engine stepped on the test thread
 with a `ManualClock`: one async commit waits for its answer at a time, and an overdue one stops
-holding the others back. And the group protocol a member runs: `group_protocol="auto"`.
+holding the others back. And the group protocol a member runs: `group_protocol="auto"`, and the
+warning for the classic protocol's commit blackout.
 
 Under the classic protocol a member's group requests share one connection, so its commits wait
 behind its own JoinGroup while a rebalance waits for the other members, and fail when it ends
@@ -28,6 +29,7 @@ from weir._engine.protocols import (
     ProtocolProbe,
     api_keys,
     choose_protocol,
+    warn_commit_blackout,
 )
 from weir.config import ConsumerSettings
 from weir.records import as_handler
@@ -211,3 +213,36 @@ def test_a_refused_consumer_protocol_stops_the_member_saying_what_to_do() -> Non
     with pytest.raises(KafkaFatalError) as info:
         gc.join(5)
     assert "group_protocol='classic'" in str(info.value)
+
+
+# -- the warning at start --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("settings", "warned"),
+    [
+        ({}, True),  # librdkafka's 45 s session, a 1 s commit interval
+        ({"session_timeout_s": 6.0, "commit_interval_s": 1.0}, True),
+        ({"session_timeout_s": 6.0, "commit_interval_s": 2.0}, False),
+        ({"group_instance_id": "i-1"}, False),  # static: a restart in time starts no rebalance
+        ({"assignment_strategy": "range"}, False),  # eager revokes everything before its join
+        ({"group_protocol": "consumer"}, False),  # KIP-848: no join barrier
+        ({"transactional_id": "tx"}, False),  # its offsets go through the producer
+    ],
+)
+def test_a_classic_dynamic_member_with_a_long_session_is_warned_at_start(
+    caplog: pytest.LogCaptureFixture, settings: ConsumerSettings, warned: bool
+) -> None:
+    given: ConsumerSettings = {
+        "bootstrap_servers": "b:9092",
+        "group_id": "g",
+        "topics": ["t"],
+        **settings,
+    }
+    cfg = ConsumerConfig(**given)
+    with caplog.at_level(logging.WARNING, logger="weir"):
+        warn_commit_blackout(cfg)
+    found = events(caplog, "classic_protocol_without_static_membership")
+    assert bool(found) is warned
+    if warned:
+        assert "group_instance_id" in found[0]["remedy"]

@@ -42,7 +42,7 @@ from weir._engine.intake import Run, runs_of
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.metrics import Metrics
 from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
-from weir._engine.protocols import ProtocolProbe, choose_protocol
+from weir._engine.protocols import ProtocolProbe, choose_protocol, warn_commit_blackout
 from weir._engine.replay import ReplayMaps
 from weir._engine.scheduling import Scheduler, lane_of
 from weir._engine.settlement import Settlement
@@ -281,6 +281,7 @@ class Engine:
 
     def start(self) -> None:
         cfg = self.cfg = choose_protocol(self.cfg, self._protocol_probe)
+        warn_commit_blackout(cfg)
         conf = cfg.librdkafka_config()
         conf["on_commit"] = self.commits.on_commit
         conf["error_cb"] = self.errors.on_error

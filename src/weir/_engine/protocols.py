@@ -1,4 +1,5 @@
-"""The group protocol a member runs: `group_protocol="auto"` chosen at start.
+"""The group protocol a member runs: `group_protocol="auto"` chosen at start, and the warning for
+the classic protocol's commit blackout.
 
 `"auto"` runs KIP-848 (`"consumer"`) where the broker offers it: the first broker that answers
 lists the ConsumerGroupHeartbeat API (key 68) in its ApiVersions response. librdkafka shows a
@@ -20,10 +21,10 @@ from typing import Any, Literal
 
 from confluent_kafka import KafkaException, Producer
 
-from weir.config import ConsumerConfig
+from weir.config import _CLIENT_SESSION_TIMEOUT_S, ConsumerConfig
 from weir.logs import get_logger
 
-__all__ = ["ProtocolProbe", "choose_protocol", "offers_consumer_protocol"]
+__all__ = ["ProtocolProbe", "choose_protocol", "offers_consumer_protocol", "warn_commit_blackout"]
 
 log = get_logger(__name__)
 
@@ -42,6 +43,9 @@ PROBE_LIMIT_S = 5.0
 _API_LINE = re.compile(r"ApiKey \S+ \((\d+)\) Versions (\d+)\.\.(\d+)")
 # The member's settings that are no connection setting: left out of the probe's producer.
 _CALLBACKS = ("on_commit", "error_cb", "logger", "stats_cb", "throttle_cb", "debug")
+# The classic protocol stops a dynamic member's commits for up to its session timeout when a
+# member dies and restarts: warned about when that is this many commit intervals or more.
+_BLACKOUT_INTERVALS = 5
 
 
 class _Lines:
@@ -96,3 +100,32 @@ def choose_protocol(cfg: ConsumerConfig, probe: ProtocolProbe | None) -> Consume
     chosen, ignored = cfg.runs(protocol)
     log.info("group_protocol_chosen", protocol=protocol, reason=reason, ignored=ignored)
     return chosen
+
+
+def warn_commit_blackout(cfg: ConsumerConfig) -> None:
+    """A warning at start for a member whose commits a classic rebalance can hold for many
+    commit intervals: the classic cooperative protocol, a dynamic member (no
+    `group_instance_id`), a session timeout of at least `_BLACKOUT_INTERVALS` commit intervals,
+    and commits of its own (a transactional member sends its offsets through its producer's
+    connection, which no JoinGroup holds). Eager members revoke everything before they rejoin:
+    nothing of theirs finishes behind the join."""
+    if (
+        cfg.group_protocol != "classic"
+        or not cfg.incremental
+        or cfg.group_instance_id is not None
+        or cfg.transactional_id is not None
+    ):
+        return
+    session = cfg.session_timeout_s or _CLIENT_SESSION_TIMEOUT_S
+    if session < _BLACKOUT_INTERVALS * cfg.commit_interval_s:
+        return
+    log.warning(
+        "classic_protocol_without_static_membership",
+        session_timeout_s=session,
+        commit_interval_s=cfg.commit_interval_s,
+        reason="a member that dies and is restarted holds the others' commits for up to "
+        "session_timeout_s (their JoinGroup waits for its old session): a kill in that time "
+        "makes the next owners redo everything finished since, not one commit interval",
+        remedy="group_instance_id (static membership), or group_protocol='auto' / 'consumer' "
+        "where the broker offers KIP-848 (docs/rebalances.md)",
+    )
