@@ -32,6 +32,7 @@ from weir._engine.protocols import (
     warn_commit_blackout,
 )
 from weir.config import ConsumerSettings
+from weir.prometheus import WeirCollector
 from weir.records import as_handler
 from weir.testing.clock import ManualClock
 from weir.testing.fake import FakeConsumer
@@ -124,6 +125,45 @@ def test_an_overdue_commit_no_longer_holds_the_next_one(
         s.step_until(lambda: sent_offsets(fake)[-1] == 3, "3 sent past the overdue answer")
     overdue = events(caplog, "commit_result_overdue")
     assert len(overdue) == 1 and overdue[0]["waited_s"] >= RESULT_OVERDUE_S
+
+
+def test_a_commit_blackout_shows_in_stats_and_metrics(members: list[GroupConsumer]) -> None:
+    """The age of the oldest unconfirmed commit, per partition and per member: it grows while
+    commits get no answer (behind a classic JoinGroup), and is gone once one confirms them."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3))
+    fake.script_assign([P0])
+    fake.given_committed()
+    fake.hold_commit_results = True
+    gc = GroupConsumer(lambda r: None, consumer_factory=fake.factory, **SETTINGS)
+    members.append(gc)
+    gc.start()
+    wait_until(fake.pending_commit_seqs, "a commit waiting for its answer")
+    wait_until(
+        lambda: (gc.stats().oldest_unconfirmed_commit_s or 0) > 0.3, "an unconfirmed commit ages"
+    )
+    [part] = gc.stats().partitions
+    assert part.unconfirmed_commit_s is not None and part.unconfirmed_commit_s > 0.3
+    assert scraped(gc, "weir_oldest_unconfirmed_commit_seconds") > 0.3
+    assert scraped(gc, "weir_partition_unconfirmed_commit_seconds") > 0.3
+    held = fake.pending_commit_seqs()
+    fake.deliver_commit_results([(seq, None) for seq in held])
+    wait_until(lambda: {seq for seq, _ in fake.delivered_results} >= set(held), "answered")
+    fake.hold_commit_results = False  # the commit of what finished since is answered too
+    wait_until(lambda: gc.stats().oldest_unconfirmed_commit_s is None, "confirmed")
+    assert gc.stats().partitions[0].unconfirmed_commit_s is None
+    assert scraped(gc, "weir_oldest_unconfirmed_commit_seconds") == 0
+
+
+def scraped(gc: GroupConsumer, name: str) -> float:
+    """The value of metric `name` (its one sample) as the Prometheus collector gives it now."""
+    [sample] = [
+        s
+        for family in WeirCollector(gc, member="m").collect()
+        for s in family.samples
+        if s.name == name
+    ]
+    return float(sample.value)
 
 
 # -- group_protocol="auto" ------------------------------------------------------------------------
