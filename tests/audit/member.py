@@ -35,6 +35,7 @@ PROTOCOLS: dict[str, ProtocolSettings] = {
     "roundrobin": {"group_protocol": "classic", "assignment_strategy": "roundrobin"},
     "cooperative": {"group_protocol": "classic", "assignment_strategy": "cooperative-sticky"},
     "consumer": {"group_protocol": "consumer"},
+    "auto": {"group_protocol": "auto"},
 }
 CLASSIC_TIMEOUTS: ProtocolSettings = {"session_timeout_s": 6.0, "heartbeat_interval_s": 1.0}
 

@@ -66,6 +66,7 @@ SETTINGS = [
     Setting("classic-static-45s", "cooperative", 45.0, 0, static=True, goal=True),
     Setting("classic-static-6s", "cooperative", 6.0, 6.0, static=True, goal=True),
     Setting("consumer", "consumer", 6.0, None, static=False, goal=True),
+    Setting("auto", "auto", 6.0, None, static=False, goal=True),
 ]
 
 
@@ -190,12 +191,23 @@ def _rehandled(evs: list[dict[str, Any]], victim: str, killed_at: float) -> dict
     }
 
 
-def _run(bootstrap: str, topic: str, workdir: Path, s: Setting) -> dict[str, Any]:
+def _run(
+    bootstrap: str,
+    topic: str,
+    workdir: Path,
+    s: Setting,
+    *,
+    stop_after: float | None = None,
+    shutdown_timeout: float = 8.0,
+) -> dict[str, Any]:
+    """The scenario; with `stop_after` the survivor is stopped (SIGTERM) that long after the
+    first kill instead of killed at 0.6 of the session timeout."""
     group = f"jc-{s.name}-{uuid.uuid4().hex[:6]}"
     members = Members(workdir, bootstrap, group, topic, s.protocol)
 
     def start(name: str) -> None:
         extra = ["--commit-interval", str(COMMIT_INTERVAL), "--max-poll-ms", "60000"]
+        extra += ["--shutdown-timeout", str(shutdown_timeout)]
         if s.session_flag is not None:
             extra += ["--session-timeout", str(s.session_flag)]
             extra += ["--heartbeat", "0" if s.session_flag == 0 else "1"]
@@ -220,14 +232,19 @@ def _run(bootstrap: str, topic: str, workdir: Path, s: Setting) -> dict[str, Any
         first_kill = time.time()
         members.kill("m3")
         start("m3")  # a supervisor's restart
-        second_at = first_kill + 0.6 * s.session_s
+        second_at = first_kill + (0.6 * s.session_s if stop_after is None else stop_after)
         while time.time() < second_at:
             time.sleep(0.1)
         counts = sampler.sample()
         victim = max(("m1", "m2"), key=lambda m: counts.get(m, 0))
         uncommitted_at_kill = counts.get(victim, 0)
         second_kill = time.time()
-        members.kill(victim)
+        stop_s = None
+        if stop_after is None:
+            members.kill(victim)
+        else:
+            assert members.stop(victim, timeout=120) == 0
+            stop_s = round(time.time() - second_kill, 1)
         start(victim)
         time.sleep(max(10.0, s.session_s + 5))
         sampler.finish()
@@ -255,6 +272,15 @@ def _run(bootstrap: str, topic: str, workdir: Path, s: Setting) -> dict[str, Any
         "max_uncommitted": {m: max((c[m] for c in window), default=0) for m in survivors},
         **_rehandled(evs, victim, second_kill),
         "commits_until_second_kill": _committed_gaps(evs, survivors, first_kill, second_kill),
+        "stop_s": stop_s,
+        # The victim's commit results from its stop (or kill) until its restart's first.
+        "final_commits": [
+            (e["ev"], e["o"], (e["err"] or "")[:40])
+            for e in evs
+            if e["m"] == victim
+            and e["ev"] in ("commit_committed", "commit_failed")
+            and second_kill <= e["t"] <= second_kill + (stop_s or 0)
+        ],
         "duplicates_total": report.duplicates,
         "produced": report.produced,
         "series": series,
@@ -281,3 +307,36 @@ def test_a_kill_inside_a_rebalance_rehandles_what_was_not_committed(
     if setting.goal:
         bound = r["finished_last_interval"] + r["in_flight"]
         assert r["rehandled"] <= bound, r
+
+
+STOPS = [30.0, 8.0]
+
+
+@pytest.mark.broker
+@pytest.mark.chaos
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("shutdown_timeout", STOPS, ids=[f"shutdown-{t:g}s" for t in STOPS])
+def test_a_stop_inside_a_rebalance(
+    kafka_bootstrap: str, make_topic: TopicFactory, tmp_path: Path, shutdown_timeout: float
+) -> None:
+    """A survivor stopped (SIGTERM) 20 s into the 45 s window of a dynamic classic member's
+    restart: how long its stop takes, whether its last commit is confirmed, and what the next
+    owners handle again. Its JoinGroup waits until the window ends; a synchronous last commit
+    waited behind it, then failed."""
+    setting = SETTINGS[0]
+    r = _run(
+        kafka_bootstrap,
+        make_topic(PARTITIONS),
+        tmp_path,
+        setting,
+        stop_after=20.0,
+        shutdown_timeout=shutdown_timeout,
+    )
+    brief = {k: v for k, v in r.items() if k != "series"}
+    print(f"\n[join-commits-stop] shutdown_timeout={shutdown_timeout:g} {json.dumps(brief)}")
+    out = os.environ.get("WEIR_RESULTS_DIR")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        name = f"join-commits-stop-{shutdown_timeout:g}.json"
+        (Path(out) / name).write_text(json.dumps(r))
