@@ -585,6 +585,26 @@ def test_a_failed_final_commit_goes_again(launch: Launch) -> None:
     assert fake.committed.get(P0) == 3
 
 
+def test_the_final_commit_is_only_for_the_assignments_that_finished_the_work(
+    launch: Launch,
+) -> None:
+    """A rebalance served while the stop waits for its commit's answer may revoke a partition
+    and hand it back: the new assignment's committed offset may have moved on meanwhile (another
+    member owned it), so the old assignment's offset is never sent for it again."""
+    fake, _, gc = finished_member(launch, 3)
+    fake.hold_commit_results = True
+    gc.stop()
+    wait_until(lambda: offsets_committed(fake, P0) == [3], "3 sent by the stop")
+    assert fake.script_revoke([P0]).done.wait(WAIT)
+    assert fake.script_assign([P0]).done.wait(WAIT)
+    reassigned = len(fake.commit_log())
+    fake.deliver_commit_results(
+        [(fake.pending_commit_seqs()[0], KafkaError(KafkaError.REQUEST_TIMED_OUT))]
+    )
+    gc.join(WAIT)
+    assert fake.commit_log()[reassigned:] == []
+
+
 def test_the_final_commit_waits_for_its_answer_within_the_shutdown_budget(
     launch: Launch, caplog: pytest.LogCaptureFixture
 ) -> None:

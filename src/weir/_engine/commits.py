@@ -169,8 +169,17 @@ class CommitPath:
         generation (`send_pending`), which succeeds."""
         sent: dict[Partition, int] = {}
         started = next_try = self._clock.monotonic()
+        # The assignments whose work these offsets are: a rebalance served meanwhile may hand a
+        # partition over and back, and the new assignment's offset is no longer this one.
+        owners = {tp: st.assignment for tp, st in self._own.partitions.items()}
+        parts = self._own.partitions
         while True:
             now = self._clock.monotonic()
+            committable = {
+                tp: off
+                for tp, off in committable.items()
+                if tp in parts and parts[tp].assignment is owners.get(tp)
+            }
             # The first request goes whatever is still unanswered: the last chance to send
             # these offsets (the client's close waits for it).
             if sent and self._requests:
