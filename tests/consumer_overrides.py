@@ -15,7 +15,7 @@ from typing_extensions import TypedDict
 from weir import FailurePolicy, FlowConfig
 from weir.config import KafkaValue
 
-GroupProtocol = Literal["classic", "consumer"]
+GroupProtocol = Literal["classic", "consumer", "auto"]
 Ordering = Literal["key", "partition", "unordered"]
 
 

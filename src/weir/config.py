@@ -238,14 +238,21 @@ class ConsumerConfig(BaseModel):
         "loop, in place of worker threads ([handlers.md](handlers.md)).",
     )
 
-    group_protocol: Literal["classic", "consumer"] = Field(
-        "classic", description='`"consumer"` is KIP-848 (brokers 4.0 and later).'
+    group_protocol: Literal["classic", "consumer", "auto"] = Field(
+        "classic",
+        description='`"consumer"` is KIP-848 (brokers 4.0 and later); `"auto"`: `"consumer"` '
+        "where the broker offers it (the ConsumerGroupHeartbeat API in its API versions, asked "
+        'at start), `"classic"` otherwise ([rebalances.md](rebalances.md#protocols)).',
     )
     assignment_strategy: Literal["range", "roundrobin", "cooperative-sticky"] | None = Field(
-        None, description='Classic protocol only; None: `"cooperative-sticky"`.'
+        None,
+        description='Classic protocol only (with `"auto"`: if it runs classic); None: '
+        '`"cooperative-sticky"`.',
     )
     remote_assignor: Literal["uniform", "range"] | None = Field(
-        None, description='`group_protocol="consumer"` only; None: the broker\'s.'
+        None,
+        description='`group_protocol="consumer"` or `"auto"` (if it runs consumer); None: the '
+        "broker's.",
     )
     group_instance_id: str | None = Field(
         None,
@@ -261,8 +268,8 @@ class ConsumerConfig(BaseModel):
         le=3600,
         strict=True,
         allow_inf_nan=False,
-        description="Classic protocol only (a broker setting under KIP-848); None: "
-        "librdkafka's, 45 s.",
+        description='Classic protocol only (a broker setting under KIP-848; with `"auto"`: if '
+        "it runs classic); None: librdkafka's, 45 s.",
     )
     heartbeat_interval_s: float | None = Field(
         None,
@@ -270,7 +277,8 @@ class ConsumerConfig(BaseModel):
         le=3600,
         strict=True,
         allow_inf_nan=False,
-        description="Classic protocol only; below `session_timeout_s`; None: librdkafka's, 3 s.",
+        description='Classic protocol only (with `"auto"`: if it runs classic); below '
+        "`session_timeout_s`; None: librdkafka's, 3 s.",
     )
     max_poll_interval_s: float = Field(
         300.0,
@@ -606,8 +614,8 @@ class ConsumerConfig(BaseModel):
     @field_validator("remote_assignor")
     @classmethod
     def _remote(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is not None and info.data.get("group_protocol") != "consumer":
-            raise ValueError("remote_assignor needs group_protocol='consumer'")
+        if v is not None and info.data.get("group_protocol") == "classic":
+            raise ValueError("remote_assignor needs group_protocol='consumer' (or 'auto')")
         return v
 
     @field_validator("session_timeout_s", "heartbeat_interval_s")
@@ -634,7 +642,8 @@ class ConsumerConfig(BaseModel):
     @field_validator("max_poll_interval_s")
     @classmethod
     def _max_poll(cls, v: float, info: ValidationInfo) -> float:
-        if info.data.get("group_protocol") != "classic" or "session_timeout_s" not in info.data:
+        # "auto" may run the classic protocol: its rules hold too.
+        if info.data.get("group_protocol") == "consumer" or "session_timeout_s" not in info.data:
             return v
         session = info.data["session_timeout_s"]
         if v < (session or _CLIENT_SESSION_TIMEOUT_S):
@@ -707,9 +716,16 @@ class ConsumerConfig(BaseModel):
                 f"kafka['queued.max.messages.kbytes'] ({queued_kb}) exceeds the flow byte "
                 f"headroom flow.capacity_bytes - flow.pause_bytes ({flow.headroom_bytes})"
             )
-        # librdkafka reads the whole configuration only once every field is valid.
+        # librdkafka reads the whole configuration only once every field is valid; "auto"
+        # must start under either protocol.
         if all(name in info.data for name in cls.model_fields if name != "kafka"):
-            refusals = librdkafka_refusals(_client_conf({**info.data, "kafka": v}), v)
+            values = {**info.data, "kafka": v}
+            protocol = info.data["group_protocol"]
+            refusals: list[str] = []
+            for runs in ("classic", "consumer") if protocol == "auto" else (protocol,):
+                for refusal in librdkafka_refusals(_client_conf(values, runs), v):
+                    if refusal not in refusals:
+                        refusals.append(refusal)
             if refusals:
                 raise ValueError("; ".join(refusals))
         return v
@@ -723,6 +739,14 @@ class ConsumerConfig(BaseModel):
         return self.group_protocol == "consumer" or self.effective_strategy() == (
             "cooperative-sticky"
         )
+
+    def runs(self, protocol: Literal["classic", "consumer"]) -> tuple[ConsumerConfig, list[str]]:
+        """The configuration of a `group_protocol="auto"` member that runs `protocol`, and the
+        settings given that do not apply to it (left out); validated again as a whole."""
+        drop = _CLASSIC_ONLY if protocol == "consumer" else _CONSUMER_ONLY
+        given = {name: getattr(self, name) for name in self.model_fields_set}
+        ignored = sorted(name for name in drop if given.pop(name, None) is not None)
+        return ConsumerConfig(**{**given, "group_protocol": protocol}), ignored
 
     def policy_for(self, topic: str) -> FailurePolicy:
         """The failure policy of records of `topic`."""
@@ -746,20 +770,29 @@ def _dead_letter_topic_problem(where: str, policy: FailurePolicy) -> str | None:
     return None if problem is None else f"{where}.dead_letter_topic: {problem}"
 
 
+# The settings only one group protocol takes (the client refuses the classic ones under KIP-848).
+_CLASSIC_ONLY = ("assignment_strategy", "session_timeout_s", "heartbeat_interval_s")
+_CONSUMER_ONLY = ("remote_assignor",)
+
+
 def _effective_strategy(protocol: str, strategy: str | None) -> str | None:
     if protocol == "consumer":
         return None
     return strategy or "cooperative-sticky"
 
 
-def _client_conf(values: Mapping[str, Any]) -> dict[str, Any]:
+def _client_conf(values: Mapping[str, Any], protocol: str | None = None) -> dict[str, Any]:
     """librdkafka's configuration from validated field values (a ConsumerConfig's, or those a
-    validator has seen so far)."""
+    validator has seen so far), for the group protocol it runs (`protocol`; by default the
+    one configured, and the classic one for "auto" until it is chosen)."""
     flow: FlowConfig = values["flow"]
+    runs = protocol or values["group_protocol"]
+    if runs == "auto":
+        runs = "classic"
     conf: dict[str, Any] = {
         "bootstrap.servers": values["bootstrap_servers"],
         "group.id": values["group_id"],
-        "group.protocol": values["group_protocol"],
+        "group.protocol": runs,
         "auto.offset.reset": values["auto_offset_reset"],
         "max.poll.interval.ms": _ms(values["max_poll_interval_s"]),
         "topic.metadata.refresh.interval.ms": _ms(values["topic_refresh_s"]),
@@ -784,17 +817,18 @@ def _client_conf(values: Mapping[str, Any]) -> dict[str, Any]:
         "fetch.wait.max.ms": 10,
         "fetch.queue.backoff.ms": 50,
     }
-    strategy = _effective_strategy(values["group_protocol"], values["assignment_strategy"])
+    strategy = _effective_strategy(runs, values["assignment_strategy"])
     if strategy is not None:
         conf["partition.assignment.strategy"] = strategy
-    if values["remote_assignor"] is not None:
+    if values["remote_assignor"] is not None and runs == "consumer":
         conf["group.remote.assignor"] = values["remote_assignor"]
     if values["group_instance_id"] is not None:
         conf["group.instance.id"] = values["group_instance_id"]
-    if values["session_timeout_s"] is not None:
-        conf["session.timeout.ms"] = _ms(values["session_timeout_s"])
-    if values["heartbeat_interval_s"] is not None:
-        conf["heartbeat.interval.ms"] = _ms(values["heartbeat_interval_s"])
+    if runs == "classic":
+        if values["session_timeout_s"] is not None:
+            conf["session.timeout.ms"] = _ms(values["session_timeout_s"])
+        if values["heartbeat_interval_s"] is not None:
+            conf["heartbeat.interval.ms"] = _ms(values["heartbeat_interval_s"])
     conf.update(
         (k, v.get_secret_value() if isinstance(v, SecretStr) else v)
         for k, v in values["kafka"].items()
@@ -815,7 +849,7 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "ordering": Ordering,
         "workers": int,
         "max_in_flight": int,
-        "group_protocol": Literal["classic", "consumer"],
+        "group_protocol": Literal["classic", "consumer", "auto"],
         "assignment_strategy": Literal["range", "roundrobin", "cooperative-sticky"] | None,
         "remote_assignor": Literal["uniform", "range"] | None,
         "group_instance_id": str | None,

@@ -190,6 +190,12 @@ _CONSUMER_METRICS: tuple[
         lambda st, h: st.commit_failures,
     ),
     (
+        _G,
+        "weir_oldest_unconfirmed_commit_seconds",
+        "Age of the oldest commit the broker has not confirmed (0: every commit is)",
+        lambda st, h: st.oldest_unconfirmed_commit_s or 0.0,
+    ),
+    (
         _C,
         "weir_callback_failures",
         "User callbacks that raised",
@@ -311,6 +317,11 @@ _PARTITION_GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], float | None
         "weir_partition_last_commit_success",
         "1 if the last commit succeeded, 0 if it failed",
         lambda p: p.last_commit_ok,
+    ),
+    (
+        "weir_partition_unconfirmed_commit_seconds",
+        "Age of the partition's oldest commit the broker has not confirmed (0: every commit is)",
+        lambda p: p.unconfirmed_commit_s or 0.0,
     ),
     (
         "weir_partition_recovery_seconds",

@@ -132,6 +132,11 @@ class PartitionStats:
     """`time.time()` when this member was assigned the partition."""
     recovery_s: float | None = None
     """Assignment to the first finished record (None until one finished)."""
+    unconfirmed_commit_s: float | None = None
+    """Now - when the oldest commit of this partition that the broker has not confirmed was sent:
+    one waiting for its answer, or one that failed with no newer offset confirmed since (None:
+    every commit sent is confirmed). It stays below the commit interval plus a round trip while
+    commits work; it grows while a classic rebalance holds them or commits fail."""
 
     @property
     def lag(self) -> int | None:
@@ -236,6 +241,9 @@ class ConsumerStats:
     capacity_records: int = 0
     """The budget's hard bounds (`FlowConfig.capacity_*`), to read `in_flight` against."""
     capacity_bytes: int = 0
+    oldest_unconfirmed_commit_s: float | None = None
+    """The largest `unconfirmed_commit_s` of the owned partitions (None: every commit sent is
+    confirmed): how long this member's progress has gone without the broker's confirmation."""
 
     @property
     def paused_partitions(self) -> tuple[Partition, ...]:

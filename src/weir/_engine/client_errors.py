@@ -120,7 +120,7 @@ class ClientErrors:
         refused = refusal_of(err.name(), text)
         if err.fatal():
             log.error("kafka_fatal_error", code=err.name(), error=text)
-            self._life.fail(KafkaFatalError(str(err)))
+            self._life.fail(KafkaFatalError(str(err) + _protocol_hint(text)))
         elif code == KafkaError._ALL_BROKERS_DOWN:
             self._life.brokers_down(time.monotonic())
             if self._first("all_brokers_down", err):
@@ -177,3 +177,15 @@ class ClientErrors:
                 log.error("offset_reset_failed", tp=str(tp), error=err.str())
         elif self._first("consume_error", err):
             log.warning("consume_error", code=err.name(), error=err.str())
+
+
+def _protocol_hint(text: str) -> str:
+    """What to do when the broker refuses KIP-848's heartbeat: a Kafka 4 broker lists the API
+    even with the consumer protocol turned off, so `group_protocol="auto"` can choose it."""
+    if "ConsumerGroupHeartbeat" not in text:
+        return ""
+    return (
+        ": the broker refuses the consumer group protocol (KIP-848), though it may list its "
+        "API; set group_protocol='classic', or enable it on the broker "
+        "(group.coordinator.rebalance.protocols, the group.version feature)"
+    )

@@ -42,6 +42,7 @@ from weir._engine.intake import Run, runs_of
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.metrics import Metrics
 from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
+from weir._engine.protocols import ProtocolProbe, choose_protocol, warn_commit_blackout
 from weir._engine.replay import ReplayMaps
 from weir._engine.scheduling import Scheduler, lane_of
 from weir._engine.settlement import Settlement
@@ -74,6 +75,9 @@ _PUBLISH_EVERY = 1.0
 # While every broker is reported down: the longest the owner waits for one to answer, once a
 # second (`Lifecycle.broker_probe_due`).
 _PROBE_WAIT = 0.25
+# The shutdown's last commit waits this long for its answer even when the drain used up the
+# shutdown budget: an answer takes milliseconds unless a rebalance holds the connection.
+_FINAL_COMMIT_S = 1.0
 
 
 class Engine:
@@ -91,6 +95,7 @@ class Engine:
         loop: asyncio.AbstractEventLoop | None = None,
         *,
         refresh_watermarks: bool = False,
+        protocol_probe: ProtocolProbe | None = None,
         clock: Clock = SYSTEM,
     ) -> None:
         self.cfg = cfg = config
@@ -98,6 +103,8 @@ class Engine:
         self.handler = handler
         self.life = life
         self._factory = client_factory
+        # group_protocol="auto": what asks the broker (None: the classic protocol).
+        self._protocol_probe = protocol_probe
         self.callbacks = Callbacks(cfg.callback_errors, life.fail)
         # The client's errors and librdkafka's log lines repeat while a broker is down (a
         # refused connection every 50 ms): the first of each is logged, the rest counted.
@@ -141,7 +148,9 @@ class Engine:
             clock=clock,
         )
         self.replay = ReplayMaps(cfg.offset_map, cfg.offset_map_max_bytes)
-        self.commits = CommitPath(lambda: self.client, self.own, self.committer, self.replay)
+        self.commits = CommitPath(
+            lambda: self.client, self.own, self.committer, self.replay, clock=clock
+        )
         # Exactly-once mode: the transactional producer (a real Producer is transactional; a
         # test's producer_factory must give one too).
         self.txn = (
@@ -283,7 +292,8 @@ class Engine:
                 life.end()
 
     def start(self) -> None:
-        cfg = self.cfg
+        cfg = self.cfg = choose_protocol(self.cfg, self._protocol_probe)
+        warn_commit_blackout(cfg)
         conf = cfg.librdkafka_config()
         conf["on_commit"] = self.commits.on_commit
         conf["error_cb"] = self.errors.on_error
@@ -376,7 +386,7 @@ class Engine:
                     "shutdown_budget_exceeded" if not life.hurry.is_set() else "shutdown_hurried",
                     unfinished=left,
                 )
-            self._commit_sync(self.commits.committable())
+            self._commit_final(client, deadline)
             self.own.fence_progress()
             self._publish(running=False)
             if self.cfg.group_instance_id is None:
@@ -461,7 +471,7 @@ class Engine:
         if self.eos is not None:
             if self.eos.turn(now):
                 self._publish(running=True)
-        elif self.committer.due(now):
+        elif self.committer.due(now) and self.commits.ready(now):
             self.commits.send_async(now)
             self._publish(running=True)
         if now >= self._next_publish:
@@ -601,6 +611,22 @@ class Engine:
             return self.eos.commit(committable)
         return self.commits.send_sync(committable)
 
+    def _commit_final(self, client: ConsumerClient, deadline: float) -> None:
+        """The shutdown's last commit, its answer awaited within the shutdown budget (and at
+        least `_FINAL_COMMIT_S`) by serving the client."""
+        committable = self.commits.committable()
+        if self.eos is not None:
+            self.eos.commit(committable)  # its client calls have deadlines of their own
+            return
+
+        def serve(wait: float) -> None:
+            # Records it hands out are not run: their partitions are held for the shutdown.
+            client.consume(1, wait)
+            self.life.polled_at = self.clock.monotonic()
+
+        until = max(deadline, self.clock.monotonic() + _FINAL_COMMIT_S)
+        self.commits.send_final(committable, until, serve, self.life.hurry)
+
     def _read_position(self, tp: Partition) -> int | None:
         st = self.own.partitions.get(tp)
         return None if st is None else st.progress.read_position
@@ -642,6 +668,8 @@ class Engine:
         m = self.metrics
         try:
             self._assign(client, tps, began)
+            if self.eos is None:
+                self.commits.send_pending(self.clock.monotonic())
         finally:
             self.life.joined = True
             self._owned_changed()

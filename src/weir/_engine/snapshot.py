@@ -124,6 +124,7 @@ class Snapshot:
                     last_commit_error=pm.last_commit_error if pm else None,
                     assigned_time=pm.assigned_time if pm else 0.0,
                     recovery_s=pm.recovery_s if pm else None,
+                    unconfirmed_commit_s=_age(self._committer.unconfirmed_since(tp), now),
                 )
             )
         ahead_bytes = budget.read_ahead_bytes
@@ -168,6 +169,10 @@ class Snapshot:
             joined=self._life.joined,
             capacity_records=flow.capacity_records,
             capacity_bytes=flow.capacity_bytes,
+            oldest_unconfirmed_commit_s=max(
+                (p.unconfirmed_commit_s for p in parts if p.unconfirmed_commit_s is not None),
+                default=None,
+            ),
         )
 
     def _watermarks_of(self, tp: Partition) -> tuple[int | None, int | None]:
@@ -180,3 +185,7 @@ class Snapshot:
         except KafkaException:
             return None, None
         return (low if low >= 0 else None), (high if high >= 0 else None)
+
+
+def _age(since: float | None, now: float) -> float | None:
+    return None if since is None else max(0.0, now - since)
