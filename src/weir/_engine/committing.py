@@ -31,6 +31,8 @@ class CommitEvent:
     sync: bool
     status: Literal["sent", "committed", "failed"]
     error: str | None = None
+    code: str | None = None
+    """The client's error code of a failure, e.g. "GROUP_AUTHORIZATION_FAILED"."""
 
     @property
     def ok(self) -> bool:
@@ -115,7 +117,9 @@ class Committer:
         self._last = now
         self._finished_since = 0
 
-    def result(self, tp: Partition, offset: int, error: str | None, *, sync: bool) -> None:
+    def result(
+        self, tp: Partition, offset: int, error: str | None, *, sync: bool, code: str | None = None
+    ) -> None:
         st = self._state.get(tp)
         if st is not None:
             if error is None:
@@ -129,7 +133,8 @@ class Committer:
             log.debug("commit", tp=str(tp), offset=offset, sync=sync)
         else:
             log.warning("commit_failed", tp=str(tp), offset=offset, sync=sync, error=error)
-        self._emit(CommitEvent(tp, offset, sync, "committed" if error is None else "failed", error))
+        status: Literal["committed", "failed"] = "committed" if error is None else "failed"
+        self._emit(CommitEvent(tp, offset, sync, status, error, code))
 
     def confirmed(self, tp: Partition) -> int | None:
         st = self._state.get(tp)

@@ -1,4 +1,5 @@
-"""A broker that answered and refused: SASL authentication and TLS failures, named as such.
+"""A broker that answered and refused: SASL authentication and TLS failures, and what its ACLs
+refused (`Denied`), named as such.
 
 librdkafka reports them through the error callback (``_AUTHENTICATION``, ``_SSL``) while the
 request that needed a broker only times out, so a client that looks at its requests alone says
@@ -8,6 +9,11 @@ librdkafka's words, whether its CA is unknown or it names another host: `explain
 broker once more with Python's own TLS (same CA settings, no credentials sent) to tell which.
 
 Nothing here ever weakens verification: it only reads the settings the client was given.
+
+An ACL refusal comes back as the error of the request that needed it (TOPIC_, GROUP_,
+TRANSACTIONAL_ID_, CLUSTER_AUTHORIZATION_FAILED): Kafka's code names the kind of resource, and
+the request the operation, which only the caller knows (a fetch reads, a produce writes).
+`Denied` is the two together, with the resource's name.
 """
 
 from __future__ import annotations
@@ -16,9 +22,9 @@ import os
 import re
 import socket
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -26,7 +32,12 @@ from weir.errors import AuthenticationError, AuthorizationError, BrokerRefusedEr
 from weir.logs import client_error_cause
 
 __all__ = [
+    "AUTHORIZATION_CODES",
+    "Denied",
     "Refusal",
+    "RefusalSink",
+    "authorization_error",
+    "denied_of",
     "denied_topics",
     "explain",
     "refusal_error",
@@ -55,6 +66,80 @@ _NAME_MISMATCH = frozenset({62, 63, 64})
 _UNKNOWN_CA = frozenset({2, 18, 19, 20, 21})
 
 Kind = Literal["authentication", "tls"]
+
+# What each authorization error code names: the kind of resource the ACLs refused.
+AUTHORIZATION_CODES = {
+    "TOPIC_AUTHORIZATION_FAILED": "topic",
+    "GROUP_AUTHORIZATION_FAILED": "group",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": "transactional id",
+    "CLUSTER_AUTHORIZATION_FAILED": "cluster",
+}
+# What a consumer group member needs, said with each refusal a member meets.
+MEMBER_NEEDS = "a member needs DESCRIBE and READ on its topics and READ on its group {group!r}"
+
+
+@dataclass(frozen=True)
+class Denied:
+    """An operation the broker's ACLs refused the client on one resource."""
+
+    resource_type: str
+    """"topic", "group", "transactional id" or "cluster"."""
+    resource: str
+    """Its name ("" for the cluster, or a topic the client's error did not name)."""
+    operation: str
+    """Kafka's name of the operation: READ, WRITE, DESCRIBE, IDEMPOTENT_WRITE, ..."""
+    code: str
+    """The error code, e.g. GROUP_AUTHORIZATION_FAILED."""
+
+    def __str__(self) -> str:
+        if self.resource_type == "cluster":
+            return f"{self.operation} on the cluster"
+        if not self.resource:
+            return f"{self.operation} on a {self.resource_type}"
+        return f"{self.operation} on {self.resource_type} {self.resource!r}"
+
+
+def denied_of(
+    code: str,
+    operation: str,
+    *,
+    topic: str | None = None,
+    group: str | None = None,
+    transactional_id: str | None = None,
+) -> Denied | None:
+    """The refusal an error `code` reports for a request doing `operation` (on its topic or
+    group; on a transactional id a producer writes, on the cluster it writes idempotently), or
+    None if it is no authorization error. The names are the request's."""
+    kind = AUTHORIZATION_CODES.get(code)
+    if kind is None:
+        return None
+    if kind == "topic":
+        return Denied(kind, topic or "", operation, code)
+    if kind == "group":
+        return Denied(kind, group or "", operation, code)
+    if kind == "transactional id":
+        return Denied(kind, transactional_id or "", "WRITE", code)
+    return Denied(kind, "", "IDEMPOTENT_WRITE", code)
+
+
+def authorization_error(denied: Denied, cause: str, needs: str) -> AuthorizationError:
+    """The error for `denied` (`cause`: the client's words), saying what is `needs`ed."""
+    return AuthorizationError(
+        f"authorization failed: the broker's ACLs do not allow this client {denied} "
+        f"({denied.code}: {cause}): {needs}",
+        resource_type=denied.resource_type,
+        resources=(denied.resource,) if denied.resource else (),
+        operation=denied.operation,
+    )
+
+
+class RefusalSink(Protocol):
+    """Where refusals met while the member runs go: logged once, and the member not ready until
+    they end (`weir._engine.client_errors.ClientErrors`)."""
+
+    def refused(self, denied: Denied, error: str) -> None: ...
+
+    def allowed(self, match: Callable[[Denied], bool]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -209,6 +294,9 @@ def topics_denied_error(topics: Sequence[str], group_id: str) -> AuthorizationEr
     names = ", ".join(repr(t) for t in topics)
     return AuthorizationError(
         f"authorization failed: the broker's ACLs do not allow this client to describe topic "
-        f"{names} (TOPIC_AUTHORIZATION_FAILED; also said of a topic that does not exist): a "
-        f"member needs DESCRIBE and READ on its topics and READ on its group {group_id!r}"
+        f"{names} (TOPIC_AUTHORIZATION_FAILED; also said of a topic that does not exist): "
+        + MEMBER_NEEDS.format(group=group_id),
+        resource_type="topic",
+        resources=tuple(topics),
+        operation="DESCRIBE",
     )

@@ -1,0 +1,153 @@
+"""The broker's ACLs refusing a member, on the secured broker: each refusal is one error or event
+that names the operation and the resource, nothing is lost, and nothing is committed past
+unfinished work.
+
+Each test logs in as a principal of its own (OAUTHBEARER with unsecured tokens: any principal),
+so that no ACL another test granted changes what the broker refuses it: an idempotent producer,
+for one, gets its producer id from WRITE on any topic at all.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from tests.waiting import wait_until
+from weir import AuthorizationError, GroupConsumer, Record
+from weir.testing.broker import EmbeddedKafka
+from weir.testing.pytest_plugin import allow, create_topic, produce, revoke, wait_for_committed
+from weir.testing.security import ClientSettings
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
+
+STARTUP_TIMEOUT_S = 20.0
+# A refusal at start is named as soon as the broker answers: well within this.
+NAMED_WITHIN_S = 5.0
+WAIT_S = 30.0
+
+
+@pytest.fixture
+def principal() -> str:
+    return f"p-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def who(kafka_secure_broker: EmbeddedKafka, principal: str) -> ClientSettings:
+    return kafka_secure_broker.client_settings(principal, mechanism="OAUTHBEARER")
+
+
+@pytest.fixture
+def topic(kafka_secure_broker: EmbeddedKafka) -> str:
+    return create_topic(kafka_secure_broker.internal_bootstrap_servers, partitions=1)
+
+
+@pytest.fixture
+def group() -> str:
+    return f"g-{uuid.uuid4().hex[:8]}"
+
+
+def member(settings: ClientSettings, handler: Any, **options: Any) -> GroupConsumer:
+    conf: dict[str, Any] = settings.config()
+    return GroupConsumer(
+        handler,
+        bootstrap_servers=conf.pop("bootstrap.servers"),
+        kafka=conf,
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+        **options,
+    )
+
+
+def counting() -> tuple[list[str], Callable[[Record], None]]:
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def handle(record: Record) -> None:
+        with lock:
+            seen.append(record.value.decode())  # type: ignore[union-attr]
+
+    return seen, handle
+
+
+def committed(admin: AdminClient, group: str, topic: str) -> int | None:
+    return wait_for_committed(admin, group, topic, {0: 0}, timeout=10)[0]
+
+
+def test_a_group_the_acls_refuse_fails_the_start(
+    kafka_secure_admin: AdminClient, who: ClientSettings, principal: str, topic: str, group: str
+) -> None:
+    """Regression: the member warned `consume_error code=GROUP_AUTHORIZATION_FAILED` and ran
+    on, never assigned, never ready, naming no ACL."""
+    allow(kafka_secure_admin, principal, topics=[topic])
+    gc = member(who, lambda record: None, group_id=group, topics=[topic])
+    began = time.monotonic()
+    with pytest.raises(AuthorizationError) as raised:
+        gc.run()
+    assert time.monotonic() - began < NAMED_WITHIN_S
+    text = str(raised.value)
+    assert text.startswith(
+        f"authorization failed: the broker's ACLs do not allow this client READ on group "
+        f"{group!r} (GROUP_AUTHORIZATION_FAILED: "
+    ), text
+    assert text.endswith(
+        f"): a member needs DESCRIBE and READ on its topics and READ on its group {group!r}"
+    ), text
+    assert raised.value.operation == "READ" and raised.value.resources == (group,)
+    assert not gc.health().live
+
+
+def test_refusals_while_running_are_named_and_the_member_is_not_ready_until_they_end(
+    kafka_secure_admin: AdminClient,
+    kafka_secure_client: ClientSettings,
+    who: ClientSettings,
+    principal: str,
+    topic: str,
+    group: str,
+) -> None:
+    """READ on the topic, then on the group, taken back while the member runs: it names each,
+    is not ready meanwhile, commits nothing past what it handled, and goes on at once when
+    they are granted again (no restart). Regression: it stayed ready throughout; a refused
+    fetch was one `consume_error` warning, a refused commit a `commit_failed` warning at every
+    commit turn."""
+    admin, boot = kafka_secure_admin, kafka_secure_client.bootstrap_servers
+    conf = kafka_secure_client.config()
+    allow(admin, principal, topics=[topic], groups=[group])
+    produce(boot, topic, [(None, f"a{i}") for i in range(3)], config=conf)
+    seen, handle = counting()
+    gc = member(who, handle, group_id=group, topics=[topic], commit_interval_s=0.2)
+    gc.start()
+    try:
+        wait_for_committed(admin, group, topic, {0: 3}, timeout=WAIT_S)
+        assert gc.health().ready
+
+        revoke(admin, principal, topics=[topic], operations=["READ"])
+        produce(boot, topic, [(None, f"b{i}") for i in range(3)], config=conf)
+        refused = (f"READ on topic {topic!r}",)
+        wait_until(lambda: gc.health().refused == refused, "the fetch refused", WAIT_S)
+        health = gc.health()
+        assert health.live and not health.ready
+        assert health.reasons[0].startswith(
+            f"the broker's ACLs refuse READ on topic {topic!r} (TOPIC_AUTHORIZATION_FAILED) for "
+        ), health.reasons
+        allow(admin, principal, topics=[topic], operations=["READ"])
+        wait_for_committed(admin, group, topic, {0: 6}, timeout=WAIT_S)
+        wait_until(lambda: gc.health().ready, "ready again", WAIT_S)
+
+        revoke(admin, principal, groups=[group], operations=["READ"])
+        produce(boot, topic, [(None, f"c{i}") for i in range(3)], config=conf)
+        refused = (f"READ on group {group!r}",)
+        wait_until(lambda: gc.health().refused == refused, "the commit refused", WAIT_S)
+        assert len(seen) == 9  # handled, not committed
+        assert committed(admin, group, topic) == 6
+        allow(admin, principal, groups=[group], operations=["READ"])
+        wait_for_committed(admin, group, topic, {0: 9}, timeout=WAIT_S)
+        wait_until(lambda: gc.health().ready, "ready again", WAIT_S)
+    finally:
+        gc.stop()
+        gc.join(30)
+    assert sorted(seen) == sorted(f"{x}{i}" for x in "abc" for i in range(3))
