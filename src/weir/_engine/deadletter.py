@@ -52,12 +52,18 @@ HEADERS = (
 )
 
 # librdkafka settings of the consumer that the producer shares: how to reach and authenticate
-# with the cluster. Consumer-only settings would only make the producer log warnings.
+# with the cluster (OAUTHBEARER's unsecured tokens and token endpoint too), and how much to
+# log. Consumer-only settings would only make the producer log warnings.
 _SHARED_PREFIXES = (
     "security.",
     "ssl.",
     "ssl_",
     "sasl.",
+    "enable.sasl.",
+    "https.",
+    "debug",
+    "log_level",
+    "log.connection.close",
     "client.",
     "socket.",
     "broker.",
