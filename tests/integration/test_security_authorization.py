@@ -19,9 +19,24 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from tests.waiting import wait_until
-from weir import AuthorizationError, GroupConsumer, Record
+from weir import (
+    AuthorizationError,
+    FailurePolicy,
+    GroupConsumer,
+    NonRetryable,
+    Record,
+    RetryPolicy,
+)
 from weir.testing.broker import EmbeddedKafka
-from weir.testing.pytest_plugin import allow, create_topic, produce, revoke, wait_for_committed
+from weir.testing.pytest_plugin import (
+    allow,
+    consume_all,
+    create_topic,
+    produce,
+    records_as_text,
+    revoke,
+    wait_for_committed,
+)
 from weir.testing.security import ClientSettings
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
@@ -151,3 +166,98 @@ def test_refusals_while_running_are_named_and_the_member_is_not_ready_until_they
         gc.stop()
         gc.join(30)
     assert sorted(seen) == sorted(f"{x}{i}" for x in "abc" for i in range(3))
+
+
+def failing_on_bad(record: Record) -> None:
+    if record.value == b"bad":
+        raise NonRetryable("bad record")
+
+
+@pytest.mark.parametrize(
+    "writes_elsewhere", [False, True], ids=["no-write-acl", "write-acl-elsewhere"]
+)
+def test_a_refused_dead_letter_blocks_its_partition_until_the_acl_is_granted(
+    kafka_secure_broker: EmbeddedKafka,
+    kafka_secure_admin: AdminClient,
+    kafka_secure_client: ClientSettings,
+    who: ClientSettings,
+    principal: str,
+    topic: str,
+    group: str,
+    writes_elsewhere: bool,
+) -> None:
+    """No WRITE on the dead-letter topic: the dead letter fails and blocks its partition as
+    any failed dead letter does, named, never skipped; granted WRITE, the next try writes it
+    (a new producer: the one refused a producer id failed for good). Without WRITE on any
+    topic the broker refuses the idempotent producer an id (CLUSTER_AUTHORIZATION_FAILED, a
+    fatal error): regression, that error escaped the producer's poll and stopped the member
+    with a bare KafkaException."""
+    admin = kafka_secure_admin
+    dlq = create_topic(kafka_secure_broker.internal_bootstrap_servers, name=f"{topic}.dlq")
+    allow(admin, principal, topics=[topic], groups=[group])
+    allow(admin, principal, topics=[dlq], operations=["DESCRIBE"])
+    if writes_elsewhere:
+        allow(admin, principal, topics=[f"elsewhere-{principal}"], operations=["WRITE"])
+    conf = kafka_secure_client.config()
+    produce(
+        kafka_secure_client.bootstrap_servers, topic, [("k", "bad"), ("k", "good")], config=conf
+    )
+    seen, handle = counting()
+
+    def handler(record: Record) -> None:
+        handle(record)
+        failing_on_bad(record)
+
+    policy = FailurePolicy(
+        retry=RetryPolicy(max_attempts=1), final="dead_letter", block_retry_s=1.0
+    )
+    gc = member(
+        who, handler, group_id=group, topics=[topic], failure=policy, ordering="partition",
+        commit_interval_s=0.2,
+    )  # fmt: skip
+    gc.start()
+    try:
+        refused = (f"WRITE on topic {dlq!r}",)
+        wait_until(lambda: gc.health().refused == refused, "the dead letter refused", WAIT_S)
+        assert not gc.health().ready
+        # The stats are a snapshot, published at every commit turn.
+        wait_until(lambda: gc.stats().blocked, "the partition blocked", WAIT_S)
+        assert [(p.topic, p.partition) for p in gc.stats().blocked] == [(topic, 0)]
+        assert seen == ["bad"]  # the partition waits behind it: "good" has not run
+        assert committed(admin, group, topic) in (None, 0)
+        allow(admin, principal, topics=[dlq], operations=["WRITE"])
+        wait_for_committed(admin, group, topic, {0: 2}, timeout=WAIT_S)
+        wait_until(lambda: gc.health().ready, "ready once the dead letter is written", WAIT_S)
+    finally:
+        gc.stop()
+        gc.join(30)
+    letters = consume_all(kafka_secure_client.bootstrap_servers, dlq, expected=1, config=conf)
+    assert records_as_text(letters) == [("k", "bad")]
+    assert seen[-1] == "good"
+
+
+def test_a_dead_letter_topic_the_acls_hide_fails_the_start(
+    kafka_secure_broker: EmbeddedKafka,
+    kafka_secure_admin: AdminClient,
+    who: ClientSettings,
+    principal: str,
+    topic: str,
+    group: str,
+) -> None:
+    """Regression: "DeadLetterError: dead-letter topic '<t>.dlq' is missing and could not be
+    created: ... TOPIC_AUTHORIZATION_FAILED" for a topic that exists."""
+    dlq = create_topic(kafka_secure_broker.internal_bootstrap_servers, name=f"{topic}.dlq")
+    allow(kafka_secure_admin, principal, topics=[topic], groups=[group])
+    gc = member(
+        who, failing_on_bad, group_id=group, topics=[topic],
+        failure=FailurePolicy(final="dead_letter"),
+    )  # fmt: skip
+    with pytest.raises(AuthorizationError) as raised:
+        gc.run()
+    assert str(raised.value) == (
+        f"authorization failed: the broker's ACLs do not allow this client DESCRIBE on topic "
+        f"{dlq!r} (TOPIC_AUTHORIZATION_FAILED: the dead-letter topic of {topic!r}; Kafka says "
+        "so also of a topic that does not exist, to a client that may not describe it): a "
+        "member that dead-letters needs DESCRIBE and WRITE on its dead-letter topics (and "
+        "CREATE, for weir to create a missing one)"
+    )

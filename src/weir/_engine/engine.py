@@ -139,6 +139,7 @@ class Engine:
             lambda f: self.settle.given_up(f),
             dead_letters,
             clock=clock,
+            refusals=self.errors,
         )
         self.replay = ReplayMaps(cfg.offset_map, cfg.offset_map_max_bytes)
         self.commits = CommitPath(lambda: self.client, self.own, self.committer, self.replay)
