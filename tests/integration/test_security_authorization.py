@@ -23,10 +23,13 @@ from weir import (
     AuthorizationError,
     FailurePolicy,
     GroupConsumer,
+    Handler,
     NonRetryable,
     Record,
     RetryPolicy,
+    TransactionError,
 )
+from weir.records import Context
 from weir.testing.broker import EmbeddedKafka
 from weir.testing.pytest_plugin import (
     allow,
@@ -261,3 +264,65 @@ def test_a_dead_letter_topic_the_acls_hide_fails_the_start(
         "member that dead-letters needs DESCRIBE and WRITE on its dead-letter topics (and "
         "CREATE, for weir to create a missing one)"
     )
+
+
+class Forward(Handler):
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        ctx.produce(self.output, record.value, record.key)
+
+
+def test_a_transactional_id_the_acls_refuse_fails_the_start(
+    kafka_secure_admin: AdminClient, who: ClientSettings, principal: str, topic: str, group: str
+) -> None:
+    allow(kafka_secure_admin, principal, topics=[topic], groups=[group])
+    tid = f"tx-{group}"
+    gc = member(who, Forward("out"), group_id=group, topics=[topic], transactional_id=tid)
+    with pytest.raises(TransactionError) as raised:
+        gc.run()
+    text = str(raised.value)
+    assert text.startswith(
+        "initialising transactions failed: the broker's ACLs do not allow this client WRITE on "
+        f"transactional id {tid!r} (TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "
+    ), text
+    assert text.endswith(
+        f"): an exactly-once member needs WRITE and DESCRIBE on its transactional_id {tid!r}, "
+        "WRITE on its output topics and READ on its group"
+    ), text
+
+
+def test_an_output_the_acls_refuse_stops_an_exactly_once_member_with_nothing_committed(
+    kafka_secure_broker: EmbeddedKafka,
+    kafka_secure_admin: AdminClient,
+    kafka_secure_client: ClientSettings,
+    who: ClientSettings,
+    principal: str,
+    topic: str,
+    group: str,
+) -> None:
+    """Regression: the transaction was aborted, the records replayed and the outputs refused
+    again, five times a second for ever, with the member ready."""
+    admin = kafka_secure_admin
+    output = create_topic(kafka_secure_broker.internal_bootstrap_servers, partitions=1)
+    tid = f"tx-{group}"
+    allow(admin, principal, topics=[topic], groups=[group])
+    allow(admin, principal, transactional_ids=[tid], operations=["WRITE", "DESCRIBE"])
+    conf = kafka_secure_client.config()
+    produce(kafka_secure_client.bootstrap_servers, topic, [("k", "v")], config=conf)
+    gc = member(who, Forward(output), group_id=group, topics=[topic], transactional_id=tid)
+    began = time.monotonic()
+    with pytest.raises(TransactionError) as raised:
+        gc.run()
+    assert time.monotonic() - began < 15
+    text = str(raised.value)
+    assert text.startswith(
+        f"writing an output failed: the broker's ACLs do not allow this client WRITE on topic "
+        f"{output!r} (TOPIC_AUTHORIZATION_FAILED: "
+    ), text
+    assert raised.value.step == "writing an output" and not raised.value.fenced
+    # At most the start's own commit of where the group begins: the record is not past it.
+    assert committed(admin, group, topic) in (None, 0)
+    got = consume_all(kafka_secure_client.bootstrap_servers, output, config=conf)
+    assert got == []
