@@ -784,7 +784,14 @@ def _lag_view(lag: Any, args: argparse.Namespace) -> Any:
                 end_section=True,
             )
     if not rows:
-        return Group(heading, Text("no partitions: the group has no offsets and no members"))
+        # Kafka leaves out the offsets of topics the client may not describe, without a word.
+        return Group(
+            heading,
+            Text(
+                "no partitions: the group has no offsets and no members (on the topics this "
+                "client may describe)"
+            ),
+        )
     return Group(heading, table)
 
 

@@ -29,10 +29,12 @@ from weir import (
     RetryPolicy,
     TransactionError,
 )
+from weir.cli import main
 from weir.records import Context
 from weir.testing.broker import EmbeddedKafka
 from weir.testing.pytest_plugin import (
     allow,
+    commit_offsets,
     consume_all,
     create_topic,
     produce,
@@ -326,3 +328,50 @@ def test_an_output_the_acls_refuse_stops_an_exactly_once_member_with_nothing_com
     assert committed(admin, group, topic) in (None, 0)
     got = consume_all(kafka_secure_client.bootstrap_servers, output, config=conf)
     assert got == []
+
+
+def cli(
+    capsys: pytest.CaptureFixture[str], settings: ClientSettings, *argv: str
+) -> tuple[int, str, str]:
+    conf = settings.config()
+    args = ["-b", conf.pop("bootstrap.servers")]
+    for key, value in conf.items():
+        args += ["-X", f"{key}={value}"]
+    code = main([*argv, *args, "--timeout", "10"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_weir_lag_names_the_describe_acl_it_lacks(
+    kafka_secure_admin: AdminClient,
+    kafka_secure_client: ClientSettings,
+    who: ClientSettings,
+    principal: str,
+    topic: str,
+    group: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Regression: "weir: GROUP_AUTHORIZATION_FAILED: Broker: Group authorization failed
+    (cluster ...)" and, for a topic it may not describe, "weir: topic '...' does not exist"."""
+    conf = kafka_secure_client.config()
+    produce(kafka_secure_client.bootstrap_servers, topic, [("k", "v"), ("k", "w")], config=conf)
+    commit_offsets(kafka_secure_client.bootstrap_servers, group, topic, {0: 1}, config=conf)
+    code, out, err = cli(capsys, who, "lag", "-g", group)
+    assert (code, out) == (1, ""), err
+    assert err == (
+        f"weir: authorization failed: the broker's ACLs do not allow this client DESCRIBE on "
+        f"group {group!r} (GROUP_AUTHORIZATION_FAILED: Broker: Group authorization failed): "
+        "reading a group's lag needs DESCRIBE on the group and on its topics\n"
+    )
+    allow(kafka_secure_admin, principal, groups=[group], operations=["DESCRIBE"])
+    code, out, err = cli(capsys, who, "lag", "-g", group, "-t", topic)
+    assert (code, out) == (1, ""), err
+    [line] = err.splitlines()
+    assert line.startswith(
+        f"weir: authorization failed: the broker's ACLs do not allow this client DESCRIBE on "
+        f"topic {topic!r} (TOPIC_AUTHORIZATION_FAILED: "
+    ), line
+    allow(kafka_secure_admin, principal, topics=[topic], operations=["DESCRIBE"])
+    code, out, err = cli(capsys, who, "lag", "-g", group, "-t", topic, "--json")
+    assert code == 0, err
+    assert '"total_lag": 1' in out
