@@ -13,23 +13,21 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from tests.integration.secured import cli, member
 from tests.waiting import wait_until
 from weir import (
     AuthorizationError,
     FailurePolicy,
-    GroupConsumer,
     Handler,
     NonRetryable,
     Record,
     RetryPolicy,
     TransactionError,
 )
-from weir.cli import main
 from weir.records import Context
 from weir.testing.broker import EmbeddedKafka
 from weir.testing.pytest_plugin import (
@@ -46,7 +44,6 @@ from weir.testing.security import ClientSettings
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
-STARTUP_TIMEOUT_S = 20.0
 # A refusal at start is named as soon as the broker answers: well within this.
 NAMED_WITHIN_S = 5.0
 WAIT_S = 30.0
@@ -70,17 +67,6 @@ def topic(kafka_secure_broker: EmbeddedKafka) -> str:
 @pytest.fixture
 def group() -> str:
     return f"g-{uuid.uuid4().hex[:8]}"
-
-
-def member(settings: ClientSettings, handler: Any, **options: Any) -> GroupConsumer:
-    conf: dict[str, Any] = settings.config()
-    return GroupConsumer(
-        handler,
-        bootstrap_servers=conf.pop("bootstrap.servers"),
-        kafka=conf,
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-        **options,
-    )
 
 
 def counting() -> tuple[list[str], Callable[[Record], None]]:
@@ -330,18 +316,6 @@ def test_an_output_the_acls_refuse_stops_an_exactly_once_member_with_nothing_com
     assert got == []
 
 
-def cli(
-    capsys: pytest.CaptureFixture[str], settings: ClientSettings, *argv: str
-) -> tuple[int, str, str]:
-    conf = settings.config()
-    args = ["-b", conf.pop("bootstrap.servers")]
-    for key, value in conf.items():
-        args += ["-X", f"{key}={value}"]
-    code = main([*argv, *args, "--timeout", "10"])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_weir_lag_names_the_describe_acl_it_lacks(
     kafka_secure_admin: AdminClient,
     kafka_secure_client: ClientSettings,
@@ -356,7 +330,7 @@ def test_weir_lag_names_the_describe_acl_it_lacks(
     conf = kafka_secure_client.config()
     produce(kafka_secure_client.bootstrap_servers, topic, [("k", "v"), ("k", "w")], config=conf)
     commit_offsets(kafka_secure_client.bootstrap_servers, group, topic, {0: 1}, config=conf)
-    code, out, err = cli(capsys, who, "lag", "-g", group)
+    code, out, err = cli(capsys, who, "lag", "-g", group, "--timeout", "10")
     assert (code, out) == (1, ""), err
     assert err == (
         f"weir: authorization failed: the broker's ACLs do not allow this client DESCRIBE on "
@@ -364,7 +338,7 @@ def test_weir_lag_names_the_describe_acl_it_lacks(
         "reading a group's lag needs DESCRIBE on the group and on its topics\n"
     )
     allow(kafka_secure_admin, principal, groups=[group], operations=["DESCRIBE"])
-    code, out, err = cli(capsys, who, "lag", "-g", group, "-t", topic)
+    code, out, err = cli(capsys, who, "lag", "-g", group, "-t", topic, "--timeout", "10")
     assert (code, out) == (1, ""), err
     [line] = err.splitlines()
     assert line.startswith(
@@ -372,6 +346,6 @@ def test_weir_lag_names_the_describe_acl_it_lacks(
         f"topic {topic!r} (TOPIC_AUTHORIZATION_FAILED: "
     ), line
     allow(kafka_secure_admin, principal, topics=[topic], operations=["DESCRIBE"])
-    code, out, err = cli(capsys, who, "lag", "-g", group, "-t", topic, "--json")
+    code, out, err = cli(capsys, who, "lag", "-g", group, "-t", topic, "--json", "--timeout", "10")
     assert code == 0, err
     assert '"total_lag": 1' in out

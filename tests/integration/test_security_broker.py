@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from tests.integration.secured import STARTUP_TIMEOUT_S, cli, member
 from weir import AuthenticationError, AuthorizationError, GroupConsumer, Record, TlsError
 from weir.cli import main
 from weir.testing.broker import EmbeddedKafka
@@ -39,20 +40,8 @@ from weir.testing.security import ClientSettings
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
-STARTUP_TIMEOUT_S = 20.0
 # A refusal is named as soon as the client has no broker left to try: well within this.
 NAMED_WITHIN_S = 5.0
-
-
-def member(settings: ClientSettings, handler: Any, **options: Any) -> GroupConsumer:
-    conf = settings.config()
-    return GroupConsumer(
-        handler,
-        bootstrap_servers=conf.pop("bootstrap.servers"),
-        kafka=conf,
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-        **options,
-    )
 
 
 def refused_start(
@@ -77,18 +66,6 @@ def topic(kafka_secure_broker: EmbeddedKafka) -> str:
 @pytest.fixture
 def alice(kafka_secure_broker: EmbeddedKafka) -> ClientSettings:
     return kafka_secure_broker.client_settings(SECURE_USER)
-
-
-def cli(
-    capsys: pytest.CaptureFixture[str], settings: ClientSettings, *argv: str
-) -> tuple[int, str, str]:
-    conf = settings.config()
-    args = ["-b", conf.pop("bootstrap.servers")]
-    for key, value in conf.items():
-        args += ["-X", f"{key}={value}"]
-    code = main([*argv, *args])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_a_member_consumes_and_commits_over_sasl_ssl_and_weir_lag_reads_it(

@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
+from tests.fake_members import FAKE_LOOP
 from tests.waiting import wait_until
 
 from weir import AuthorizationError, GroupConsumer
 from weir._engine.refusals import Denied, denied_of
+from weir.config import ConsumerSettings
 from weir.testing.fake import FakeConsumer
 
 pytestmark = pytest.mark.timeout(30)
@@ -31,16 +33,10 @@ FETCH_REFUSED = KafkaError(
 )
 
 
-def member(fake: FakeConsumer, **settings: Any) -> GroupConsumer:
-    return GroupConsumer(
-        lambda record: None,
-        bootstrap_servers="b1:9093",
-        group_id="g",
-        topics=["t"],
-        consumer_factory=fake.factory,
-        commit_interval_s=0.05,
-        **settings,
-    )
+def member(fake: FakeConsumer) -> GroupConsumer:
+    # Commits 0.2 s apart: a refusal lasts long enough to be seen.
+    settings: ConsumerSettings = {**FAKE_LOOP, "commit_interval_s": 0.2}
+    return GroupConsumer(lambda record: None, consumer_factory=fake.factory, **settings)
 
 
 def events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]:
