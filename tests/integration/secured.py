@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from weir import GroupConsumer
+from weir import GroupConsumer, Handler, Record
 from weir.cli import main
+from weir.records import Context
 from weir.testing.security import ClientSettings
 
 STARTUP_TIMEOUT_S = 20.0
@@ -40,3 +41,13 @@ def cli(
     code = main([*argv, *args])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+class Forward(Handler):
+    """An exactly-once handler: each record to `output`, in the member's transaction."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        ctx.produce(self.output, record.value, record.key)

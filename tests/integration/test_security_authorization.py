@@ -17,18 +17,16 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from tests.integration.secured import cli, member
+from tests.integration.secured import Forward, cli, member
 from tests.waiting import wait_until
 from weir import (
     AuthorizationError,
     FailurePolicy,
-    Handler,
     NonRetryable,
     Record,
     RetryPolicy,
     TransactionError,
 )
-from weir.records import Context
 from weir.testing.broker import EmbeddedKafka
 from weir.testing.pytest_plugin import (
     allow,
@@ -47,16 +45,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 # A refusal at start is named as soon as the broker answers: well within this.
 NAMED_WITHIN_S = 5.0
 WAIT_S = 30.0
-
-
-@pytest.fixture
-def principal() -> str:
-    return f"p-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def who(kafka_secure_broker: EmbeddedKafka, principal: str) -> ClientSettings:
-    return kafka_secure_broker.client_settings(principal, mechanism="OAUTHBEARER")
 
 
 @pytest.fixture
@@ -252,14 +240,6 @@ def test_a_dead_letter_topic_the_acls_hide_fails_the_start(
         "member that dead-letters needs DESCRIBE and WRITE on its dead-letter topics (and "
         "CREATE, for weir to create a missing one)"
     )
-
-
-class Forward(Handler):
-    def __init__(self, output: str) -> None:
-        self.output = output
-
-    def handle(self, record: Record, ctx: Context) -> None:
-        ctx.produce(self.output, record.value, record.key)
 
 
 def test_a_transactional_id_the_acls_refuse_fails_the_start(

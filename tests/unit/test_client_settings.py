@@ -15,6 +15,8 @@ from tests.librdkafka import librdkafka_properties
 from weir import ConsumerConfig, FailurePolicy
 from weir._engine.deadletter import _SHARED_PREFIXES, DeadLetters, shared_settings
 from weir._engine.transactions import Transactions
+from weir._engine.watermarks import refresher_config
+from weir.logs import Repeats
 
 OAUTHBEARER: dict[str, Any] = {
     "security.protocol": "SASL_SSL",
@@ -55,6 +57,29 @@ def test_the_producers_log_in_as_the_consumer_does() -> None:
         Transactions(cfg, unused).producer_config(),
     ):
         assert {k: conf.get(k) for k in OAUTHBEARER} == OAUTHBEARER
+
+
+def test_every_client_gets_the_token_provider() -> None:
+    """Regression: the watermark refresher's client dropped every callable of the consumer's
+    configuration, the token provider too, and could not log in with OAUTHBEARER."""
+    calls: list[str | None] = []
+
+    def oauth_cb(config: str | None) -> tuple[str, float]:
+        calls.append(config)
+        return "token", 4_000_000_000.0
+
+    kafka = {"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"}
+    cfg = config({**kafka, "oauth_cb": oauth_cb})
+    consumer = cfg.librdkafka_config()
+    for conf in (
+        consumer,
+        DeadLetters(cfg, unused).producer_config(),
+        Transactions(cfg, unused).producer_config(),
+        refresher_config({**consumer, "error_cb": print}, Repeats()),
+    ):
+        conf["oauth_cb"]("principal=alice")
+        assert "error_cb" not in conf or conf is consumer
+    assert calls == ["principal=alice"] * 4
 
 
 @pytest.mark.parametrize(

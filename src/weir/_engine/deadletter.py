@@ -59,8 +59,8 @@ HEADERS = (
 )
 
 # librdkafka settings of the consumer that the producer shares: how to reach and authenticate
-# with the cluster (OAUTHBEARER's unsecured tokens and token endpoint too), and how much to
-# log. Consumer-only settings would only make the producer log warnings.
+# with the cluster (OAUTHBEARER's token provider, unsecured tokens and token endpoint too),
+# and how much to log. Consumer-only settings would only make the producer log warnings.
 _SHARED_PREFIXES = (
     "security.",
     "ssl.",
@@ -68,6 +68,7 @@ _SHARED_PREFIXES = (
     "sasl.",
     "enable.sasl.",
     "https.",
+    "oauth_cb",
     "debug",
     "log_level",
     "log.connection.close",

@@ -43,6 +43,7 @@ __all__ = [
     "refusal_error",
     "refusal_of",
     "startup_refusal",
+    "token_refusal",
     "topics_denied_error",
 ]
 
@@ -181,6 +182,21 @@ def refusal_error(refusal: Refusal, conf: Mapping[str, Any]) -> BrokerRefusedErr
     """The member's error for ``refusal``: `AuthenticationError` or `TlsError`."""
     error = AuthenticationError if refusal.kind == "authentication" else TlsError
     return error(explain(refusal, conf))
+
+
+def token_refusal(exc: BaseException, conf: Mapping[str, Any]) -> AuthenticationError | None:
+    """The error for a client that could not be built because its OAUTHBEARER token provider
+    handed it no token (confluent-kafka waits 10 s for one), else None."""
+    err = exc.args[0] if exc.args else None
+    if "oauth_cb" not in conf or not isinstance(err, KafkaError):
+        return None
+    if err.code() != KafkaError.SASL_AUTHENTICATION_FAILED:
+        return None
+    return AuthenticationError(
+        f"authentication failed: the OAUTHBEARER token provider kafka['oauth_cb'] handed the "
+        f"client no token ({err.str()}): it raised, or returned what a client cannot use; the "
+        "oauth_token_failed error logged before this says which"
+    )
 
 
 def explain(refusal: Refusal, conf: Mapping[str, Any]) -> str:
