@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 from weir.testing.broker import EmbeddedKafka
+from weir.testing.pytest_plugin import SECURE_USER
 from weir.testing.security import ClientSettings
 
 
@@ -23,3 +24,16 @@ def who(kafka_secure_broker: EmbeddedKafka, principal: str) -> ClientSettings:
     """How `principal` logs in: OAUTHBEARER with unsecured tokens, which the secured broker
     takes for any principal."""
     return kafka_secure_broker.client_settings(principal, mechanism="OAUTHBEARER")
+
+
+@pytest.fixture
+def alice(kafka_secure_broker: EmbeddedKafka) -> ClientSettings:
+    """How `alice`, whom the secured broker holds to its ACLs, logs in: SCRAM-SHA-512 over
+    SASL_SSL, with her client certificate (mTLS)."""
+    return kafka_secure_broker.client_settings(SECURE_USER)
+
+
+@pytest.fixture
+def group() -> str:
+    """A consumer group of the test's own."""
+    return f"g-{uuid.uuid4().hex[:8]}"

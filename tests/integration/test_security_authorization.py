@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable
 
 import pytest
@@ -50,11 +49,6 @@ WAIT_S = 30.0
 @pytest.fixture
 def topic(kafka_secure_broker: EmbeddedKafka) -> str:
     return create_topic(kafka_secure_broker.internal_bootstrap_servers, partitions=1)
-
-
-@pytest.fixture
-def group() -> str:
-    return f"g-{uuid.uuid4().hex[:8]}"
 
 
 def counting() -> tuple[list[str], Callable[[Record], None]]:

@@ -63,11 +63,6 @@ def topic(kafka_secure_broker: EmbeddedKafka) -> str:
     return create_topic(kafka_secure_broker.internal_bootstrap_servers, partitions=2)
 
 
-@pytest.fixture
-def alice(kafka_secure_broker: EmbeddedKafka) -> ClientSettings:
-    return kafka_secure_broker.client_settings(SECURE_USER)
-
-
 def test_a_member_consumes_and_commits_over_sasl_ssl_and_weir_lag_reads_it(
     kafka_secure_broker: EmbeddedKafka,
     kafka_secure_client: ClientSettings,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -37,11 +36,6 @@ WAIT_S = 30.0
 @pytest.fixture
 def topic(kafka_secure_broker: EmbeddedKafka) -> str:
     return create_topic(kafka_secure_broker.internal_bootstrap_servers, partitions=2)
-
-
-@pytest.fixture
-def group() -> str:
-    return f"g-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture
