@@ -16,9 +16,12 @@ from confluent_kafka import KafkaError
 from tests.fake_members import FAKE_LOOP
 from tests.waiting import wait_until
 
-from weir import AuthorizationError, GroupConsumer
+from weir import AuthorizationError, ConsumerConfig, GroupConsumer
+from weir._engine.client_errors import ClientErrors
+from weir._engine.lifecycle import Lifecycle
 from weir._engine.refusals import Denied, denied_of
 from weir.config import ConsumerSettings
+from weir.logs import Repeats
 from weir.testing.fake import FakeConsumer
 
 pytestmark = pytest.mark.timeout(30)
@@ -143,3 +146,24 @@ def test_a_fetch_refused_while_running_is_named_until_a_record_comes(
         gc.join(WAIT)
     assert [e["resource"] for e in events(caplog, "kafka_authorization_failed")] == ["t"]
     assert not events(caplog, "consume_error")
+
+
+def test_a_refusal_is_one_whatever_code_says_it_and_ends_unlogged_when_nothing_asks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A dead letter refused for want of a producer id (CLUSTER_AUTHORIZATION_FAILED), then,
+    with WRITE granted elsewhere, by its topic's ACL (TOPIC_AUTHORIZATION_FAILED), is one
+    refusal (each cause logged once): no "allowed" between the two. The records it held
+    revoked, it ends unlogged."""
+    caplog.set_level(logging.INFO, logger="weir")
+    life = Lifecycle()
+    errors = ClientErrors(ConsumerConfig(**FAKE_LOOP), life, Repeats())
+    write = Denied("topic", "t.dlq", "WRITE", "CLUSTER_AUTHORIZATION_FAILED")
+    errors.refused(write, "refused a producer id")
+    errors.refused(Denied("topic", "t.dlq", "WRITE", "TOPIC_AUTHORIZATION_FAILED"), "refused")
+    assert list(life.refusals) == [write]
+    errors.allowed(lambda d: d == write, asked=False)
+    assert not life.refusals
+    codes = [e["code"] for e in events(caplog, "kafka_authorization_failed")]
+    assert codes == ["CLUSTER_AUTHORIZATION_FAILED", "TOPIC_AUTHORIZATION_FAILED"]
+    assert events(caplog, "kafka_authorization_allowed") == []

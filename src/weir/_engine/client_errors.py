@@ -177,11 +177,16 @@ class ClientErrors:
         if self._repeats.seen(key, self._repeated):
             _log_refused(denied, error, running=True)
 
-    def allowed(self, match: Callable[[Denied], bool]) -> None:
-        """What the broker refused and `match` names was done since: the refusal has ended."""
+    def allowed(self, match: Callable[[Denied], bool], *, asked: bool = True) -> None:
+        """What the broker refused and `match` names was done since: the refusal has ended
+        (logged). `asked=False`: nothing asks for it any more (the records a dead letter held
+        were revoked or skipped): it ends unlogged, the ACL is no less missing."""
         if not self._life.refusals:
             return
-        for denied, seconds in self._life.allow(match, time.monotonic()).items():
+        ended = self._life.allow(match, time.monotonic())
+        if not asked:
+            return
+        for denied, seconds in ended.items():
             log.info(
                 "kafka_authorization_allowed",
                 resource_type=denied.resource_type,

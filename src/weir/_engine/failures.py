@@ -359,13 +359,13 @@ class Failures:
             return
         held = {f.denied for f in self._failed.values() if f.denied is not None}
 
-        def ended(d: Denied) -> bool:
+        def lettered(d: Denied) -> bool:
             # A member's other refusals are of reading (its topics, its group).
-            if d.resource_type != "topic" or d.operation not in ("WRITE", "DESCRIBE"):
-                return False
-            return d.resource == written or d not in held
+            return d.resource_type == "topic" and d.operation in ("WRITE", "DESCRIBE")
 
-        self._refusals.allowed(ended)
+        if written is not None:
+            self._refusals.allowed(lambda d: lettered(d) and d.resource == written)
+        self._refusals.allowed(lambda d: lettered(d) and d not in held, asked=False)
 
     def _block(
         self, f: Failed, policy: FailurePolicy, now: float, *, reason: str, **detail: object

@@ -23,7 +23,7 @@ import re
 import socket
 import ssl
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
@@ -89,8 +89,9 @@ class Denied:
     """Its name ("" for the cluster, or a topic the client's error did not name)."""
     operation: str
     """Kafka's name of the operation: READ, WRITE, DESCRIBE, IDEMPOTENT_WRITE, ..."""
-    code: str
-    """The error code, e.g. GROUP_AUTHORIZATION_FAILED."""
+    code: str = field(compare=False)
+    """The error code, e.g. GROUP_AUTHORIZATION_FAILED (not part of what was refused: a write
+    refused one way, then another, is one refusal)."""
 
     def __str__(self) -> str:
         if self.resource_type == "cluster":
@@ -140,7 +141,7 @@ class RefusalSink(Protocol):
 
     def refused(self, denied: Denied, error: str) -> None: ...
 
-    def allowed(self, match: Callable[[Denied], bool]) -> None: ...
+    def allowed(self, match: Callable[[Denied], bool], *, asked: bool = True) -> None: ...
 
 
 @dataclass(frozen=True)
