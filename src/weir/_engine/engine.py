@@ -280,7 +280,7 @@ class Engine:
         conf["logger"] = ClientLog(self._repeats)  # librdkafka's lines: weir.librdkafka
         try:
             self._client = self._factory(conf)
-        except KafkaException as exc:
+        except (KafkaException, SystemError) as exc:
             refused = token_refusal(exc, conf)
             if refused is None:
                 raise

@@ -187,9 +187,13 @@ def refusal_error(refusal: Refusal, conf: Mapping[str, Any]) -> BrokerRefusedErr
 
 def token_refusal(exc: BaseException, conf: Mapping[str, Any]) -> AuthenticationError | None:
     """The error for a client that could not be built because its OAUTHBEARER token provider
-    handed it no token (confluent-kafka waits 10 s for one), else None."""
-    err = exc.args[0] if exc.args else None
-    if "oauth_cb" not in conf or not isinstance(err, KafkaError):
+    handed it no token (confluent-kafka waits 10 s for one), else None. With an error_cb set,
+    confluent-kafka 2.16 calls it with that KafkaException pending, and the constructor raises
+    a SystemError with the KafkaError as its context instead."""
+    if "oauth_cb" not in conf:
+        return None
+    err = next((e for e in _kafka_errors(exc) if isinstance(e, KafkaError)), None)
+    if err is None:
         return None
     if err.code() != KafkaError.SASL_AUTHENTICATION_FAILED:
         return None
@@ -198,6 +202,18 @@ def token_refusal(exc: BaseException, conf: Mapping[str, Any]) -> Authentication
         f"client no token ({err.str()}): it raised, or returned what a client cannot use; the "
         "oauth_token_failed error logged before this says which"
     )
+
+
+def _kafka_errors(exc: BaseException) -> list[object]:
+    """What `exc` carries, its cause and its context carry: where a KafkaError may be."""
+    found: list[object] = []
+    for what in (exc, exc.__cause__, exc.__context__):
+        if what is None:
+            continue
+        found.append(what)
+        if isinstance(what, BaseException) and what.args:
+            found.append(what.args[0])
+    return found
 
 
 def explain(refusal: Refusal, conf: Mapping[str, Any]) -> str:
