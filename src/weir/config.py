@@ -859,6 +859,10 @@ ConsumerSettings = TypedDict(  # noqa: UP013
 )
 
 
+class TokenProblem(ValueError):
+    """What is wrong with a token provider's result, in words that show none of it."""
+
+
 def token_provider(fn: Callable[[str | None], Any]) -> Callable[[str | None], Any]:
     """The OAUTHBEARER token provider `fn` as the client gets it: librdkafka calls it on a
     thread of its own at start and before each token expires, and confluent-kafka drops without
@@ -881,7 +885,7 @@ def token_provider(fn: Callable[[str | None], Any]) -> Callable[[str | None], An
             log.error(
                 "oauth_token_failed", reason=f"the token provider kafka['oauth_cb'] {problem}"
             )
-            raise ValueError(problem)
+            raise TokenProblem(problem)
         return result
 
     return provide

@@ -16,9 +16,7 @@ from confluent_kafka.admin import AdminClient
 from tests.integration.secured import Forward, member
 from tests.waiting import wait_until
 from weir import (
-    AuthenticationError,
     FailurePolicy,
-    GroupConsumer,
     NonRetryable,
     Record,
     RetryPolicy,
@@ -191,39 +189,3 @@ def test_tokens_are_fetched_again_before_they_expire_without_a_restart(
     # refresher's client, 6 at the least.
     assert tokens.calls >= 6, tokens.calls
     assert not events(caplog, "kafka_authentication_failed", "oauth_token_failed"), caplog.text
-
-
-@pytest.mark.slow
-def test_a_member_whose_token_provider_fails_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    """confluent-kafka waits 10 s for a first token. Regression: then it called the member's
-    error callback with its KafkaException pending, and the member's start failed with
-    "SystemError: <method 'code' of 'confluent_kafka.cimpl.KafkaError' objects> returned a
-    result with an exception set"; what the provider raised was said nowhere."""
-    caplog.set_level(logging.ERROR, logger="weir")
-
-    def oauth_cb(config: str | None) -> tuple[str, float]:
-        raise ConnectionError("the identity provider is down")
-
-    kafka: dict[str, Any] = {
-        "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanism": "OAUTHBEARER",
-        "oauth_cb": oauth_cb,
-    }
-    gc = GroupConsumer(
-        lambda record: None,
-        bootstrap_servers="127.0.0.1:1",
-        group_id="g",
-        topics=["t"],
-        kafka=kafka,
-    )
-    with pytest.raises(AuthenticationError) as raised:
-        gc.run()
-    assert str(raised.value) == (
-        "authentication failed: the OAUTHBEARER token provider kafka['oauth_cb'] handed the "
-        "client no token (OAuth token not set within 10 seconds timeout): it raised, or "
-        "returned what a client cannot use; the oauth_token_failed error logged before this "
-        "says which"
-    )
-    [logged] = events(caplog, "oauth_token_failed")
-    assert logged["reason"] == "the token provider kafka['oauth_cb'] raised ConnectionError"
-    assert "identity provider is down" not in caplog.text

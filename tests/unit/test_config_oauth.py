@@ -179,3 +179,47 @@ def test_a_client_that_got_no_token_is_an_authentication_error() -> None:
         "says which"
     )
     assert token_refusal(exc, {}) is None
+
+
+@pytest.mark.parametrize(
+    ("oauth_cb", "said"),
+    [
+        (
+            failing(ConnectionError(f"the identity provider is down, secret={SECRET}")),
+            "raised ConnectionError (its words are not shown: log them there)",
+        ),
+        (
+            lambda config: (TOKEN, time.time() - 30),
+            "returned a token that expired 30 s ago (expiry_s is seconds since the epoch)",
+        ),
+    ],
+)
+def test_a_member_whose_token_provider_fails_says_so_at_once(
+    caplog: pytest.LogCaptureFixture, oauth_cb: Any, said: str
+) -> None:
+    """Regression: confluent-kafka waited 10 s for a first token, then called the member's
+    error callback with its KafkaException pending: the start failed with "SystemError:
+    <method 'code' of 'confluent_kafka.cimpl.KafkaError' objects> returned a result with an
+    exception set", or the owner thread died of a KafkaError raised as an exception (seen on
+    the secured broker), and what the provider raised was said nowhere. The provider is now
+    asked for a token before the client is built."""
+    caplog.set_level(logging.ERROR, logger="weir")
+    gc = GroupConsumer(
+        lambda record: None,
+        bootstrap_servers="127.0.0.1:1",
+        group_id="g",
+        topics=["t"],
+        kafka={**SASL, "oauth_cb": oauth_cb},
+    )
+    began = time.monotonic()
+    with pytest.raises(AuthenticationError) as raised:
+        gc.run()
+    assert time.monotonic() - began < 2
+    assert str(raised.value) == (
+        "authentication failed: the OAUTHBEARER token provider kafka['oauth_cb'], asked for a "
+        f"first token before the member's client is built, {said}"
+    )
+    assert [dict(r.msg)["event"] for r in caplog.records if isinstance(r.msg, dict)] == [
+        "oauth_token_failed"
+    ]
+    assert SECRET not in caplog.text + str(raised.value)

@@ -42,7 +42,7 @@ from weir._engine.intake import Run, runs_of
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.metrics import Metrics
 from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
-from weir._engine.refusals import Denied, denied_of, token_refusal
+from weir._engine.refusals import Denied, denied_of, first_token_refusal, token_refusal
 from weir._engine.replay import ReplayMaps
 from weir._engine.scheduling import Scheduler, lane_of
 from weir._engine.settlement import Settlement
@@ -278,6 +278,9 @@ class Engine:
         conf["on_commit"] = self.commits.on_commit
         conf["error_cb"] = self.errors.on_error
         conf["logger"] = ClientLog(self._repeats)  # librdkafka's lines: weir.librdkafka
+        refused = first_token_refusal(conf)
+        if refused is not None:
+            raise refused
         try:
             self._client = self._factory(conf)
         except (KafkaException, SystemError) as exc:

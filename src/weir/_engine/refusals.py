@@ -40,6 +40,7 @@ __all__ = [
     "denied_of",
     "denied_topics",
     "explain",
+    "first_token_refusal",
     "refusal_error",
     "refusal_of",
     "startup_refusal",
@@ -183,6 +184,31 @@ def refusal_error(refusal: Refusal, conf: Mapping[str, Any]) -> BrokerRefusedErr
     """The member's error for ``refusal``: `AuthenticationError` or `TlsError`."""
     error = AuthenticationError if refusal.kind == "authentication" else TlsError
     return error(explain(refusal, conf))
+
+
+def first_token_refusal(conf: Mapping[str, Any]) -> AuthenticationError | None:
+    """Ask the OAUTHBEARER token provider of `conf` (weir's wrapper of it) for a token before
+    a client is built: what it raises or returns wrong is then an AuthenticationError at once.
+    Left to the client, it costs a 10 s wait, and confluent-kafka 2.16 then calls the error
+    callback with an exception pending, which may kill the calling thread with a KafkaError
+    for an exception. The provider is asked one more time than the clients would."""
+    from weir.config import TokenProblem
+
+    provider = conf.get("oauth_cb")
+    if provider is None:
+        return None
+    try:
+        provider(conf.get("sasl.oauthbearer.config"))
+    except TokenProblem as exc:
+        what = str(exc)
+    except Exception as exc:
+        what = f"raised {type(exc).__qualname__} (its words are not shown: log them there)"
+    else:
+        return None
+    return AuthenticationError(
+        f"authentication failed: the OAUTHBEARER token provider kafka['oauth_cb'], asked for "
+        f"a first token before the member's client is built, {what}"
+    )
 
 
 def token_refusal(exc: BaseException, conf: Mapping[str, Any]) -> AuthenticationError | None:
