@@ -859,7 +859,7 @@ ConsumerSettings = TypedDict(  # noqa: UP013
 )
 
 
-class TokenProblem(ValueError):
+class _TokenProblem(ValueError):
     """What is wrong with a token provider's result, in words that show none of it."""
 
 
@@ -885,7 +885,7 @@ def token_provider(fn: Callable[[str | None], Any]) -> Callable[[str | None], An
             log.error(
                 "oauth_token_failed", reason=f"the token provider kafka['oauth_cb'] {problem}"
             )
-            raise TokenProblem(problem)
+            raise _TokenProblem(problem)
         return result
 
     return provide

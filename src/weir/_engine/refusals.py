@@ -192,14 +192,14 @@ def first_token_refusal(conf: Mapping[str, Any]) -> AuthenticationError | None:
     Left to the client, it costs a 10 s wait, and confluent-kafka 2.16 then calls the error
     callback with an exception pending, which may kill the calling thread with a KafkaError
     for an exception. The provider is asked one more time than the clients would."""
-    from weir.config import TokenProblem
+    from weir.config import _TokenProblem
 
     provider = conf.get("oauth_cb")
     if provider is None:
         return None
     try:
         provider(conf.get("sasl.oauthbearer.config"))
-    except TokenProblem as exc:
+    except _TokenProblem as exc:
         what = str(exc)
     except Exception as exc:
         what = f"raised {type(exc).__qualname__} (its words are not shown: log them there)"
