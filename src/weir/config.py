@@ -9,8 +9,11 @@ mapping live in modules of their own; this one holds the models.
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import (
@@ -28,11 +31,19 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from typing_extensions import Required, TypedDict
 
 from weir._ids import id_problem, member_id_problem, shown, text_problem
-from weir._kafka_mapping import FORCED_OFF, TYPED_KEYS, KafkaValue, value_problems
+from weir._kafka_mapping import FORCED_OFF, TYPED_KEYS, KafkaSetting, KafkaValue, value_problems
 from weir._librdkafka_probe import librdkafka_refusals
-from weir._secrets import SENSITIVE_KEYS, is_secret_key, mask_secrets, masked, wrap_secret
+from weir._secrets import (
+    SENSITIVE_KEYS,
+    SecretCallback,
+    is_secret_key,
+    mask_secrets,
+    masked,
+    wrap_secret,
+)
 from weir._topics import topic_name_problem, topic_problem
 from weir._unknown_settings import RENAMED, suggest, with_suggestions
+from weir.logs import get_logger
 from weir.policy import FailurePolicy
 from weir.records import Ordering
 
@@ -41,10 +52,14 @@ __all__ = [
     "ConsumerConfig",
     "ConsumerSettings",
     "FlowConfig",
+    "KafkaSetting",
     "KafkaValue",
     "is_secret_key",
     "mask_secrets",
 ]
+
+
+log = get_logger(__name__)
 
 
 def _refuse(problem: str | None) -> None:
@@ -523,11 +538,12 @@ class ConsumerConfig(BaseModel):
         return v
 
     # Validated when left out too: librdkafka checks the whole configuration either way.
-    kafka: Mapping[str, KafkaValue | SecretStr] = Field(
+    kafka: Mapping[str, KafkaSetting] = Field(
         default_factory=dict,
         validate_default=True,
         description="Any other librdkafka setting, by its name "
-        "([below](#librdkafka-settings-kafka)).",
+        "([below](#librdkafka-settings-kafka)); the one callable is the OAUTHBEARER token "
+        "provider `oauth_cb` ([below](#the-oauthbearer-token-provider)).",
     )
 
     @model_validator(mode="wrap")
@@ -688,8 +704,8 @@ class ConsumerConfig(BaseModel):
     @field_validator("kafka")
     @classmethod
     def _kafka(
-        cls, v: Mapping[str, KafkaValue | SecretStr], info: ValidationInfo
-    ) -> Mapping[str, KafkaValue | SecretStr]:
+        cls, v: Mapping[str, KafkaSetting], info: ValidationInfo
+    ) -> Mapping[str, KafkaSetting]:
         client_id = v.get("client.id")
         if isinstance(client_id, str):
             # The broker names a classic member after its client id unless it has an instance id.
@@ -829,11 +845,18 @@ def _client_conf(values: Mapping[str, Any], protocol: str | None = None) -> dict
             conf["session.timeout.ms"] = _ms(values["session_timeout_s"])
         if values["heartbeat_interval_s"] is not None:
             conf["heartbeat.interval.ms"] = _ms(values["heartbeat_interval_s"])
-    conf.update(
-        (k, v.get_secret_value() if isinstance(v, SecretStr) else v)
-        for k, v in values["kafka"].items()
-    )
+    conf.update((k, _client_value(v)) for k, v in values["kafka"].items())
     return conf
+
+
+def _client_value(value: Any) -> Any:
+    """A `kafka` entry as the client takes it: a secret unwrapped, the token provider in the
+    wrapper that says what went wrong with it (`weir._secrets.token_provider`)."""
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, SecretCallback):
+        return token_provider(value.fn)
+    return value
 
 
 # `GroupConsumer(handler, **settings)`'s keyword settings, for type checkers: the fields of
@@ -879,7 +902,67 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "broker_down_unready_s": float | None,
         "watermark_refresh_s": float | None,
         "callback_errors": Literal["log", "stop"],
-        "kafka": Mapping[str, KafkaValue | SecretStr],
+        "kafka": Mapping[str, KafkaSetting],
     },
     total=False,
 )
+
+
+class _TokenProblem(ValueError):
+    """What is wrong with a token provider's result, in words that show none of it."""
+
+
+def token_provider(fn: Callable[[str | None], Any]) -> Callable[[str | None], Any]:
+    """The OAUTHBEARER token provider `fn` as the client gets it: librdkafka calls it on a
+    thread of its own at start and before each token expires, and confluent-kafka drops without
+    a word what it raises or a result it cannot use (the client then waits 10 s for a token and
+    fails, or keeps its old token until it expires). Here each is an `oauth_token_failed` error
+    naming the exception's type or what is wrong with the result, never their words (they may
+    hold a secret) nor the token."""
+
+    def provide(oauthbearer_config: str | None) -> Any:
+        try:
+            result = fn(oauthbearer_config)
+        except Exception as exc:
+            log.error(
+                "oauth_token_failed",
+                reason=f"the token provider kafka['oauth_cb'] raised {type(exc).__qualname__}",
+            )
+            raise
+        problem = _token_problem(result)
+        if problem is not None:
+            log.error(
+                "oauth_token_failed", reason=f"the token provider kafka['oauth_cb'] {problem}"
+            )
+            raise _TokenProblem(problem)
+        return result
+
+    return provide
+
+
+def _token_problem(result: Any) -> str | None:
+    """What is wrong with a token provider's result, in words that show none of it."""
+    shape = "(token, expiry_s) or (token, expiry_s, principal, extensions)"
+    if not isinstance(result, tuple) or len(result) not in (2, 4):
+        size = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+        return f"returned {size}, not {shape}"
+    token, expiry = result[0], result[1]
+    if not isinstance(token, str) or not token:
+        return f"returned a token that is {type(token).__name__ if token else 'empty'}, not a str"
+    if not isinstance(expiry, numbers.Real) or isinstance(expiry, bool) or math.isnan(expiry):
+        return f"returned an expiry_s that is {type(expiry).__name__}, not seconds since the epoch"
+    if expiry <= time.time():
+        return (
+            f"returned a token that expired {time.time() - expiry:.0f} s ago (expiry_s is "
+            "seconds since the epoch)"
+        )
+    if len(result) == 4 and (
+        not isinstance(result[2], str)
+        or not isinstance(result[3], Mapping)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in result[3].items())
+    ):
+        return (
+            "returned a principal or extensions of the wrong type: the principal is a str, "
+            "the extensions a dict of str to str"
+        )
+    return None

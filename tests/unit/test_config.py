@@ -406,9 +406,10 @@ def test_each_callback_weir_owns_gets_one_error_saying_what_to_use(key: str, hin
 
 
 def test_a_callable_for_another_key_is_one_clear_error() -> None:
-    err = invalid(kafka={"oauth_cb": print})
+    err = invalid(kafka={"ssl.certificate.verify_cb": print})
     assert len(err.errors()) == 1
-    assert "kafka['oauth_cb'] is a callable" in messages(err)
+    assert "kafka['ssl.certificate.verify_cb'] is a callable" in messages(err)
+    assert "the one callable is the OAUTHBEARER token provider, kafka['oauth_cb']" in messages(err)
 
 
 def test_values_that_are_not_scalars_are_one_error_per_mapping() -> None:

@@ -308,7 +308,9 @@ class CommitPath:
                 refused.append(tp)
                 if metadata:
                     largest = max(largest, len(metadata) + 1)
-            self._committer.result(tp, offset, None if error is None else str(error), sync=sync)
+            code = error.name() if isinstance(error, KafkaError) else None
+            text = None if error is None else str(error)
+            self._committer.result(tp, offset, text, sync=sync, code=code)
         if largest:
             self._replay.too_large(refused, largest)
         return refused

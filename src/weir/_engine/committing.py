@@ -8,6 +8,7 @@ the partition only when no newer offset was confirmed since.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Literal
 
 from weir._engine.clock import SYSTEM, Clock
 from weir._engine.tasks import Assignment
@@ -112,7 +113,9 @@ class Committer:
         self._last = now
         self._finished_since = 0
 
-    def result(self, tp: Partition, offset: int, error: str | None, *, sync: bool) -> None:
+    def result(
+        self, tp: Partition, offset: int, error: str | None, *, sync: bool, code: str | None = None
+    ) -> None:
         st = self._state.get(tp)
         if st is not None:
             if error is None:
@@ -127,7 +130,8 @@ class Committer:
             log.debug("commit", tp=str(tp), offset=offset, sync=sync)
         else:
             log.warning("commit_failed", tp=str(tp), offset=offset, sync=sync, error=error)
-        self._emit(CommitEvent(tp, offset, sync, "committed" if error is None else "failed", error))
+        status: Literal["committed", "failed"] = "committed" if error is None else "failed"
+        self._emit(CommitEvent(tp, offset, sync, status, error, code))
 
     def confirmed(self, tp: Partition) -> int | None:
         st = self._state.get(tp)

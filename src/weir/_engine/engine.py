@@ -43,6 +43,7 @@ from weir._engine.lifecycle import Lifecycle
 from weir._engine.metrics import Metrics
 from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
 from weir._engine.protocols import ProtocolProbe, choose_protocol, warn_commit_blackout
+from weir._engine.refusals import Denied, denied_of, first_token_refusal, token_refusal
 from weir._engine.replay import ReplayMaps
 from weir._engine.scheduling import Scheduler, lane_of
 from weir._engine.settlement import Settlement
@@ -146,6 +147,7 @@ class Engine:
             lambda f: self.settle.given_up(f),
             dead_letters,
             clock=clock,
+            refusals=self.errors,
         )
         self.replay = ReplayMaps(cfg.offset_map, cfg.offset_map_max_bytes)
         self.commits = CommitPath(
@@ -298,7 +300,16 @@ class Engine:
         conf["on_commit"] = self.commits.on_commit
         conf["error_cb"] = self.errors.on_error
         conf["logger"] = ClientLog(self._repeats)  # librdkafka's lines: weir.librdkafka
-        self._client = self._factory(conf)
+        refused = first_token_refusal(conf)
+        if refused is not None:
+            raise refused
+        try:
+            self._client = self._factory(conf)
+        except (KafkaException, SystemError) as exc:
+            refused = token_refusal(exc, conf)
+            if refused is None:
+                raise
+            raise refused from None
         meta = self.errors.check_reachable(self.client)
         if self._refresh_s is not None:
             # Its own configuration drops the member's callbacks (on_commit, error_cb, logger).
@@ -529,6 +540,8 @@ class Engine:
         full = []
         now = self.clock.monotonic()
         for run in runs_of(msgs, self.errors.on_message_error):
+            if self.life.refusals:  # a record fetched: the topic may be read again
+                self.errors.allowed(_reading(run.topic))
             tp = Partition(run.topic, run.partition)
             if self._register_run(partitions.get(tp), run, now):
                 full.append(tp)
@@ -633,6 +646,14 @@ class Engine:
 
     def _emit_commit(self, event: CommitEvent) -> None:
         self.metrics.commit_result(event)
+        if event.status == "failed" and event.code is not None:
+            group = self.cfg.group_id
+            denied = denied_of(event.code, "READ", topic=event.tp.topic, group=group)
+            if denied is not None:
+                self.errors.refused(denied, event.error or event.code)
+        elif event.status == "committed" and self.life.refusals:
+            topic = event.tp.topic
+            self.errors.allowed(lambda d: d.resource_type == "group" or _reading(topic)(d))
         # Read at every event: a listener added after start() is called from then on.
         for listener in self.life.listeners:
             self.callbacks.call(callback_name(listener), listener, event, tp=str(event.tp))
@@ -671,7 +692,8 @@ class Engine:
             if self.eos is None:
                 self.commits.send_pending(self.clock.monotonic())
         finally:
-            self.life.joined = True
+            self.life.joined = self.life.ever_joined = True
+            self.errors.allowed(lambda d: d.resource_type == "group")
             self._owned_changed()
             seconds = m.rebalance_done(began, self.clock.monotonic())
             log.info(
@@ -761,6 +783,11 @@ class Engine:
         now = self.clock.monotonic()
         self._next_publish = now + _PUBLISH_EVERY
         self.life.publish(self.snapshot.take(running=running, now=now))
+
+
+def _reading(topic: str) -> Callable[[Denied], bool]:
+    """Whether a refusal is of reading `topic` (ended by a record of it fetched, or committed)."""
+    return lambda d: d.resource_type == "topic" and d.operation == "READ" and d.resource == topic
 
 
 def _producer(conf: dict[str, Any]) -> ProducerClient:
