@@ -21,7 +21,7 @@ from tests.logged import events
 from tests.waiting import wait_until
 
 from weir import ConsumerConfig, GroupConsumer, KafkaFatalError, Record
-from weir._engine.commits import RESULT_OVERDUE_S
+from weir._engine.commit_requests import RESULT_OVERDUE_S
 from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.protocols import (

@@ -32,7 +32,7 @@ from weir._engine.client import (
 )
 from weir._engine.client_errors import ClientErrors
 from weir._engine.clock import SYSTEM, Clock
-from weir._engine.commits import CommitPath
+from weir._engine.commit_requests import CommitPath
 from weir._engine.committing import Committer
 from weir._engine.deadletter import DeadLetters
 from weir._engine.exactly_once import ExactlyOnce

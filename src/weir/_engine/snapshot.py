@@ -14,7 +14,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from weir._engine.budget import Budget
 from weir._engine.callbacks import Callbacks
 from weir._engine.client import ConsumerClient
-from weir._engine.commits import CommitPath
+from weir._engine.commit_requests import CommitPath
 from weir._engine.committing import Committer
 from weir._engine.failures import Failures
 from weir._engine.fetching import FetchControl
