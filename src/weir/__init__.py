@@ -23,12 +23,22 @@ from weir.errors import (
 )
 from weir.health import Health
 from weir.policy import FailurePolicy, RetryPolicy
-from weir.records import CommitEvent, Context, Handler, Partition, Record
+from weir.records import (
+    BatchContext,
+    BatchHandler,
+    CommitEvent,
+    Context,
+    Handler,
+    Partition,
+    Record,
+)
 from weir.stats import ConsumerStats, LatencyHistogram, PartitionStats
 
 __all__ = [
     "AuthenticationError",
     "AuthorizationError",
+    "BatchContext",
+    "BatchHandler",
     "BatchProgress",
     "BrokerRefusedError",
     "BrokerUnreachableError",

@@ -335,6 +335,25 @@ class ConsumerConfig(BaseModel):
         description="Records fetched at most per poll; at most `flow.capacity_records - "
         "flow.pause_records`.",
     )
+    # Batch handlers only (`weir.BatchHandler`); a per-record handler refuses them when given.
+    batch_max_records: int = Field(
+        500,
+        ge=1,
+        le=100_000,
+        strict=True,
+        json_schema_extra={"unit": "records"},
+        description="Batch handlers only: records per `handle_batch` call at most; at most "
+        "`flow.pause_records` ([handlers.md](handlers.md#batch-handlers)).",
+    )
+    batch_max_wait_s: float = Field(
+        0.05,
+        ge=0,
+        le=60,
+        strict=True,
+        allow_inf_nan=False,
+        description="Batch handlers only: how long a batch that is not full waits for more "
+        "records before it runs (0: it runs with what is there).",
+    )
     poll_timeout_s: float = Field(
         0.1,
         gt=0,
@@ -682,6 +701,18 @@ class ConsumerConfig(BaseModel):
             )
         return v
 
+    @field_validator("batch_max_records")
+    @classmethod
+    def _batch_max_records(cls, v: int, info: ValidationInfo) -> int:
+        flow = info.data.get("flow")
+        if flow is not None and v > flow.pause_records:
+            raise ValueError(
+                f"batch_max_records ({v}) is larger than flow.pause_records "
+                f"({flow.pause_records}): fetching pauses before a batch could fill, so every "
+                "batch would wait batch_max_wait_s"
+            )
+        return v
+
     @field_validator("revoke_timeout_s")
     @classmethod
     def _revoke_timeout(cls, v: float, info: ValidationInfo) -> float:
@@ -883,6 +914,8 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "topic_refresh_s": float,
         "flow": FlowConfig,
         "max_batch_records": int,
+        "batch_max_records": int,
+        "batch_max_wait_s": float,
         "poll_timeout_s": float,
         "commit_interval_s": float,
         "commit_every_records": int,

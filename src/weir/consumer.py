@@ -27,7 +27,15 @@ from weir.config import ConsumerConfig, ConsumerSettings, for_async_handler
 from weir.fencing.base import Fence
 from weir.health import Health, check
 from weir.logs import get_logger
-from weir.records import CommitEvent, Handler, Partition, Record, as_handler, is_async_handler
+from weir.records import (
+    BatchHandler,
+    CommitEvent,
+    Handler,
+    Partition,
+    Record,
+    as_handler,
+    is_async_handler,
+)
 from weir.serde import AsyncDeserializingHandler, Deserializers, DeserializingHandler
 from weir.stats import ConsumerStats
 
@@ -38,6 +46,46 @@ log = get_logger(__name__)
 # How long run() waits on the owner thread at a time: signal handlers run between the waits as
 # well as inside them, so this only bounds how late a missed wake-up could be noticed.
 _JOIN_SLICE = 0.5
+
+
+_BATCH_SETTINGS = ("batch_max_records", "batch_max_wait_s")
+
+
+def _check_batch_settings(
+    handler: Handler,
+    config: ConsumerConfig,
+    key_deserializer: object,
+    value_deserializer: object,
+) -> None:
+    """The batch settings belong to a `BatchHandler`, and a `BatchHandler` to what this release
+    runs in batches: plain `handle_batch` methods on worker threads, without a transaction or
+    deserializers."""
+    if not isinstance(handler, BatchHandler):
+        given = [name for name in _BATCH_SETTINGS if name in config.model_fields_set]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} configure a batch handler (weir.BatchHandler with "
+                "handle_batch), and this handler takes one record at a time: drop the setting, "
+                "or subclass weir.BatchHandler"
+            )
+        return
+    name = type(handler).__qualname__
+    if is_async_handler(handler):
+        raise TypeError(
+            f"{name}.handle_batch is async def: batch handlers run on worker threads in this "
+            "release; define handle_batch as a plain method"
+        )
+    if key_deserializer is not None or value_deserializer is not None:
+        raise TypeError(
+            f"{name} is a BatchHandler: key_deserializer and value_deserializer are not run for "
+            "batch handlers yet; deserialize in handle_batch (ctx.fail(record, error) fails a "
+            "record that does not deserialize)"
+        )
+    if config.transactional_id is not None:
+        raise ValueError(
+            f"{name} is a BatchHandler: transactional_id (exactly-once outputs) is not "
+            "supported for batch handlers yet"
+        )
 
 
 class GroupConsumer:
@@ -102,6 +150,7 @@ class GroupConsumer:
         elif settings:
             raise TypeError("pass either a ConsumerConfig or keyword settings, not both")
         self._handler = as_handler(handler)
+        _check_batch_settings(self._handler, config, key_deserializer, value_deserializer)
         if is_async_handler(self._handler):
             if "workers" in config.model_fields_set:
                 log.warning(

@@ -13,7 +13,17 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_ch
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 from typing_extensions import Self
 
-__all__ = ["CommitEvent", "Context", "Handler", "HandlerFunc", "Ordering", "Partition", "Record"]
+__all__ = [
+    "BatchContext",
+    "BatchHandler",
+    "CommitEvent",
+    "Context",
+    "Handler",
+    "HandlerFunc",
+    "Ordering",
+    "Partition",
+    "Record",
+]
 
 Ordering = Literal["key", "partition", "unordered"]
 """What may run at once within a partition (docs/workers-and-ordering.md)."""
@@ -385,6 +395,113 @@ class Handler(ABC):
         return None
 
 
+class BatchContext:
+    """Per-call context handed to `BatchHandler.handle_batch`: the batch's records may come from
+    several partitions, so what differs per partition is asked per record.
+
+    Partial success: `done(record)` and `fail(record, error)` mark single records, whatever the
+    call then does. A call that returns finishes every record not marked failed; a call that
+    raises fails every record not marked done, as one batch failure (docs/handlers.md).
+    """
+
+    __slots__ = ("_index", "_marks", "_parts", "_records")
+
+    def __init__(self, records: Sequence[Record], parts: Mapping[Partition, _PartContext]) -> None:
+        self._records = records
+        self._index = {id(r): i for i, r in enumerate(records)}
+        self._parts = parts
+        # Index into the batch -> None (done) or the record's own error (failed).
+        self._marks: dict[int, BaseException | None] = {}
+
+    def _position(self, record: Record) -> int:
+        i = self._index.get(id(record))
+        if i is None or self._records[i] is not record:
+            raise ValueError(
+                f"{record!r} is not a record of this batch: mark only the records "
+                "handle_batch was given"
+            )
+        return i
+
+    def _mark(self, record: Record, error: BaseException | None) -> None:
+        i = self._position(record)
+        before = self._marks.get(i, error)
+        if (before is None) != (error is None):
+            raise ValueError(
+                f"{record!r} is marked both done and failed in this batch: mark it once"
+            )
+        self._marks[i] = error
+
+    def done(self, record: Record) -> None:
+        """`record` is finished, even if the call raises afterwards."""
+        self._mark(record, None)
+
+    def fail(self, record: Record, error: BaseException) -> None:
+        """`record` failed with `error`, even if the call returns: it goes to the failure policy
+        alone. In key and partition mode the records after it in its lane (its key's, its
+        partition's) are not finished either: they run again after it, in offset order."""
+        if not isinstance(error, BaseException):
+            raise TypeError(f"error must be an exception instance, got {error!r}")
+        self._mark(record, error)
+
+    def attempt(self, record: Record) -> int:
+        """The attempt `record` is on: 1 the first time, more when it is retried."""
+        part = self._parts[Partition(record.topic, record.partition)]
+        return part.attempts.get(record.offset, 1) if part.attempts else 1
+
+    def epoch(self, record: Record) -> int | None:
+        """The ownership epoch of `record`'s partition from the member's fence (`Context.epoch`);
+        None without a fence."""
+        return self._parts[Partition(record.topic, record.partition)].epoch
+
+    @property
+    def cancelled(self) -> bool:
+        """True once every partition of the batch was lost, or revoked past its drain budget,
+        or weir is stopping past its budget: nothing of the batch will count, so long work may
+        give up early. While some partition is still owned, returning early would finish its
+        records unprocessed: raise instead."""
+        return all(p.cancel.is_set() for p in self._parts.values())
+
+    def __repr__(self) -> str:
+        return f"BatchContext(records={len(self._records)}, partitions={len(self._parts)})"
+
+
+class _PartContext(NamedTuple):
+    """What a batch's records of one partition share: its assignment's state."""
+
+    cancel: threading.Event
+    attempts: dict[int, int]
+    epoch: int | None
+
+
+class BatchHandler(Handler):
+    """Subclass and define `handle_batch`: records arrive in lists, not one by one (a bulk
+    write: a multi-row insert, a COPY, an HTTP batch API). The lifecycle hooks are `Handler`'s.
+
+    A batch holds up to `batch_max_records` records (and `batch_max_bytes`), gathered for at
+    most `batch_max_wait_s`; it may span partitions. What it may hold follows the ordering
+    mode: in key mode a key's records are in one batch at a time, in offset order; in partition
+    mode a partition's; unordered, any (docs/handlers.md#batch-handlers).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        if "handle_batch" in cls.__abstractmethods__:
+            raise TypeError(
+                f"{cls.__qualname__} does not define handle_batch(): a BatchHandler subclass "
+                "must, as def handle_batch(self, records, ctx) (run on worker threads)"
+            )
+        return super().__new__(cls)
+
+    @abstractmethod
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> Awaitable[None] | None:
+        """Process the records; return once they are done. Raising fails the batch (but the
+        records marked `ctx.done`); `ctx.fail` fails single records."""
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        raise TypeError(
+            f"{type(self).__qualname__} is a BatchHandler: weir calls handle_batch, not handle"
+        )
+
+
 class _FunctionHandler(Handler):
     __slots__ = ("_fn",)
 
@@ -419,6 +536,8 @@ HOOKS = ("on_assigned", "on_revoked", "on_lost", "on_shutdown")
 def is_async_handler(handler: Handler | Callable[[Record], object]) -> bool:
     """An `async def` function, a callable object with `async def __call__`, or a `Handler` whose
     `handle` is `async def`."""
+    if isinstance(handler, BatchHandler):
+        return inspect.iscoroutinefunction(handler.handle_batch)
     if isinstance(handler, Handler):
         return inspect.iscoroutinefunction(handler.handle)
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(

@@ -53,7 +53,7 @@ from weir._engine.starts import Starts
 from weir._engine.tasks import Assignment
 from weir._engine.transactions import TransactionError, Transactions
 from weir._engine.watermarks import WatermarkRefresher
-from weir._engine.workers import ThreadWorkers, Workers
+from weir._engine.workers import BatchWorkers, ThreadWorkers, Workers
 from weir.config import ConsumerConfig
 from weir.errors import FencedError
 from weir.fencing.base import Fence
@@ -62,7 +62,14 @@ from weir.logs import (
     Repeats,
     get_logger,
 )
-from weir.records import CommitEvent, Handler, Partition, is_async_handler, size_of
+from weir.records import (
+    BatchHandler,
+    CommitEvent,
+    Handler,
+    Partition,
+    is_async_handler,
+    size_of,
+)
 
 __all__ = ["Engine"]
 
@@ -117,12 +124,23 @@ class Engine:
                 workers = AsyncWorkers(
                     handler, cfg.max_in_flight, lane_of(cfg.ordering), loop, outputs=transactional
                 )
+            elif isinstance(handler, BatchHandler):
+                workers = BatchWorkers(
+                    handler,
+                    cfg.workers,
+                    lane_of(cfg.ordering),
+                    max_records=cfg.batch_max_records,
+                    max_wait=cfg.batch_max_wait_s,
+                )
             else:
                 workers = ThreadWorkers(
                     handler, cfg.workers, lane_of(cfg.ordering), outputs=transactional
                 )
         self.workers = workers
-        self.scheduler = Scheduler(self.workers, cfg.ordering)
+        batched = isinstance(workers, BatchWorkers)
+        self.scheduler = Scheduler(
+            self.workers, cfg.ordering, batch_records=cfg.batch_max_records if batched else None
+        )
         self.committer = Committer(
             cfg.commit_interval_s, cfg.commit_every_records, self._emit_commit, clock=clock
         )

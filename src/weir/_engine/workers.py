@@ -16,12 +16,29 @@ import time
 from collections.abc import Callable, Collection, Hashable
 from typing import Protocol
 
-from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Task
+from weir._engine.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
 from weir.errors import AwaitableReturned, FencedError
 from weir.logs import get_logger
-from weir.records import Context, Handler, Output, Record, _FunctionHandler
+from weir.records import (
+    BatchContext,
+    BatchHandler,
+    Context,
+    Handler,
+    Output,
+    Partition,
+    Record,
+    _FunctionHandler,
+    _PartContext,
+)
 
-__all__ = ["AwaitableReturned", "Completions", "Progress", "ThreadWorkers", "Workers"]
+__all__ = [
+    "AwaitableReturned",
+    "BatchWorkers",
+    "Completions",
+    "Progress",
+    "ThreadWorkers",
+    "Workers",
+]
 
 log = get_logger(__name__)
 
@@ -99,10 +116,11 @@ def _refuse_awaitable(fn: Callable[..., object], result: object) -> None:
 class _Slot:
     """One worker thread: the task it runs now, and whether it leaves after that task."""
 
-    __slots__ = ("retired", "since", "task", "thread")
+    __slots__ = ("batch", "retired", "since", "task", "thread")
 
     def __init__(self) -> None:
         self.task: Task | None = None
+        self.batch: list[Task] = []  # batch workers: every task of the batch it runs
         self.since = 0.0
         self.retired = False
         self.thread: threading.Thread | None = None
@@ -156,7 +174,9 @@ class ThreadWorkers:
         now = time.perf_counter()
         for slot in list(self._slots):
             task = slot.task
-            if slot.retired or task is None or task.assignment not in assignments:
+            if slot.retired or task is None:
+                continue
+            if not any(t.assignment in assignments for t in slot.batch or (task,)):
                 continue
             slot.retired = True
             self._slots.remove(slot)
@@ -308,3 +328,155 @@ class ThreadWorkers:
                     held.add(lane_of(rec))
             else:
                 out[j] = DONE
+
+
+class BatchWorkers(ThreadWorkers):
+    """Worker threads that run a `BatchHandler`: a worker gathers tasks from the ready queue
+    into one batch (up to `max_records` records, for at most `max_wait` seconds after its first
+    task) and calls `handle_batch` once for all of them; then every task
+    goes back on the completion queue with its outcomes, to be settled as any task is.
+
+    The batch is made of whole tasks, and a task holds its lanes until it comes back
+    (`weir._engine.scheduling`), so the ordering mode holds across batches as across tasks:
+    a key (key mode) or a partition (partition mode) is in one batch at a time, its records in
+    offset order. One worker gathers at a time, so batches fill one after another rather than
+    all workers sharing the records thinly. A task that does not fit waits for the next batch.
+    """
+
+    def __init__(
+        self,
+        handler: BatchHandler,
+        count: int,
+        lane_of: LaneOf | None,
+        *,
+        max_records: int,
+        max_wait: float,
+    ) -> None:
+        super().__init__(handler, count, lane_of)
+        self._handle_batch = handler.handle_batch
+        self._max_records = max_records
+        self._max_wait = max_wait
+        self._gather = threading.Lock()
+        self._carry: Task | None = None  # taken from the queue, did not fit the last batch
+
+    def _work(self, slot: _Slot) -> None:
+        done = self._done.put
+        stop = False
+        while not slot.retired and not stop:
+            tasks, stop = self._take()
+            if not tasks:
+                return
+            slot.batch = tasks
+            slot.task = tasks[0]
+            slot.since = t0 = time.perf_counter()
+            self._run(tasks)
+            seconds = time.perf_counter() - t0
+            slot.task, slot.batch = None, []
+            for t in tasks:
+                t.seconds = seconds * len(t.records) / max(1, sum(len(u.records) for u in tasks))
+                done(t)
+
+    def _take(self) -> tuple[list[Task], bool]:
+        """The tasks of the next batch, and whether the pool is stopping (this worker leaves
+        after the batch)."""
+        clock = time.perf_counter
+        ready = self._ready
+        with self._gather:
+            first, self._carry = self._carry, None
+            if first is None:
+                first = ready.get()
+                if first is None:
+                    return [], True
+            # Taken before the fence check (`_run`): a revoke waits for the tasks some worker
+            # holds, and this one may run once its fence is read.
+            first.started = clock()
+            tasks = [first]
+            n = len(first.records)
+            deadline = first.started + self._max_wait
+            limit = self._max_records
+            while n < limit:
+                left = deadline - clock()
+                try:
+                    t = ready.get(timeout=left) if left > 0 else ready.get_nowait()
+                except queue.Empty:
+                    break
+                if t is None:
+                    return tasks, True
+                if n + len(t.records) > limit:
+                    self._carry = t
+                    break
+                t.started = clock()
+                tasks.append(t)
+                n += len(t.records)
+        return tasks, False
+
+    def _run(self, tasks: list[Task]) -> None:
+        """One `handle_batch` call for the records of `tasks` whose assignment still
+        dispatches (the others come back FENCED without running), then each record's outcome:
+        done, failed, or held behind a failed record of its lane."""
+        live: list[Task] = []
+        for t in tasks:
+            if t.assignment.dispatching:
+                live.append(t)
+            else:
+                t.outcomes = bytearray(len(t.records))  # FENCED
+        if not live:
+            return
+        records = [r for t in live for r in t.records]
+        parts: dict[Partition, _PartContext] = {}
+        for t in live:
+            a = t.assignment
+            parts[a.tp] = _PartContext(a.cancel, a.attempts, a.epoch)
+        ctx = BatchContext(records, parts)
+        error: BaseException | None = None
+        try:
+            result = self._handle_batch(records, ctx)
+            if result is not None:
+                _refuse_awaitable(self._handle_batch, result)
+        except BaseException as exc:
+            error = exc
+        marks = ctx._marks
+        if error is None and not marks:
+            for t in live:
+                t.finished = len(t.records)
+            return
+        at = 0
+        for t in live:
+            self._outcomes(t, marks, at, error)
+            at += len(t.records)
+
+    def _outcomes(
+        self, t: Task, marks: dict[int, BaseException | None], at: int, error: BaseException | None
+    ) -> None:
+        """Outcomes of `t`, whose records start at `at` in the batch: a marked record as marked,
+        the rest as the call ended. In key and partition mode a failed record holds its lane:
+        its lane's later records in the task are HELD (they run again after it, in order), even
+        if the handler finished them."""
+        n = len(t.records)
+        out = bytearray(n)
+        errors: dict[int, BaseException] = {}
+        lane_of = self._lane_of
+        held: set[object] = set()
+        a = t.assignment
+        for i, rec in enumerate(t.records):
+            mark = marks.get(at + i, error)
+            if lane_of is not None and held and lane_of(rec) in held:
+                out[i] = HELD
+            elif mark is None:
+                out[i] = DONE
+            else:
+                out[i] = FAILED
+                errors[i] = mark
+                if isinstance(mark, FencedError):
+                    # Another member owns the partition: nothing more of it runs here.
+                    a.dispatching = False
+                if lane_of is not None:
+                    held.add(lane_of(rec))
+        if a.dispatching is False and any(isinstance(e, FencedError) for e in errors.values()):
+            for i in range(n):
+                if out[i] != DONE and i not in errors:
+                    out[i] = FENCED
+        if errors:
+            t.outcomes, t.errors = out, errors
+        else:
+            t.finished = n  # HELD only ever follows a failure: every record is DONE

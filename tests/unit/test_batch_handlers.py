@@ -1,0 +1,438 @@
+"""Batch handlers (`weir.BatchHandler`) on the scripted FakeConsumer: what a batch may hold in
+each ordering mode, its size and wait, partial success, and the commit after it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from tests.consumer_overrides import Overrides
+from tests.fake_members import SETTINGS
+from tests.waiting import wait_until
+from typing_extensions import Unpack
+
+from weir import (
+    BatchContext,
+    BatchHandler,
+    Context,
+    FailurePolicy,
+    FlowConfig,
+    GroupConsumer,
+    Handler,
+    Record,
+    RetryPolicy,
+)
+from weir.config import ConsumerSettings
+from weir.records import Partition
+from weir.testing.fake import FakeConsumer
+
+pytestmark = pytest.mark.timeout(60)
+
+TOPIC = "t"
+P0 = (TOPIC, 0)
+P1 = (TOPIC, 1)
+WAIT = 5.0
+
+Key = tuple[int, int]  # (partition, offset)
+
+
+def committed(fake: FakeConsumer, tp: tuple[str, int]) -> int:
+    return max((off for off, _ in fake.commits_for(tp)), default=-1)
+
+
+def two_partitions(n0: int, n1: int) -> FakeConsumer:
+    """A fake with `n0` records in P0 and `n1` in P1, both to be assigned."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(n0))
+    fake.produce_many(TOPIC, 1, range(n1))
+    fake.script_assign([P0, P1])
+    return fake
+
+
+class Collector(BatchHandler):
+    """Records every batch it is given; `action(records, ctx)` runs inside the call."""
+
+    def __init__(self, action: Callable[[list[Record], BatchContext], None] | None = None) -> None:
+        self.lock = threading.Lock()
+        self.batches: list[list[Key]] = []
+        self.action = action
+        self.running = 0
+        self.max_running = 0
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        with self.lock:
+            self.batches.append([(r.partition, r.offset) for r in records])
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+        try:
+            if self.action is not None:
+                self.action(records, ctx)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+    def handled(self) -> list[Key]:
+        with self.lock:
+            return [k for b in self.batches for k in b]
+
+
+Start = Callable[..., GroupConsumer]
+
+
+@pytest.fixture
+def start(members: list[GroupConsumer]) -> Iterator[Start]:
+    def go(handler: Handler, fake: FakeConsumer, **kw: Unpack[Overrides]) -> GroupConsumer:
+        settings: ConsumerSettings = {**SETTINGS, **kw}
+        fake.given_committed()
+        gc = GroupConsumer(handler, consumer_factory=fake.factory, **settings)
+        members.append(gc)
+        gc.start()
+        assert gc.wait_started(WAIT)
+        return gc
+
+    yield go
+
+
+# -- what a batch holds ----------------------------------------------------------------------
+
+
+def test_records_arrive_in_batches_of_at_most_batch_max_records_and_are_committed(
+    start: Start,
+) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(300), key=lambda o: b"k%d" % (o % 7))
+    fake.produce_many(TOPIC, 1, range(300), key=lambda o: b"k%d" % (o % 5))
+    fake.script_assign([P0, P1])
+    h = Collector()
+    start(h, fake, batch_max_records=100, max_batch_records=200)
+    wait_until(lambda: committed(fake, P0) == 300 and committed(fake, P1) == 300, "all committed")
+    handled = h.handled()
+    assert sorted(handled) == [(p, o) for p in (0, 1) for o in range(300)]  # each once
+    assert max(map(len, h.batches)) == 100
+    # Fewer calls than records: records really came in batches (a poll brings up to 200).
+    assert len(h.batches) < 60, [len(b) for b in h.batches]
+
+
+def test_key_mode_never_has_one_key_in_two_batches_at_once_and_keeps_offset_order(
+    start: Start,
+) -> None:
+    """Key mode under parallelism (4 workers, slow batches): a key's records are in one batch at
+    a time, in offset order inside it and across batches; different keys run side by side."""
+    fake = FakeConsumer()
+    for p in (0, 1):
+        fake.produce_many(TOPIC, p, range(400), key=lambda o: b"k%d" % (o % 13))
+    fake.script_assign([P0, P1])
+    running: dict[tuple[int, bytes | None], int] = defaultdict(int)
+    seen: dict[tuple[int, bytes | None], list[int]] = defaultdict(list)
+    overlaps: list[Any] = []
+    lock = threading.Lock()
+
+    def action(records: list[Record], ctx: BatchContext) -> None:
+        lanes = {(r.partition, r.key) for r in records}
+        with lock:
+            overlaps.extend(lane for lane in lanes if running[lane])
+            for lane in lanes:
+                running[lane] += 1
+            for r in records:
+                seen[(r.partition, r.key)].append(r.offset)
+        time.sleep(0.005)
+        with lock:
+            for lane in lanes:
+                running[lane] -= 1
+
+    h = Collector(action)
+    start(h, fake, batch_max_records=20, batch_max_wait_s=0.0, workers=4)
+    wait_until(lambda: committed(fake, P0) == 400 and committed(fake, P1) == 400, "committed")
+    assert not overlaps, overlaps[:5]
+    for lane, offsets in seen.items():
+        assert offsets == sorted(offsets), lane
+        assert len(offsets) == len(set(offsets)), lane
+    assert h.max_running > 1  # batches really ran side by side
+
+
+def test_partition_mode_runs_one_batch_per_partition_at_a_time(start: Start) -> None:
+    fake = FakeConsumer()
+    for p in (0, 1):
+        fake.produce_many(TOPIC, p, range(200), key=lambda o: b"k%d" % (o % 9))
+    fake.script_assign([P0, P1])
+    running: dict[int, int] = defaultdict(int)
+    overlaps: list[int] = []
+    order: dict[int, list[int]] = defaultdict(list)
+    lock = threading.Lock()
+
+    def action(records: list[Record], ctx: BatchContext) -> None:
+        parts = {r.partition for r in records}
+        with lock:
+            overlaps.extend(p for p in parts if running[p])
+            for p in parts:
+                running[p] += 1
+            for r in records:
+                order[r.partition].append(r.offset)
+        time.sleep(0.005)
+        with lock:
+            for p in parts:
+                running[p] -= 1
+
+    h = Collector(action)
+    start(h, fake, ordering="partition", batch_max_records=30, batch_max_wait_s=0.0, workers=4)
+    wait_until(lambda: committed(fake, P0) == 200 and committed(fake, P1) == 200, "committed")
+    assert not overlaps
+    assert order[0] == list(range(200)) and order[1] == list(range(200))
+
+
+def test_a_batch_spans_partitions_and_each_partition_commits_its_own_offsets(
+    start: Start,
+) -> None:
+    """One call holds both partitions' records; while it runs neither commits past it, and
+    after it each partition's commit is its own next offset."""
+    fake = two_partitions(5, 3)
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def action(records: list[Record], ctx: BatchContext) -> None:
+        if {r.partition for r in records} == {0, 1}:
+            entered.set()
+            assert gate.wait(WAIT)
+
+    h = Collector(action)
+    start(h, fake, batch_max_records=50, batch_max_wait_s=0.3, workers=1)
+    assert entered.wait(WAIT), h.batches
+    time.sleep(0.05)
+    assert committed(fake, P0) <= 0 and committed(fake, P1) <= 0
+    gate.set()
+    wait_until(lambda: committed(fake, P0) == 5 and committed(fake, P1) == 3, "committed")
+
+
+def test_a_batch_that_is_not_full_waits_batch_max_wait_s_for_more_records(
+    start: Start,
+) -> None:
+    """Records of other keys join the waiting batch (a key's later records wait for the batch
+    that holds the key)."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(2), key=lambda o: b"k%d" % o)
+    fake.script_assign([P0])
+    h = Collector()
+    t0 = time.monotonic()
+    first_call: list[float] = []
+    h.action = lambda records, ctx: first_call.append(time.monotonic()) if not first_call else None
+    start(h, fake, batch_max_records=100, batch_max_wait_s=0.6)
+    time.sleep(0.15)
+    fake.produce_many(TOPIC, 0, range(2, 4), key=lambda o: b"k%d" % o)  # joins the batch
+    wait_until(lambda: committed(fake, P0) == 4, "committed")
+    assert h.batches[0] == [(0, 0), (0, 1), (0, 2), (0, 3)], h.batches
+    assert first_call[0] - t0 >= 0.5  # it waited, not full
+
+
+def test_batch_max_wait_s_zero_runs_what_is_there(start: Start) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(2))
+    fake.script_assign([P0])
+    h = Collector()
+    start(h, fake, batch_max_records=100, batch_max_wait_s=0.0)
+    wait_until(lambda: committed(fake, P0) == 2, "first two committed")
+    fake.produce_many(TOPIC, 0, range(2, 4))
+    wait_until(lambda: committed(fake, P0) == 4, "committed")
+    assert h.batches == [[(0, 0), (0, 1)], [(0, 2), (0, 3)]]
+
+
+# -- partial success ---------------------------------------------------------------------------
+
+RETRY_ONCE = FailurePolicy(retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.0, jitter=0.0))
+
+
+class Boom(Exception):
+    pass
+
+
+def test_ctx_fail_fails_one_record_and_the_rest_are_finished(start: Start) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(10), key=lambda o: b"k%d" % o)
+    fake.script_assign([P0])
+    attempts: dict[int, list[int]] = defaultdict(list)
+
+    def action(records: list[Record], ctx: BatchContext) -> None:
+        for r in records:
+            attempts[r.offset].append(ctx.attempt(r))
+            if r.offset == 4 and ctx.attempt(r) == 1:
+                ctx.fail(r, Boom("row 4 refused"))
+
+    h = Collector(action)
+    start(h, fake, ordering="unordered", failure=RETRY_ONCE, batch_max_wait_s=0.05)
+    wait_until(lambda: committed(fake, P0) == 10, "committed")
+    assert attempts[4] == [1, 2]
+    assert all(attempts[o] == [1] for o in range(10) if o != 4), attempts
+    assert h.batches[-1] == [(0, 4)]
+
+
+def test_a_raising_batch_keeps_the_records_marked_done(start: Start) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(6), key=lambda o: b"k%d" % o)
+    fake.script_assign([P0])
+    runs: dict[int, int] = defaultdict(int)
+
+    def action(records: list[Record], ctx: BatchContext) -> None:
+        for r in records:
+            runs[r.offset] += 1
+            if r.offset < 3:
+                ctx.done(r)
+        if ctx.attempt(records[0]) == 1 and records[0].offset == 0:
+            raise Boom("the bulk write failed after the first three rows")
+
+    h = Collector(action)
+    start(h, fake, failure=RETRY_ONCE)
+    wait_until(lambda: committed(fake, P0) == 6, "committed")
+    assert [runs[o] for o in range(6)] == [1, 1, 1, 2, 2, 2]
+
+
+def test_key_mode_a_failed_record_takes_its_keys_later_records_with_it(start: Start) -> None:
+    """The handler finished A@1 and A@2 after failing A@0: they run again after A@0, so A's
+    records still finish in offset order; B's are not run again."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(6), key=lambda o: b"A" if o % 2 == 0 else b"B")
+    fake.script_assign([P0])
+    order: list[tuple[bytes | None, int]] = []
+
+    def action(records: list[Record], ctx: BatchContext) -> None:
+        for r in records:
+            order.append((r.key, r.offset))
+            if r.offset == 0 and ctx.attempt(r) == 1:
+                ctx.fail(r, Boom("A@0"))
+
+    h = Collector(action)
+    start(h, fake, failure=RETRY_ONCE)
+    wait_until(lambda: committed(fake, P0) == 6, "committed")
+    a = [o for k, o in order if k == b"A"]
+    b = [o for k, o in order if k == b"B"]
+    assert a == [0, 2, 4, 0, 2, 4]
+    assert b == [1, 3, 5]
+
+
+def test_marks_are_checked(start: Start) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(2))
+    fake.script_assign([P0])
+    problems: list[BaseException] = []
+    stranger = Record(TOPIC, 0, 99, None, b"x")
+
+    def action(records: list[Record], ctx: BatchContext) -> None:
+        try:
+            ctx.done(stranger)
+        except ValueError as exc:
+            problems.append(exc)
+        try:
+            ctx.fail(records[0], "not an exception")  # type: ignore[arg-type]
+        except TypeError as exc:
+            problems.append(exc)
+        ctx.done(records[0])
+        try:
+            ctx.fail(records[0], Boom())
+        except ValueError as exc:
+            problems.append(exc)
+
+    start(Collector(action), fake)
+    wait_until(lambda: committed(fake, P0) == 2, "committed")
+    assert [type(p) for p in problems] == [ValueError, TypeError, ValueError]
+    assert "not a record of this batch" in str(problems[0])
+    assert "both done and failed" in str(problems[2])
+
+
+# -- hand-offs ---------------------------------------------------------------------------------
+
+
+def test_a_lost_partitions_records_in_a_running_batch_never_count(start: Start) -> None:
+    fake = two_partitions(3, 3)
+    gate = threading.Event()
+    entered = threading.Event()
+    seen_cancel: list[bool] = []
+
+    def action(records: list[Record], ctx: BatchContext) -> None:
+        if records[0].offset == 0:
+            entered.set()
+            assert gate.wait(WAIT)
+            seen_cancel.append(ctx.cancelled)
+
+    h = Collector(action)
+    start(h, fake, batch_max_wait_s=0.2, workers=1)
+    assert entered.wait(WAIT)
+    assert {p for p, _ in h.batches[0]} == {0, 1}
+    before = len(fake.commit_log())
+    lost = fake.script_lost([P0])
+    assert lost.done.wait(WAIT)
+    gate.set()
+    wait_until(lambda: committed(fake, P1) == 3, "P1 committed")
+    assert seen_cancel == [False]  # P1 was still owned
+    assert all(Partition(*P0) not in c.offsets for c in fake.commit_log()[before:])
+
+
+def test_a_revoke_waits_for_the_running_batch_and_commits_after_it(start: Start) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(4))
+    fake.script_assign([P0])
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def action(records: list[Record], ctx: BatchContext) -> None:
+        entered.set()
+        assert gate.wait(WAIT)
+
+    start(Collector(action), fake, commit_interval_s=60.0, commit_every_records=1_000_000)
+    assert entered.wait(WAIT)
+    timer = threading.Timer(0.1, gate.set)
+    revoke = fake.script_revoke([P0], before=timer.start)
+    assert revoke.done.wait(WAIT)
+    during = [c for c in fake.commit_log() if c.in_callback == "revoke"]
+    assert [c.offsets for c in during] == [{P0: 4}]
+
+
+# -- settings and shapes -----------------------------------------------------------------------
+
+
+class Rows(BatchHandler):
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        pass
+
+
+def test_batch_settings_with_a_per_record_handler_are_refused() -> None:
+    settings: ConsumerSettings = {**SETTINGS, "batch_max_records": 10}
+    with pytest.raises(ValueError, match="batch_max_records configure a batch handler"):
+        GroupConsumer(lambda r: None, **settings)
+
+
+def test_batch_max_records_above_the_pause_mark_is_refused() -> None:
+    settings: ConsumerSettings = {
+        **SETTINGS,
+        "flow": FlowConfig(capacity_records=300, pause_records=200, resume_records=100),
+        "batch_max_records": 201,
+        "max_batch_records": 100,
+    }
+    with pytest.raises(ValidationError, match=r"larger than flow\.pause_records"):
+        GroupConsumer(Rows(), **settings)
+
+
+def test_what_batch_handlers_do_not_run_yet_is_refused_at_construction() -> None:
+    class AsyncRows(BatchHandler):
+        async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="handle_batch is async def"):
+        GroupConsumer(AsyncRows(), **SETTINGS)
+    with pytest.raises(TypeError, match="deserialize in handle_batch"):
+        GroupConsumer(Rows(), **SETTINGS, value_deserializer=lambda b: b)
+    settings: ConsumerSettings = {**SETTINGS, "transactional_id": "tx"}
+    with pytest.raises(ValueError, match="transactional_id"):
+        GroupConsumer(Rows(), **settings)
+
+
+def test_a_batch_handler_without_handle_batch_cannot_be_built() -> None:
+    class Empty(BatchHandler):
+        pass
+
+    with pytest.raises(TypeError, match=r"does not define handle_batch\(\)"):
+        Empty()  # type: ignore[abstract]
+    with pytest.raises(TypeError, match="weir calls handle_batch"):
+        Rows().handle(Record(TOPIC, 0, 0, None, b""), Context(1, 1, "e", threading.Event()))
