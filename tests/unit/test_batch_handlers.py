@@ -3,6 +3,7 @@ each ordering mode, its size and wait, partial success, and the commit after it.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -28,8 +29,9 @@ from weir import (
     RetryPolicy,
 )
 from weir.config import ConsumerSettings
-from weir.records import Partition
+from weir.records import Ordering, Partition
 from weir.testing.fake import FakeConsumer
+from weir.testing.fake_broker import FakeBroker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -436,3 +438,104 @@ def test_a_batch_handler_without_handle_batch_cannot_be_built() -> None:
         Empty()  # type: ignore[abstract]
     with pytest.raises(TypeError, match="weir calls handle_batch"):
         Rows().handle(Record(TOPIC, 0, 0, None, b""), Context(1, 1, "e", threading.Event()))
+
+
+# -- the failure policy per batch ---------------------------------------------------------------
+
+
+class BulkWrite(BatchHandler):
+    """A bulk write that fails as a whole while it holds a poison record; `flaky` more calls
+    fail whatever they hold (a transient outage)."""
+
+    def __init__(self, poison: set[int], flaky: int = 0) -> None:
+        self.poison = poison
+        self.flaky = flaky
+        self.lock = threading.Lock()
+        self.calls: list[list[int]] = []
+        self.written: list[int] = []
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        offsets = [r.offset for r in records]
+        with self.lock:
+            self.calls.append(offsets)
+            if self.flaky:
+                self.flaky -= 1
+                raise Boom("the database is restarting")
+        if self.poison.intersection(offsets):
+            raise Boom("a row violates a constraint")
+        with self.lock:
+            self.written += offsets
+
+
+def poisoned_member(
+    broker: FakeBroker,
+    handler: BatchHandler,
+    members: list[GroupConsumer],
+    **kw: Unpack[Overrides],
+) -> GroupConsumer:
+    settings: ConsumerSettings = {
+        "bootstrap_servers": "fake:9092",
+        "group_id": "g",
+        "topics": ["orders"],
+        "auto_offset_reset": "earliest",
+        "commit_interval_s": 0.05,
+        "batch_max_records": 500,
+        "batch_max_wait_s": 0.3,
+        "failure": FailurePolicy(
+            retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.01, jitter=0.0),
+            final="dead_letter",
+        ),
+        **kw,
+    }
+    gc = GroupConsumer(
+        handler,
+        consumer_factory=broker.consumer_factory,
+        producer_factory=broker.producer_factory,
+        **settings,
+    )
+    members.append(gc)
+    gc.start()
+    return gc
+
+
+@pytest.mark.parametrize("ordering", ["key", "partition", "unordered"])
+def test_a_poison_record_in_a_batch_of_500_is_isolated_and_dead_lettered_alone(
+    members: list[GroupConsumer], ordering: Ordering
+) -> None:
+    """The batch is retried under the policy (2 attempts), then split in halves until the
+    record that fails alone is found: it alone is dead-lettered, every other record is written,
+    and the partition commits to the end."""
+    broker = FakeBroker()
+    broker.create_topic("orders", partitions=1)
+    broker.create_topic("orders.dlq", partitions=1)
+    for i in range(500):
+        broker.produce("orders", key=f"k{i}", value=f"row-{i}", partition=0)
+    h = BulkWrite(poison={317})
+    gc = poisoned_member(broker, h, members, ordering=ordering)
+    wait_until(lambda: broker.committed_offsets("g").get(("orders", 0)) == 500, "committed", 20)
+    dead = broker.messages("orders.dlq")
+    assert [m.value() for m in dead] == [b"row-317"]
+    assert sorted(set(h.written)) == [o for o in range(500) if o != 317]
+    if ordering != "partition":  # there the partition's first poll runs before the rest
+        assert len(h.calls[0]) == 500, [len(c) for c in h.calls]  # one batch of 500 at first
+    assert [317] in h.calls  # found failing alone
+    # Two attempts of the batch, then about two calls per halving: nowhere near 500.
+    assert len(h.calls) < 40, [len(c) for c in h.calls]
+    assert gc.stats().dead_lettered == 1
+
+
+def test_a_batch_that_fails_and_then_succeeds_is_retried_whole_and_never_split(
+    members: list[GroupConsumer], caplog: pytest.LogCaptureFixture
+) -> None:
+    broker = FakeBroker()
+    broker.create_topic("orders", partitions=1)
+    broker.create_topic("orders.dlq", partitions=1)
+    for i in range(100):
+        broker.produce("orders", key=f"k{i}", value=f"row-{i}", partition=0)
+    h = BulkWrite(poison=set(), flaky=1)
+    with caplog.at_level(logging.INFO, logger="weir"):
+        poisoned_member(broker, h, members, ordering="unordered")
+        wait_until(lambda: broker.committed_offsets("g").get(("orders", 0)) == 100, "committed", 20)
+    assert not broker.messages("orders.dlq")
+    assert [sorted(c) for c in h.calls] == [list(range(100))] * 2
+    assert "batch_split" not in caplog.text

@@ -13,7 +13,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Hashable
+from collections.abc import Callable, Collection, Hashable, Iterable
 from typing import Protocol
 
 from weir._engine.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
@@ -413,7 +413,8 @@ class BatchWorkers(ThreadWorkers):
     def _run(self, tasks: list[Task]) -> None:
         """One `handle_batch` call for the records of `tasks` whose assignment still
         dispatches (the others come back FENCED without running), then each record's outcome:
-        done, failed, or held behind a failed record of its lane."""
+        done, failed (alone, or with its whole batch), or held behind a failed record of its
+        lane."""
         live: list[Task] = []
         for t in tasks:
             if t.assignment.dispatching:
@@ -422,36 +423,102 @@ class BatchWorkers(ThreadWorkers):
                 t.outcomes = bytearray(len(t.records))  # FENCED
         if not live:
             return
-        records = [r for t in live for r in t.records]
+        records: list[Record] = []
+        owners: list[Assignment] = []
         parts: dict[Partition, _PartContext] = {}
         for t in live:
             a = t.assignment
+            records += t.records
+            owners += [a] * len(t.records)
             parts[a.tp] = _PartContext(a.cancel, a.attempts, a.epoch)
+        error, marks = self._call(records, parts)
+        if error is None and not marks:
+            for t in live:
+                t.finished = len(t.records)
+            return
+        results: list[BaseException | None] = [marks.get(i, error) for i in range(len(records))]
+        shared: set[int] = set()
+        if error is not None:
+            rest = [i for i in range(len(records)) if i not in marks]
+            if len(rest) > 1:
+                if any(records[i].offset in owners[i].isolate for i in rest):
+                    held: dict[tuple[Partition, Hashable], int] = {}
+                    alone = (i for i, e in marks.items() if e is not None)
+                    self._hold(held, records, owners, alone)
+                    self._split(records, owners, parts, rest, results, held)
+                else:
+                    shared.update(rest)
+        at = 0
+        for t in live:
+            self._outcomes(t, results, shared, at)
+            at += len(t.records)
+
+    def _call(
+        self, records: list[Record], parts: dict[Partition, _PartContext]
+    ) -> tuple[BaseException | None, dict[int, BaseException | None]]:
+        """One `handle_batch` call: what it raised (None: it returned), and its marks."""
         ctx = BatchContext(records, parts)
-        error: BaseException | None = None
         try:
             result = self._handle_batch(records, ctx)
             if result is not None:
                 _refuse_awaitable(self._handle_batch, result)
         except BaseException as exc:
-            error = exc
-        marks = ctx._marks
-        if error is None and not marks:
-            for t in live:
-                t.finished = len(t.records)
-            return
-        at = 0
-        for t in live:
-            self._outcomes(t, marks, at, error)
-            at += len(t.records)
+            return exc, ctx._marks
+        return None, ctx._marks
+
+    def _hold(
+        self,
+        held: dict[tuple[Partition, Hashable], int],
+        records: list[Record],
+        owners: list[Assignment],
+        failed: Iterable[int],
+    ) -> None:
+        """Records `failed` failed on their own: in key and partition mode the later records
+        of their lanes must not run before them (`held`: lane -> its first such record)."""
+        lane_of = self._lane_of
+        if lane_of is not None:
+            for i in sorted(failed):
+                held.setdefault((owners[i].tp, lane_of(records[i])), i)
+
+    def _split(
+        self,
+        records: list[Record],
+        owners: list[Assignment],
+        parts: dict[Partition, _PartContext],
+        failed: list[int],
+        results: list[BaseException | None],
+        held: dict[tuple[Partition, Hashable], int],
+    ) -> None:
+        """The records `failed` (indices into `records`, in batch order) failed together, and
+        one of them has run out of retries as part of a batch: run each half again, and halve
+        what fails again, until the records that fail alone are found. Each of those gets its
+        own error; the others finish. A record behind one that failed alone in its lane is not
+        run again (`held`): it is held behind it."""
+        lane_of = self._lane_of
+        mid = len(failed) // 2
+        for half in (failed[:mid], failed[mid:]):
+            if lane_of is not None and held:
+                half = [i for i in half if held.get((owners[i].tp, lane_of(records[i])), i) >= i]
+            if not half:
+                continue
+            error, marks = self._call([records[i] for i in half], parts)
+            for j, i in enumerate(half):
+                results[i] = marks.get(j, error)
+            self._hold(held, records, owners, (half[j] for j, e in marks.items() if e is not None))
+            rest = [i for j, i in enumerate(half) if j not in marks]
+            if error is None or not rest:
+                continue
+            if len(rest) == 1:
+                self._hold(held, records, owners, rest)
+            else:
+                self._split(records, owners, parts, rest, results, held)
 
     def _outcomes(
-        self, t: Task, marks: dict[int, BaseException | None], at: int, error: BaseException | None
+        self, t: Task, results: list[BaseException | None], shared: set[int], at: int
     ) -> None:
-        """Outcomes of `t`, whose records start at `at` in the batch: a marked record as marked,
-        the rest as the call ended. In key and partition mode a failed record holds its lane:
-        its lane's later records in the task are HELD (they run again after it, in order), even
-        if the handler finished them."""
+        """Outcomes of `t`, whose records start at `at` in the batch. In key and partition mode
+        a failed record holds its lane: its lane's later records in the task are HELD (they run
+        again after it, in order), even if the handler finished them."""
         n = len(t.records)
         out = bytearray(n)
         errors: dict[int, BaseException] = {}
@@ -459,15 +526,19 @@ class BatchWorkers(ThreadWorkers):
         held: set[object] = set()
         a = t.assignment
         for i, rec in enumerate(t.records):
-            mark = marks.get(at + i, error)
+            error = results[at + i]
             if lane_of is not None and held and lane_of(rec) in held:
                 out[i] = HELD
-            elif mark is None:
+            elif error is None:
                 out[i] = DONE
             else:
                 out[i] = FAILED
-                errors[i] = mark
-                if isinstance(mark, FencedError):
+                errors[i] = error
+                if at + i in shared:
+                    if t.shared is None:
+                        t.shared = set()
+                    t.shared.add(i)
+                if isinstance(error, FencedError):
                     # Another member owns the partition: nothing more of it runs here.
                     a.dispatching = False
                 if lane_of is not None:
