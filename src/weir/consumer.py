@@ -59,7 +59,12 @@ def _check_batch_settings(
 ) -> None:
     """The batch settings belong to a `BatchHandler`, and a `BatchHandler` to what this release
     runs in batches: plain `handle_batch` methods on worker threads, without a transaction or
-    deserializers."""
+    deserializers. A flush hook does not join a transaction yet."""
+    if handler._flush_hook() is not None and config.transactional_id is not None:
+        raise ValueError(
+            f"{type(handler).__qualname__} defines flush(): a handler's own buffer with "
+            "transactional_id (exactly-once outputs) is not supported yet"
+        )
     if not isinstance(handler, BatchHandler):
         given = [name for name in _BATCH_SETTINGS if name in config.model_fields_set]
         if given:

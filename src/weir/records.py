@@ -18,6 +18,7 @@ __all__ = [
     "BatchHandler",
     "CommitEvent",
     "Context",
+    "FlushContext",
     "Handler",
     "HandlerFunc",
     "Ordering",
@@ -394,6 +395,22 @@ class Handler(ABC):
         `on_revoked` for the final hand-off has run) and the client was closed."""
         return None
 
+    def flush(self, ctx: FlushContext) -> Awaitable[None] | None:
+        """Optional: define it when `handle` (or `handle_batch`) keeps records in a buffer of
+        the handler's own instead of writing them before it returns. weir then counts a record
+        finished only once a `flush` that began after its call returned has returned, so no
+        commit passes a record that is only in memory. It runs on the owner thread before each
+        commit, before a revoked partition's commit and before the final commit, whenever
+        records were returned since the last one: write the buffer (the records of the
+        assignments `ctx.owns`) and return once it is durable (docs/handlers.md#the-flush-hook).
+        If it raises, none of the records it was to cover count: their partitions start over
+        from their last commit (new tokens), and they run again."""
+        return None
+
+    def _flush_hook(self) -> Callable[[FlushContext], Awaitable[None] | None] | None:
+        """The flush hook, if this handler defines one."""
+        return self.flush if type(self).flush is not Handler.flush else None
+
 
 class BatchContext:
     """Per-call context handed to `BatchHandler.handle_batch`: the batch's records may come from
@@ -448,6 +465,11 @@ class BatchContext:
         part = self._parts[Partition(record.topic, record.partition)]
         return part.attempts.get(record.offset, 1) if part.attempts else 1
 
+    def token(self, record: Record) -> int:
+        """weir's assignment token of `record`'s partition (`Context.token`): what a handler
+        that buffers keeps with the record, for `FlushContext.owns`."""
+        return self._parts[Partition(record.topic, record.partition)].token
+
     def epoch(self, record: Record) -> int | None:
         """The ownership epoch of `record`'s partition from the member's fence (`Context.epoch`);
         None without a fence."""
@@ -468,9 +490,35 @@ class BatchContext:
 class _PartContext(NamedTuple):
     """What a batch's records of one partition share: its assignment's state."""
 
+    token: int
     cancel: threading.Event
     attempts: dict[int, int]
     epoch: int | None
+
+
+class FlushContext:
+    """What `Handler.flush` is handed: which assignments this member still owns. A handler
+    that buffers keeps each record's `ctx.token` with it, writes the records `owns` says yes to,
+    and drops the others: their partition was lost or started over, and they will run again
+    where it is owned now."""
+
+    __slots__ = ("_owned",)
+
+    def __init__(self, owned: Mapping[Partition, int]) -> None:
+        self._owned = owned
+
+    def owns(self, partition: tuple[str, int], token: int) -> bool:
+        """True while the assignment `token` of `partition` (topic, partition) is this
+        member's: its buffered records may be written."""
+        return self._owned.get(Partition(*partition)) == token
+
+    @property
+    def partitions(self) -> list[Partition]:
+        """The partitions owned now."""
+        return sorted(self._owned)
+
+    def __repr__(self) -> str:
+        return f"FlushContext(partitions={len(self._owned)})"
 
 
 class BatchHandler(Handler):
@@ -530,7 +578,7 @@ class _AsyncFunctionHandler(Handler):
         return f"AsyncFunctionHandler({getattr(self._fn, '__qualname__', self._fn)!r})"
 
 
-HOOKS = ("on_assigned", "on_revoked", "on_lost", "on_shutdown")
+HOOKS = ("on_assigned", "on_revoked", "on_lost", "on_shutdown", "flush")
 
 
 def is_async_handler(handler: Handler | Callable[[Record], object]) -> bool:

@@ -3,6 +3,7 @@ each ordering mode, its size and wait, partial success, and the commit after it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from tests.accumulators import Accumulator
 from tests.consumer_overrides import Overrides
 from tests.fake_members import SETTINGS
 from tests.waiting import wait_until
@@ -20,6 +22,7 @@ from typing_extensions import Unpack
 from weir import (
     BatchContext,
     BatchHandler,
+    CommitEvent,
     Context,
     FailurePolicy,
     FlowConfig,
@@ -29,7 +32,7 @@ from weir import (
     RetryPolicy,
 )
 from weir.config import ConsumerSettings
-from weir.records import Ordering, Partition
+from weir.records import FlushContext, Ordering, Partition
 from weir.testing.fake import FakeConsumer
 from weir.testing.fake_broker import FakeBroker
 
@@ -539,3 +542,200 @@ def test_a_batch_that_fails_and_then_succeeds_is_retried_whole_and_never_split(
     assert not broker.messages("orders.dlq")
     assert [sorted(c) for c in h.calls] == [list(range(100))] * 2
     assert "batch_split" not in caplog.text
+
+
+# -- the flush hook ------------------------------------------------------------------------------
+
+
+def watch_commits(gc: GroupConsumer, h: Accumulator, first: int = 0) -> list[str]:
+    """Every commit sent is checked against what was durable then: a commit past a record that
+    was only in the buffer is listed."""
+    passed: list[str] = []
+
+    def listener(event: CommitEvent) -> None:
+        if event.status != "sent":
+            return
+        with h.lock:
+            missing = [
+                o for o in range(first, event.offset) if (event.tp.partition, o) not in h.durable
+            ]
+        if missing:
+            passed.append(f"{event.tp}@{event.offset} passes {missing[:5]}")
+
+    gc.add_commit_listener(listener)
+    return passed
+
+
+def test_no_commit_passes_a_record_that_is_only_in_the_handlers_buffer(start: Start) -> None:
+    fake = two_partitions(300, 200)
+    h = Accumulator()
+    gc = start(h, fake, commit_every_records=50)
+    passed = watch_commits(gc, h)
+    fake.produce_many(TOPIC, 0, range(300, 400))
+    wait_until(lambda: committed(fake, P0) == 400 and committed(fake, P1) == 200, "committed")
+    assert not passed, passed[:3]
+    assert h.flushes >= 2
+    assert len(h.durable) == 600 and not h.dropped
+
+
+def test_a_revoke_flushes_before_its_commit(start: Start) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(5))
+    fake.script_assign([P0])
+    h = Accumulator()
+    gc = start(h, fake, commit_interval_s=60.0, commit_every_records=1_000_000)
+    passed = watch_commits(gc, h)
+    wait_until(lambda: len(h.handled) == 5, "all five in the buffer")
+    assert not h.durable
+    revoke = fake.script_revoke([P0])
+    assert revoke.done.wait(WAIT)
+    during = [c for c in fake.commit_log() if c.in_callback == "revoke"]
+    assert [c.offsets for c in during] == [{P0: 5}]
+    assert h.durable == {(0, o) for o in range(5)}
+    assert not passed
+
+
+def test_a_lost_partitions_buffered_records_are_dropped_never_flushed(start: Start) -> None:
+    fake = two_partitions(4, 3)
+    h = Accumulator()
+    gc = start(h, fake, commit_interval_s=60.0, commit_every_records=1_000_000)
+    wait_until(lambda: len(h.handled) == 7, "all seven in the buffer")
+    before = len(fake.commit_log())
+    lost = fake.script_lost([P0])
+    assert lost.done.wait(WAIT)
+    gc.stop()
+    gc.join(WAIT)  # the final commit flushes first
+    assert h.durable == {(1, o) for o in range(3)}
+    assert sorted(h.dropped) == [(0, o) for o in range(4)]
+    after = fake.commit_log()[before:]
+    assert all(Partition(*P0) not in c.offsets for c in after)
+    assert [c.offsets for c in after if Partition(*P1) in c.offsets][-1] == {P1: 3}
+
+
+def test_a_failed_flush_counts_nothing_and_its_partitions_start_over(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The flush raised: whether its records were written is unknown, so they do not count;
+    their partition starts over from its commit and they run again (a new token: the copies
+    still in the buffer are dropped by the next flush)."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(10))
+    fake.script_assign([P0])
+    h = Accumulator(fail_flushes=1)
+    gc = start(h, fake, commit_every_records=10, commit_interval_s=60.0)
+    passed = watch_commits(gc, h)
+    wait_until(lambda: committed(fake, P0) == 10, "committed")
+    assert not passed
+    assert h.handled.count((0, 0)) == 2  # ran again after the failed flush
+    assert sorted(h.dropped) == [(0, o) for o in range(10)]  # the old token's copies
+    assert h.durable == {(0, o) for o in range(10)}
+    assert "partitions_reset" in caplog.text and "callback_failed" in caplog.text
+
+
+def test_a_crash_between_the_buffer_and_the_flush_loses_nothing(
+    members: list[GroupConsumer],
+) -> None:
+    """The first member never gets a flush through (its sink is down until it dies): nothing
+    it buffered is committed, and the next member writes every record."""
+    broker = FakeBroker()
+    broker.create_topic("orders", partitions=2)
+    for i in range(100):
+        broker.produce("orders", key=f"k{i}", value=f"row-{i}", partition=i % 2)
+    settings: ConsumerSettings = {
+        "bootstrap_servers": "fake:9092",
+        "group_id": "g",
+        "topics": ["orders"],
+        "auto_offset_reset": "earliest",
+        "commit_interval_s": 0.02,
+    }
+    first = Accumulator(fail_flushes=1_000_000)
+    gc = GroupConsumer(first, consumer_factory=broker.consumer_factory, **settings)
+    members.append(gc)
+    gc.start()
+    wait_until(lambda: len(first.handled) >= 100 and first.flushes >= 3, "buffered, flushes failed")
+    gc.stop()
+    gc.join(WAIT)
+    assert not first.durable
+    assert all(off == 0 for off in broker.committed_offsets("g").values())
+    second = Accumulator()
+    gc2 = GroupConsumer(second, consumer_factory=broker.consumer_factory, **settings)
+    members.append(gc2)
+    gc2.start()
+    wait_until(lambda: sum(broker.committed_offsets("g").values()) == 100, "committed", 20)
+    assert {("orders", p, o) for p, o in second.durable} == {
+        ("orders", m.partition(), m.offset()) for m in broker.messages("orders")
+    }
+
+
+class BufferingRows(BatchHandler):
+    """A batch handler that keeps rows across batches and writes them at flush."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rows: list[tuple[int, int, int]] = []
+        self.written: set[Key] = set()
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        with self.lock:
+            self.rows += [(r.partition, r.offset, ctx.token(r)) for r in records]
+
+    def flush(self, ctx: FlushContext) -> None:
+        with self.lock:
+            rows, self.rows = self.rows, []
+            self.written.update((p, o) for p, o, t in rows if ctx.owns((TOPIC, p), t))
+
+
+def test_a_batch_handler_with_a_flush_hook_is_committed_only_after_its_flush(
+    start: Start,
+) -> None:
+    fake = two_partitions(120, 80)
+    h = BufferingRows()
+    gc = start(h, fake, commit_every_records=40, batch_max_records=30)
+    bad: list[str] = []
+
+    def listener(event: CommitEvent) -> None:
+        if event.status == "sent":
+            with h.lock:
+                if any((event.tp.partition, o) not in h.written for o in range(event.offset)):
+                    bad.append(f"{event.tp}@{event.offset}")
+
+    gc.add_commit_listener(listener)
+    wait_until(lambda: committed(fake, P0) == 120 and committed(fake, P1) == 80, "committed")
+    assert not bad
+    assert len(h.written) == 200
+
+
+def test_an_async_flush_runs_on_the_async_handlers_loop(start: Start) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(6))
+    fake.script_assign([P0])
+    loops: list[asyncio.AbstractEventLoop] = []
+    buffer: list[int] = []
+    durable: list[int] = []
+
+    class AsyncSink(Handler):
+        async def handle(self, record: Record, ctx: Context) -> None:
+            loops.append(asyncio.get_running_loop())
+            buffer.append(record.offset)
+
+        async def flush(self, ctx: FlushContext) -> None:
+            loops.append(asyncio.get_running_loop())
+            durable.extend(buffer)
+            buffer.clear()
+
+    start(AsyncSink(), fake)
+    wait_until(lambda: committed(fake, P0) == 6, "committed")
+    assert sorted(durable) == list(range(6))
+    assert len(set(loops)) == 1
+
+
+def test_an_async_flush_on_a_thread_handler_is_refused() -> None:
+    class Mixed(Handler):
+        def handle(self, record: Record, ctx: Context) -> None:
+            pass
+
+        async def flush(self, ctx: FlushContext) -> None:
+            pass
+
+    with pytest.raises(TypeError, match=r"Mixed\.flush is async def"):
+        GroupConsumer(Mixed(), **SETTINGS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, cast
 
 from confluent_kafka import (
@@ -235,6 +235,12 @@ class Engine:
             self._fenced,
             clock=clock,
         )
+        flush = handler._flush_hook()
+        if flush is not None:
+            run, name = self._hook(flush), callback_name(flush)
+            self.settle.flush_with(
+                lambda ctx: self.callbacks.call(name, run, ctx, hook_name="flush")
+            )
         # Everything that keeps state per partition: opened and closed by Ownership alone, for
         # the whole time the member owns the partition or for one assignment of it.
         trackers: tuple[tuple[Tracker, Scope], ...] = (
@@ -408,6 +414,7 @@ class Engine:
                 dead_letters.flush(deadline - self.clock.monotonic())
                 self.settle.drain(0)
             self.settle.settle_started(self.own.assignments())
+            self._flush(leaving=self.own.partitions)
             left = self.scheduler.running(self.own.assignments())
             if left:
                 self.own.cancel_all()
@@ -501,6 +508,7 @@ class Engine:
             if self.eos.turn(now):
                 self._publish(running=True)
         elif self.committer.due(now) and self.commits.ready(now):
+            self._flush()
             self.commits.send_async(now)
             self._publish(running=True)
         if now >= self._next_publish:
@@ -614,6 +622,17 @@ class Engine:
             if failures.dead_letters is not None:
                 failures.dead_letters.poll()
         self.settle.settle_started(assignments)
+        self._flush(leaving={a.tp for a in assignments})
+
+    def _flush(self, leaving: Collection[Partition] = ()) -> None:
+        """Before a commit: the handler's flush hook, if it has one (`Settlement.flush`). The
+        partitions whose records a failed flush was to cover start over from their committed
+        offset (their records run again), but those `leaving` (a hand-off): they are committed
+        without them."""
+        unflushed = [tp for tp in self.settle.flush() if tp not in leaving]
+        if unflushed:
+            for a in self.own.reset(unflushed):
+                self.starts.rewind(a.tp, reread=True)
 
     def _fenced(self, a: Assignment, error: FencedError) -> None:
         """A handler's fenced write was refused: another member owns the partition in the

@@ -430,7 +430,7 @@ class BatchWorkers(ThreadWorkers):
             a = t.assignment
             records += t.records
             owners += [a] * len(t.records)
-            parts[a.tp] = _PartContext(a.cancel, a.attempts, a.epoch)
+            parts[a.tp] = _PartContext(a.token, a.cancel, a.attempts, a.epoch)
         error, marks = self._call(records, parts)
         if error is None and not marks:
             for t in live:
