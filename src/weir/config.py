@@ -162,7 +162,20 @@ def async_flow(max_in_flight: int) -> FlowConfig:
     With 1 ms coroutines 256 at a time drain the thread default of 1000 in a few
     milliseconds, and the loop then waited on fetching at every throttle (benchmarks/README.md
     has the figures)."""
-    pause = max(FlowConfig.model_fields["pause_records"].default, 16 * max_in_flight)
+    return _scaled_flow(16 * max_in_flight)
+
+
+def batch_flow(batch_max_records: int) -> FlowConfig:
+    """The record marks of batch handlers when `flow` is not given: 8 batches of budget (at
+    least the thread defaults), shaped as `async_flow`. A batch that is gathered holds its
+    records, and in key mode the records behind its keys wait in the budget too: with the
+    thread default of 1000, batches of 500 paused fetching at every batch (a no-op batch
+    handler ran at a quarter of the rate it has with 8 batches)."""
+    return _scaled_flow(8 * batch_max_records)
+
+
+def _scaled_flow(pause: int) -> FlowConfig:
+    pause = max(FlowConfig.model_fields["pause_records"].default, pause)
     return FlowConfig(
         pause_records=pause, resume_records=pause * 2 // 5, capacity_records=pause * 6 // 5
     )
@@ -175,15 +188,40 @@ def for_async_handler(config: ConsumerConfig) -> ConsumerConfig:
     if "flow" in config.model_fields_set:
         return config
     flow = async_flow(config.max_in_flight)
+    return _with_flow(
+        config,
+        flow,
+        f"flow was not given, and an async handler's is async_flow(max_in_flight="
+        f"{config.max_in_flight}) = {flow!r}: pass flow=FlowConfig(...) to choose it",
+    )
+
+
+def for_batch_handler(config: ConsumerConfig) -> ConsumerConfig:
+    """`config` as a batch handler's member runs it: `batch_flow` in place of the default
+    `flow`, as `for_async_handler` does; a `flow` given must hold a whole batch."""
+    if "flow" in config.model_fields_set:
+        if config.batch_max_records > config.flow.pause_records:
+            raise ValueError(
+                f"batch_max_records ({config.batch_max_records}) is larger than "
+                f"flow.pause_records ({config.flow.pause_records}): fetching pauses before a "
+                "batch could fill, so every batch would wait batch_max_wait_s"
+            )
+        return config
+    flow = batch_flow(config.batch_max_records)
+    return _with_flow(
+        config,
+        flow,
+        f"flow was not given, and a batch handler's is batch_flow(batch_max_records="
+        f"{config.batch_max_records}) = {flow!r}: pass flow=FlowConfig(...) to choose it",
+    )
+
+
+def _with_flow(config: ConsumerConfig, flow: FlowConfig, note: str) -> ConsumerConfig:
     given = {name: getattr(config, name) for name in config.model_fields_set}
     try:
         return ConsumerConfig(**given, flow=flow)
     except ValidationError as exc:
-        raise _noted(
-            exc,
-            f"flow was not given, and an async handler's is async_flow(max_in_flight="
-            f"{config.max_in_flight}) = {flow!r}: pass flow=FlowConfig(...) to choose it",
-        ) from None
+        raise _noted(exc, note) from None
 
 
 def _noted(error: ValidationError, note: str) -> ValidationError:
@@ -343,7 +381,8 @@ class ConsumerConfig(BaseModel):
         strict=True,
         json_schema_extra={"unit": "records"},
         description="Batch handlers only: records per `handle_batch` call at most; at most "
-        "`flow.pause_records` ([handlers.md](handlers.md#batch-handlers)).",
+        "`flow.pause_records` of a `flow` given (without one, a batch handler's budget is 8 "
+        "batches) ([handlers.md](handlers.md#batch-handlers)).",
     )
     batch_max_wait_s: float = Field(
         0.05,
@@ -698,18 +737,6 @@ class ConsumerConfig(BaseModel):
                 f"max_batch_records ({v}) is larger than the flow headroom flow.capacity_records - "
                 f"flow.pause_records ({flow.headroom_records}): one fetched batch could pass "
                 "the capacity"
-            )
-        return v
-
-    @field_validator("batch_max_records")
-    @classmethod
-    def _batch_max_records(cls, v: int, info: ValidationInfo) -> int:
-        flow = info.data.get("flow")
-        if flow is not None and v > flow.pause_records:
-            raise ValueError(
-                f"batch_max_records ({v}) is larger than flow.pause_records "
-                f"({flow.pause_records}): fetching pauses before a batch could fill, so every "
-                "batch would wait batch_max_wait_s"
             )
         return v
 

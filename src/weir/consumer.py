@@ -23,7 +23,7 @@ from weir._engine.client import ClientFactory, ProducerFactory
 from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle, State
 from weir._engine.protocols import offers_consumer_protocol
-from weir.config import ConsumerConfig, ConsumerSettings, for_async_handler
+from weir.config import ConsumerConfig, ConsumerSettings, for_async_handler, for_batch_handler
 from weir.fencing.base import Fence
 from weir.health import Health, check
 from weir.logs import get_logger
@@ -167,6 +167,8 @@ class GroupConsumer:
                 )
             # Coroutines finish many records at once: the record budget scales with them.
             config = for_async_handler(config)
+        elif isinstance(self._handler, BatchHandler):
+            config = for_batch_handler(config)  # the budget scales with the batches
         self.config = config
         if loop is not None:
             if not isinstance(loop, asyncio.AbstractEventLoop):

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 from tests.accumulators import Accumulator
 from tests.consumer_overrides import Overrides
 from tests.fake_members import SETTINGS
@@ -245,6 +244,29 @@ def test_batch_max_wait_s_zero_runs_what_is_there(start: Start) -> None:
     assert h.batches == [[(0, 0), (0, 1)], [(0, 2), (0, 3)]]
 
 
+def test_a_batch_runs_without_its_wait_once_the_budget_is_full(start: Start) -> None:
+    """The first poll brings one record of each of the three keys: every later record waits
+    behind the gathered batch's keys, so the batch can get no more records. Once the budget
+    is at its pause mark it runs, instead of waiting out its 5 s."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(300), key=lambda o: b"k%d" % (o % 3))
+    fake.script_assign([P0])
+    calls: list[float] = []
+    h = Collector(lambda records, ctx: calls.append(time.monotonic()))
+    t0 = time.monotonic()
+    start(
+        h,
+        fake,
+        batch_max_records=50,
+        batch_max_wait_s=5.0,
+        max_batch_records=3,
+        flow=FlowConfig(capacity_records=150, pause_records=100, resume_records=40),
+    )
+    wait_until(lambda: len(h.batches) >= 2, "two batches", 10)
+    assert h.batches[0] == [(0, 0), (0, 1), (0, 2)]
+    assert calls[0] - t0 < 2.5  # not the 5 s wait
+
+
 # -- partial success ---------------------------------------------------------------------------
 
 RETRY_ONCE = FailurePolicy(retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.0, jitter=0.0))
@@ -394,6 +416,24 @@ def test_a_revoke_waits_for_the_running_batch_and_commits_after_it(start: Start)
     assert [c.offsets for c in during] == [{P0: 4}]
 
 
+def test_a_revoke_does_not_wait_for_a_batch_still_gathering(start: Start) -> None:
+    """A revoked partition's records in a batch that is still gathering (a 5 s wait) come back
+    at once, unrun: the revoke neither waits for the wait nor commits past them."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(2), key=lambda o: b"k%d" % o)
+    fake.script_assign([P0])
+    h = Collector()
+    start(h, fake, batch_max_wait_s=5.0, commit_interval_s=60.0, commit_every_records=1_000_000)
+    time.sleep(0.2)  # gathered by now
+    revoke = fake.script_revoke([P0])
+    assert revoke.done.wait(WAIT)
+    assert revoke.seconds is not None and revoke.seconds < 2.0
+    during = [c for c in fake.commit_log() if c.in_callback == "revoke"]
+    assert [c.offsets for c in during] in ([{P0: 0}], [])
+    time.sleep(0.1)
+    assert h.batches == []
+
+
 # -- settings and shapes -----------------------------------------------------------------------
 
 
@@ -415,8 +455,14 @@ def test_batch_max_records_above_the_pause_mark_is_refused() -> None:
         "batch_max_records": 201,
         "max_batch_records": 100,
     }
-    with pytest.raises(ValidationError, match=r"larger than flow\.pause_records"):
+    with pytest.raises(ValueError, match=r"larger than flow\.pause_records \(200\)"):
         GroupConsumer(Rows(), **settings)
+    # Without a flow, a batch handler's budget is made for its batches.
+    big: ConsumerSettings = {**SETTINGS, "batch_max_records": 2000}
+    gc = GroupConsumer(Rows(), **big)
+    assert gc.config.flow.pause_records == 16_000
+    assert gc.config.flow.resume_records == 6_400
+    assert GroupConsumer(lambda r: None, **SETTINGS).config.flow == FlowConfig()
 
 
 def test_what_batch_handlers_do_not_run_yet_is_refused_at_construction() -> None:

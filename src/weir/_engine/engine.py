@@ -137,9 +137,11 @@ class Engine:
                     handler, cfg.workers, lane_of(cfg.ordering), outputs=transactional
                 )
         self.workers = workers
-        batched = isinstance(workers, BatchWorkers)
+        self._batch_workers = workers if isinstance(workers, BatchWorkers) else None
         self.scheduler = Scheduler(
-            self.workers, cfg.ordering, batch_records=cfg.batch_max_records if batched else None
+            self.workers,
+            cfg.ordering,
+            batch_records=None if self._batch_workers is None else cfg.batch_max_records,
         )
         self.committer = Committer(
             cfg.commit_interval_s, cfg.commit_every_records, self._emit_commit, clock=clock
@@ -397,6 +399,7 @@ class Engine:
         try:
             self.own.deadline_cap = deadline
             self.own.stop_dispatch()
+            self._run_gathered()
             self.fetch.hold(list(self.own.partitions), "shutdown")
             while (
                 self.scheduler.running(self.own.assignments())
@@ -517,6 +520,8 @@ class Engine:
             self._publish(running=True)
         was_paused = budget.paused
         pause, resume = budget.end_turn()
+        if budget.throttled:
+            self._run_gathered()  # no more records may come for the batch gathered
         if pause or resume or budget.paused != was_paused:
             # The budget decides capacity (every partition) and share (one partition holding
             # its reserve); fetch control follows its state.
@@ -612,6 +617,7 @@ class Engine:
         """A revoke's drain: wait for running handlers, and for dead-letter writes of these
         partitions, within the budget."""
         failures = self.failures
+        self._run_gathered()  # a revoked partition's records may be in it
         while (
             self.scheduler.running(assignments) or failures.pending(assignments)
         ) and not self.life.hurry.is_set():
@@ -623,6 +629,11 @@ class Engine:
                 failures.dead_letters.poll()
         self.settle.settle_started(assignments)
         self._flush(leaving={a.tp for a in assignments})
+
+    def _run_gathered(self) -> None:
+        """Batch workers: the batch being gathered runs now, not at the end of its wait."""
+        if self._batch_workers is not None:
+            self._batch_workers.run_now()
 
     def _flush(self, leaving: Collection[Partition] = ()) -> None:
         """Before a commit: the handler's flush hook, if it has one (`Settlement.flush`). The

@@ -330,6 +330,10 @@ class ThreadWorkers:
                 out[j] = DONE
 
 
+# On the ready queue of batch workers: the batch being gathered runs now (`run_now`).
+_RUN_NOW = Task(Assignment(Partition("", -1), -1), [], [], None)
+
+
 class BatchWorkers(ThreadWorkers):
     """Worker threads that run a `BatchHandler`: a worker gathers tasks from the ready queue
     into one batch (up to `max_records` records, for at most `max_wait` seconds after its first
@@ -358,6 +362,17 @@ class BatchWorkers(ThreadWorkers):
         self._max_wait = max_wait
         self._gather = threading.Lock()
         self._carry: Task | None = None  # taken from the queue, did not fit the last batch
+        # A worker is gathering a batch, and whether the owner told it to run what it has.
+        self._gathering = False
+        self._nudged = False
+
+    def run_now(self) -> None:
+        """The owner can add nothing to the batch being gathered until records come back (its
+        budget is at the pause mark: in key mode the rest wait behind the batch's own keys):
+        it runs now rather than at the end of its wait."""
+        if self._gathering and not self._nudged:
+            self._nudged = True
+            self._ready.put(_RUN_NOW)
 
     def _work(self, slot: _Slot) -> None:
         done = self._done.put
@@ -383,7 +398,9 @@ class BatchWorkers(ThreadWorkers):
         ready = self._ready
         with self._gather:
             first, self._carry = self._carry, None
-            if first is None:
+            while first is None or first is _RUN_NOW:
+                if first is _RUN_NOW:
+                    self._nudged = False  # late: no batch was gathering
                 first = ready.get()
                 if first is None:
                     return [], True
@@ -394,20 +411,27 @@ class BatchWorkers(ThreadWorkers):
             n = len(first.records)
             deadline = first.started + self._max_wait
             limit = self._max_records
-            while n < limit:
-                left = deadline - clock()
-                try:
-                    t = ready.get(timeout=left) if left > 0 else ready.get_nowait()
-                except queue.Empty:
-                    break
-                if t is None:
-                    return tasks, True
-                if n + len(t.records) > limit:
-                    self._carry = t
-                    break
-                t.started = clock()
-                tasks.append(t)
-                n += len(t.records)
+            self._gathering = True
+            try:
+                while n < limit:
+                    left = deadline - clock()
+                    try:
+                        t = ready.get(timeout=left) if left > 0 else ready.get_nowait()
+                    except queue.Empty:
+                        break
+                    if t is _RUN_NOW:
+                        self._nudged = False
+                        break
+                    if t is None:
+                        return tasks, True
+                    if n + len(t.records) > limit:
+                        self._carry = t
+                        break
+                    t.started = clock()
+                    tasks.append(t)
+                    n += len(t.records)
+            finally:
+                self._gathering = False
         return tasks, False
 
     def _run(self, tasks: list[Task]) -> None:
