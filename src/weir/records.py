@@ -600,6 +600,7 @@ def as_handler(handler: Handler | Callable[[Record], object]) -> Handler:
             f"{handler.__qualname__}: pass an instance, {handler.__qualname__}()"
         )
     if isinstance(handler, Handler):
+        _check_flush(handler)
         if not is_async_handler(handler):
             # A coroutine hook of a thread handler would be called from the owner thread and
             # never run: there is no event loop of weir's to run it on.
@@ -619,6 +620,28 @@ def as_handler(handler: Handler | Callable[[Record], object]) -> Handler:
     if callable(handler):
         return _FunctionHandler(handler)
     raise TypeError(f"handler must be a Handler or a callable taking a Record, got {handler!r}")
+
+
+def _check_flush(handler: Handler) -> None:
+    """A `flush` method is weir's flush hook: one written for something else (no argument, or
+    more) would fail at every commit, and the records it was to cover would never count."""
+    hook = handler._flush_hook()
+    if hook is None:
+        return
+    try:
+        sig = inspect.signature(hook)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(None)
+    except TypeError:
+        params = ", ".join(["self", *sig.parameters])
+        name = f"{type(handler).__qualname__}.flush({params})"
+        raise TypeError(
+            f"{name}: a handler's flush method is weir's flush hook, called as flush(ctx) "
+            "before each commit, and records count finished only after it "
+            "(docs/handlers.md#the-flush-hook): take the FlushContext, or rename the method"
+        ) from None
 
 
 def _check_takes_a_record(fn: Callable[..., object]) -> None:

@@ -785,3 +785,15 @@ def test_an_async_flush_on_a_thread_handler_is_refused() -> None:
 
     with pytest.raises(TypeError, match=r"Mixed\.flush is async def"):
         GroupConsumer(Mixed(), **SETTINGS)
+
+
+def test_a_flush_method_that_is_not_a_flush_hook_is_refused() -> None:
+    class Own(Handler):
+        def handle(self, record: Record, ctx: Context) -> None:
+            pass
+
+        def flush(self) -> None:  # type: ignore[override]
+            pass
+
+    with pytest.raises(TypeError, match=r"Own\.flush\(self\): a handler's flush method is weir's"):
+        GroupConsumer(Own(), **SETTINGS)
