@@ -69,7 +69,8 @@ def _check_batch_settings(
         given = [name for name in _BATCH_SETTINGS if name in config.model_fields_set]
         if given:
             raise ValueError(
-                f"{', '.join(given)} configure a batch handler (weir.BatchHandler with "
+                f"{' and '.join(given)} {'configures' if len(given) == 1 else 'configure'} a "
+                "batch handler (weir.BatchHandler with "
                 "handle_batch), and this handler takes one record at a time: drop the setting, "
                 "or subclass weir.BatchHandler"
             )

@@ -444,7 +444,7 @@ class Rows(BatchHandler):
 
 def test_batch_settings_with_a_per_record_handler_are_refused() -> None:
     settings: ConsumerSettings = {**SETTINGS, "batch_max_records": 10}
-    with pytest.raises(ValueError, match="batch_max_records configure a batch handler"):
+    with pytest.raises(ValueError, match="batch_max_records configures a batch handler"):
         GroupConsumer(lambda r: None, **settings)
 
 
@@ -797,3 +797,9 @@ def test_a_flush_method_that_is_not_a_flush_hook_is_refused() -> None:
 
     with pytest.raises(TypeError, match=r"Own\.flush\(self\): a handler's flush method is weir's"):
         GroupConsumer(Own(), **SETTINGS)
+
+
+def test_a_flush_hook_with_a_transaction_is_refused() -> None:
+    settings: ConsumerSettings = {**SETTINGS, "transactional_id": "tx"}
+    with pytest.raises(ValueError, match=r"defines flush.*transactional_id"):
+        GroupConsumer(Accumulator(), **settings)
