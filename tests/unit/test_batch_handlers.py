@@ -24,6 +24,7 @@ from weir import (
     CommitEvent,
     Context,
     FailurePolicy,
+    FencedError,
     FlowConfig,
     GroupConsumer,
     Handler,
@@ -803,3 +804,34 @@ def test_a_flush_hook_with_a_transaction_is_refused() -> None:
     settings: ConsumerSettings = {**SETTINGS, "transactional_id": "tx"}
     with pytest.raises(ValueError, match=r"defines flush.*transactional_id"):
         GroupConsumer(Accumulator(), **settings)
+
+
+def test_fenced_error_loses_the_partitions_it_is_raised_for(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ctx.fail(record, FencedError) loses that record's partition only; raised by the call,
+    it loses every partition of the batch."""
+    fake = two_partitions(3, 3)
+    fenced = FencedError("g", Partition(TOPIC, 0), 1, 2)
+
+    def action(records: list[Record], ctx: BatchContext) -> None:
+        for r in records:
+            if r.partition == 0:
+                ctx.fail(r, fenced)
+                return
+
+    start(Collector(action), fake, batch_max_wait_s=0.2, workers=1)
+    wait_until(lambda: committed(fake, P1) == 3, "P1 committed")
+    wait_until(lambda: "partition_fenced" in caplog.text, "P0 fenced")
+    assert caplog.text.count("partition_fenced") == 1
+    assert committed(fake, P0) <= 0
+
+    fake2 = two_partitions(3, 3)
+
+    def raises(records: list[Record], ctx: BatchContext) -> None:
+        raise fenced
+
+    caplog.clear()
+    start(Collector(raises), fake2, batch_max_wait_s=0.2, workers=1)
+    wait_until(lambda: caplog.text.count("partition_fenced") == 2, "both fenced")
+    assert committed(fake2, P0) <= 0 and committed(fake2, P1) <= 0

@@ -385,10 +385,11 @@ class BatchWorkers(ThreadWorkers):
             slot.task = tasks[0]
             slot.since = t0 = time.perf_counter()
             self._run(tasks)
-            seconds = time.perf_counter() - t0
+            # Each task's share of the call, by its records: what tunes `Scheduler` and stats.
+            per_record = (time.perf_counter() - t0) / max(1, sum(len(t.records) for t in tasks))
             slot.task, slot.batch = None, []
             for t in tasks:
-                t.seconds = seconds * len(t.records) / max(1, sum(len(u.records) for u in tasks))
+                t.seconds = per_record * len(t.records)
                 done(t)
 
     def _take(self) -> tuple[list[Task], bool]:
@@ -448,12 +449,10 @@ class BatchWorkers(ThreadWorkers):
         if not live:
             return
         records: list[Record] = []
-        owners: list[Assignment] = []
         parts: dict[Partition, _PartContext] = {}
         for t in live:
             a = t.assignment
             records += t.records
-            owners += [a] * len(t.records)
             parts[a.tp] = _PartContext(a.token, a.cancel, a.attempts, a.epoch)
         error, marks = self._call(records, parts)
         if error is None and not marks:
@@ -465,6 +464,7 @@ class BatchWorkers(ThreadWorkers):
         if error is not None:
             rest = [i for i in range(len(records)) if i not in marks]
             if len(rest) > 1:
+                owners = [t.assignment for t in live for _ in t.records]
                 if any(records[i].offset in owners[i].isolate for i in rest):
                     held: dict[tuple[Partition, Hashable], int] = {}
                     alone = (i for i, e in marks.items() if e is not None)
