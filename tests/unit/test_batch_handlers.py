@@ -123,11 +123,13 @@ def test_records_arrive_in_batches_of_at_most_batch_max_records_and_are_committe
     assert len(h.batches) < 60, [len(b) for b in h.batches]
 
 
+@pytest.mark.parametrize("delay", [0.005, 0.0], ids=["slow", "fast"])
 def test_key_mode_never_has_one_key_in_two_batches_at_once_and_keeps_offset_order(
-    start: Start,
+    start: Start, delay: float
 ) -> None:
-    """Key mode under parallelism (4 workers, slow batches): a key's records are in one batch at
-    a time, in offset order inside it and across batches; different keys run side by side."""
+    """Key mode under parallelism (4 workers): a key's records are in one batch at a time, in
+    offset order inside it and across batches. Slow batches: different keys of a partition run
+    side by side; fast ones go out a partition at a time (its whole lane)."""
     fake = FakeConsumer()
     for p in (0, 1):
         fake.produce_many(TOPIC, p, range(400), key=lambda o: b"k%d" % (o % 13))
@@ -145,7 +147,7 @@ def test_key_mode_never_has_one_key_in_two_batches_at_once_and_keeps_offset_orde
                 running[lane] += 1
             for r in records:
                 seen[(r.partition, r.key)].append(r.offset)
-        time.sleep(0.005)
+        time.sleep(delay)
         with lock:
             for lane in lanes:
                 running[lane] -= 1
@@ -157,7 +159,20 @@ def test_key_mode_never_has_one_key_in_two_batches_at_once_and_keeps_offset_orde
     for lane, offsets in seen.items():
         assert offsets == sorted(offsets), lane
         assert len(offsets) == len(set(offsets)), lane
-    assert h.max_running > 1  # batches really ran side by side
+    if delay:
+        assert h.max_running > 1  # batches really ran side by side
+
+
+def test_slow_batches_of_one_partition_run_side_by_side_in_key_mode(start: Start) -> None:
+    """A slow bulk write (20 ms a batch) on one partition: its keys go out in several batches at
+    once, not one batch for the whole partition at a time."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(200), key=lambda o: b"k%d" % (o % 40))
+    fake.script_assign([P0])
+    h = Collector(lambda records, ctx: time.sleep(0.02))
+    start(h, fake, batch_max_records=10, batch_max_wait_s=0.0, workers=4, max_batch_records=10)
+    wait_until(lambda: committed(fake, P0) == 200, "committed")
+    assert h.max_running > 1
 
 
 def test_partition_mode_runs_one_batch_per_partition_at_a_time(start: Start) -> None:

@@ -316,11 +316,10 @@ class Scheduler:
         # the partition, and the handler time says nothing of the cost of a hand-off.
         self._concurrent = workers.concurrent
         # Batch workers (`BatchWorkers`) join whole tasks into one handler call: a task is as
-        # large as a batch may be, and holds no whole-partition lane (a partition's keys may be
-        # in several batches at once in key mode). Its records run in one call: none moves.
+        # large as a batch may be, and its records run in one call: none moves.
         self._batch = batch_records
         rule = self._rule = RULES[ordering](self)
-        self._whole = whole and rule.whole and not self._concurrent and batch_records is None
+        self._whole = whole and rule.whole and not self._concurrent
         self._workers = workers.slots
         self._lanes: dict[Assignment, _Lanes] = {}
         self._waiting: dict[Assignment, _Waiting] = {}
@@ -387,7 +386,11 @@ class Scheduler:
         if _WHOLE in lanes:
             return True
         size = self.task_size()
-        return not lanes and n <= size and size >= _WHOLE_TASK
+        # Batch workers: a task is a batch's size whatever the handler time, which alone says
+        # whether the handler is fast (a slow bulk write wants a partition's keys in several
+        # batches at once, not one batch per partition).
+        fast = size if self._batch is None else self.turn_size()
+        return not lanes and n <= size and fast >= _WHOLE_TASK
 
     def _submit_keys(
         self,
