@@ -44,9 +44,9 @@ class Members:
     def events(self) -> list[dict[str, Any]]:
         return read(self.audit_files())
 
-    def start(self, name: str, *extra: str) -> None:
-        log = (self.workdir / f"{name}.log").open("ab")
-        cmd = [
+    def command(self, name: str, *extra: str) -> list[str]:
+        """The command line of member `name`."""
+        return [
             sys.executable,
             "-m",
             "tests.audit.member",
@@ -57,6 +57,10 @@ class Members:
             str(self.workdir / f"audit-{name}.jsonl"),
             *extra,
         ]
+
+    def start(self, name: str, *extra: str) -> None:
+        log = (self.workdir / f"{name}.log").open("ab")
+        cmd = self.command(name, *extra)
         self.procs[name] = subprocess.Popen(
             cmd, cwd=REPO, stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": str(REPO)}
         )
