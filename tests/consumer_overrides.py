@@ -9,13 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import SecretStr
 from typing_extensions import TypedDict
 
 from weir import FailurePolicy, FlowConfig
-from weir.config import KafkaValue
+from weir.config import KafkaSetting
 
-GroupProtocol = Literal["classic", "consumer"]
+GroupProtocol = Literal["classic", "consumer", "auto"]
 Ordering = Literal["key", "partition", "unordered"]
 
 
@@ -49,7 +48,8 @@ class Overrides(TypedDict, total=False):
     failure: FailurePolicy
     failure_by_topic: Mapping[str, FailurePolicy]
     stuck_after_s: float
+    partition_stall_s: float | None
     broker_down_unready_s: float | None
     watermark_refresh_s: float | None
     callback_errors: Literal["log", "stop"]
-    kafka: Mapping[str, KafkaValue | SecretStr]
+    kafka: Mapping[str, KafkaSetting]

@@ -2,23 +2,39 @@
 
 Settings weir exposes as typed fields, commits it alone makes, and callbacks it sets itself
 cannot be set here; every other entry must reach librdkafka as it was typed (`weir._ids`), and
-librdkafka itself judges the rest (`weir._librdkafka_probe`).
+librdkafka itself judges the rest (`weir._librdkafka_probe`). The one callable it takes is the
+OAUTHBEARER token provider, ``oauth_cb``, checked here with the settings it needs: librdkafka's
+probe cannot call it (it would ask the identity provider for a token, and wait a second).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import SecretStr
 
 from weir._ids import text_problem
-from weir._secrets import NotScalarSecret
+from weir._secrets import OAUTH_CB, NotScalarSecret, SecretCallback
 from weir.logs import LIBRDKAFKA_LOGGER
 
-__all__ = ["FORCED_OFF", "TYPED_KEYS", "KafkaValue", "value_problems"]
+__all__ = [
+    "FORCED_OFF",
+    "TYPED_KEYS",
+    "KafkaSetting",
+    "KafkaValue",
+    "TokenProvider",
+    "value_problems",
+]
 
 KafkaValue = str | int | float | bool
+TokenProvider = Callable[[str | None], Any]
+"""``kafka["oauth_cb"]``: the OAUTHBEARER token provider, given librdkafka's
+``sasl.oauthbearer.config``, returning ``(token, expiry_s)`` or ``(token, expiry_s, principal,
+extensions)``."""
+KafkaSetting = KafkaValue | SecretStr | SecretCallback | TokenProvider
+"""What a `kafka` entry may be: a librdkafka setting, a secret one wrapped, the token provider
+(wrapped before validation)."""
 
 
 # librdkafka settings that weir exposes as typed fields: setting them in `kafka` would bypass the
@@ -73,8 +89,12 @@ _WEIR_CALLBACKS = {
     ),
 }
 _CALLABLE_HINT = (
-    "is a callable: kafka takes librdkafka settings, each a str, int, float or bool "
-    "(an OAUTHBEARER token callback is not supported: use sasl.oauthbearer.method='oidc')"
+    "is a callable: kafka takes librdkafka settings, each a str, int, float or bool (the one "
+    "callable is the OAUTHBEARER token provider, kafka['oauth_cb'])"
+)
+_TOKEN_PROVIDER = (
+    "the OAUTHBEARER token provider, called as oauth_cb(sasl.oauthbearer.config) -> (token, "
+    "expiry_s[, principal, extensions]), expiry_s in seconds since the epoch"
 )
 
 
@@ -87,7 +107,7 @@ _TERMINATION_SIGNAL = (
 )
 
 
-def _entry_problems(key: str, value: KafkaValue | SecretStr) -> list[str]:
+def _entry_problems(key: str, value: KafkaSetting) -> list[str]:
     """What in one `kafka` entry of the right type librdkafka would not read as given, or what
     would harm the process before librdkafka could refuse it."""
     problems = [
@@ -113,6 +133,11 @@ def value_problems(kafka: Mapping[Any, Any]) -> list[str]:
     for key, value in kafka.items():
         if key in _WEIR_CALLBACKS:
             problems.append(f"kafka[{key!r}] cannot be set: {_WEIR_CALLBACKS[key]}")
+        elif key == OAUTH_CB:
+            if not isinstance(value, SecretCallback):
+                problems.append(f"kafka[{key!r}] must be a callable: {_TOKEN_PROVIDER}")
+            else:
+                problems.extend(_token_provider_problems(kafka))
         elif callable(value) and not isinstance(value, SecretStr):
             problems.append(f"kafka[{key!r}] {_CALLABLE_HINT}")
         elif isinstance(value, NotScalarSecret) or not isinstance(
@@ -121,4 +146,31 @@ def value_problems(kafka: Mapping[Any, Any]) -> list[str]:
             problems.append(f"kafka[{key!r}] must be a str, int, float or bool")
         else:
             problems.extend(_entry_problems(key, value))
+    return problems
+
+
+def _token_provider_problems(kafka: Mapping[Any, Any]) -> list[str]:
+    """What the token provider needs of the other settings. Without SASL/OAUTHBEARER librdkafka
+    never asks it, and confluent-kafka waits 10 s for a token at every client's start; with
+    another source of tokens it is not clear which one is used."""
+    protocol = str(kafka.get("security.protocol", "plaintext")).lower()
+    mechanism = str(kafka.get("sasl.mechanism", kafka.get("sasl.mechanisms", "GSSAPI")))
+    if not protocol.startswith("sasl_") or mechanism.upper() != "OAUTHBEARER":
+        return [
+            f"kafka[{OAUTH_CB!r}] is the OAUTHBEARER token provider: it needs "
+            "kafka['security.protocol'] 'SASL_SSL' (or 'SASL_PLAINTEXT') and "
+            f"kafka['sasl.mechanism'] 'OAUTHBEARER', not {protocol!r} and {mechanism!r} (every "
+            "client would wait 10 s for a token, and fail)"
+        ]
+    problems = []
+    if str(kafka.get("enable.sasl.oauthbearer.unsecure.jwt", "false")).lower() in ("true", "1"):
+        problems.append(
+            f"kafka[{OAUTH_CB!r}] and kafka['enable.sasl.oauthbearer.unsecure.jwt'] both make "
+            "the tokens: set one (librdkafka refuses both)"
+        )
+    if str(kafka.get("sasl.oauthbearer.method", "default")).lower() == "oidc":
+        problems.append(
+            f"kafka[{OAUTH_CB!r}] and kafka['sasl.oauthbearer.method'] 'oidc' both fetch the "
+            "tokens: set one"
+        )
     return problems

@@ -55,8 +55,12 @@ def _probe(conf: Mapping[str, Any]) -> str | None:
 def _probes(conf: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The configuration to probe, and a second one for the SASL mechanism when the first must
     leave SASL out: starting some mechanisms reaches outside the process."""
+    # Nor the token provider (oauth_cb): a client built with it calls it (it may ask an
+    # identity provider) and waits a second for its token; weir._kafka_mapping checks it.
     probe = {
-        k: v for k, v in conf.items() if k not in ("bootstrap.servers", "metadata.broker.list")
+        k: v
+        for k, v in conf.items()
+        if k not in ("bootstrap.servers", "metadata.broker.list") and not callable(v)
     }
     # confluent-kafka wires an AWS token callback for this value and waits up to 10 s for a token.
     if probe.get("sasl.oauthbearer.metadata.authentication.type") == "aws_iam":
@@ -83,7 +87,9 @@ def _named(reason: str, keys: Collection[str]) -> list[str]:
 
 def librdkafka_refusals(conf: Mapping[str, Any], kafka: Mapping[str, Any]) -> list[str]:
     """What librdkafka refuses in `conf`, each naming the `kafka` key or field at fault."""
-    secrets = [str(v) for k, v in conf.items() if is_secret_key(k) and len(str(v)) >= 3]
+    secrets = [
+        str(v) for k, v in conf.items() if is_secret_key(k) and not callable(v) and len(str(v)) >= 3
+    ]
 
     def scrub(reason: str) -> str:
         for secret in secrets:

@@ -97,6 +97,12 @@ def _register_broker(commands: SubParsers) -> None:
     secure.add_argument(
         "--mtls", action="store_true", help="clients must also present a certificate"
     )
+    secure.add_argument(
+        "--oauthbearer",
+        action="store_true",
+        help="also SASL/OAUTHBEARER with unsecured JWS tokens: any principal a token names "
+        "logs in, held to the ACLs (a stand-in for an identity provider)",
+    )
     start.set_defaults(handler=_broker_start)
 
     stop = actions.add_parser("stop", help="stop the broker started by `weir broker start`")
@@ -191,10 +197,10 @@ def _write_state(path: Path, state: dict[str, Any]) -> None:
 def _broker_security(args: argparse.Namespace) -> Any:
     """The `BrokerSecurity` the security options ask for, or None."""
     users = list(dict.fromkeys([*args.user, *args.super_user]))
-    if not (args.secure or users or args.acls or args.mtls):
+    if not (args.secure or users or args.acls or args.mtls or args.oauthbearer):
         return None
     if not args.secure:
-        raise _UsageError("--user, --super-user, --acls and --mtls need --secure")
+        raise _UsageError("--user, --super-user, --acls, --mtls and --oauthbearer need --secure")
     from weir.testing.security import BrokerSecurity
 
     try:
@@ -203,6 +209,7 @@ def _broker_security(args: argparse.Namespace) -> Any:
             super_users=args.super_user,
             authorizer=args.acls or bool(args.super_user),
             mtls=args.mtls,
+            oauthbearer=args.oauthbearer,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
@@ -777,7 +784,14 @@ def _lag_view(lag: Any, args: argparse.Namespace) -> Any:
                 end_section=True,
             )
     if not rows:
-        return Group(heading, Text("no partitions: the group has no offsets and no members"))
+        # Kafka leaves out the offsets of topics the client may not describe, without a word.
+        return Group(
+            heading,
+            Text(
+                "no partitions: the group has no offsets and no members (on the topics this "
+                "client may describe)"
+            ),
+        )
     return Group(heading, table)
 
 

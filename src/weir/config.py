@@ -9,8 +9,11 @@ mapping live in modules of their own; this one holds the models.
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import (
@@ -28,11 +31,19 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from typing_extensions import Required, TypedDict
 
 from weir._ids import id_problem, member_id_problem, shown, text_problem
-from weir._kafka_mapping import FORCED_OFF, TYPED_KEYS, KafkaValue, value_problems
+from weir._kafka_mapping import FORCED_OFF, TYPED_KEYS, KafkaSetting, KafkaValue, value_problems
 from weir._librdkafka_probe import librdkafka_refusals
-from weir._secrets import SENSITIVE_KEYS, is_secret_key, mask_secrets, masked, wrap_secret
+from weir._secrets import (
+    SENSITIVE_KEYS,
+    SecretCallback,
+    is_secret_key,
+    mask_secrets,
+    masked,
+    wrap_secret,
+)
 from weir._topics import topic_name_problem, topic_problem
 from weir._unknown_settings import RENAMED, suggest, with_suggestions
+from weir.logs import get_logger
 from weir.policy import FailurePolicy
 from weir.records import Ordering
 
@@ -41,10 +52,14 @@ __all__ = [
     "ConsumerConfig",
     "ConsumerSettings",
     "FlowConfig",
+    "KafkaSetting",
     "KafkaValue",
     "is_secret_key",
     "mask_secrets",
 ]
+
+
+log = get_logger(__name__)
 
 
 def _refuse(problem: str | None) -> None:
@@ -238,14 +253,21 @@ class ConsumerConfig(BaseModel):
         "loop, in place of worker threads ([handlers.md](handlers.md)).",
     )
 
-    group_protocol: Literal["classic", "consumer"] = Field(
-        "classic", description='`"consumer"` is KIP-848 (brokers 4.0 and later).'
+    group_protocol: Literal["classic", "consumer", "auto"] = Field(
+        "classic",
+        description='`"consumer"` is KIP-848 (brokers 4.0 and later); `"auto"`: `"consumer"` '
+        "where the broker offers it (the ConsumerGroupHeartbeat API in its API versions, asked "
+        'at start), `"classic"` otherwise ([rebalances.md](rebalances.md#protocols)).',
     )
     assignment_strategy: Literal["range", "roundrobin", "cooperative-sticky"] | None = Field(
-        None, description='Classic protocol only; None: `"cooperative-sticky"`.'
+        None,
+        description='Classic protocol only (with `"auto"`: if it runs classic); None: '
+        '`"cooperative-sticky"`.',
     )
     remote_assignor: Literal["uniform", "range"] | None = Field(
-        None, description='`group_protocol="consumer"` only; None: the broker\'s.'
+        None,
+        description='`group_protocol="consumer"` or `"auto"` (if it runs consumer); None: the '
+        "broker's.",
     )
     group_instance_id: str | None = Field(
         None,
@@ -261,8 +283,8 @@ class ConsumerConfig(BaseModel):
         le=3600,
         strict=True,
         allow_inf_nan=False,
-        description="Classic protocol only (a broker setting under KIP-848); None: "
-        "librdkafka's, 45 s.",
+        description='Classic protocol only (a broker setting under KIP-848; with `"auto"`: if '
+        "it runs classic); None: librdkafka's, 45 s.",
     )
     heartbeat_interval_s: float | None = Field(
         None,
@@ -270,7 +292,8 @@ class ConsumerConfig(BaseModel):
         le=3600,
         strict=True,
         allow_inf_nan=False,
-        description="Classic protocol only; below `session_timeout_s`; None: librdkafka's, 3 s.",
+        description='Classic protocol only (with `"auto"`: if it runs classic); below '
+        "`session_timeout_s`; None: librdkafka's, 3 s.",
     )
     max_poll_interval_s: float = Field(
         300.0,
@@ -430,6 +453,20 @@ class ConsumerConfig(BaseModel):
         "it are in flight makes the member not ready "
         "([observability.md](observability.md#consumerhealth)).",
     )
+    # Looked at about once a second; the log end of a partition silent this long is asked for
+    # in one ListOffsets request for all such partitions.
+    partition_stall_s: float | None = Field(
+        30.0,
+        ge=1,
+        le=86400,
+        strict=True,
+        allow_inf_nan=False,
+        description="A partition weir fetches (no pause, no throttle) that delivers nothing for "
+        "this long while the broker has records past its position is stalled: logged "
+        "(`partition_stalled`), shown in stats and `health()` (not ready), and sought once to "
+        "where it reads next. None: no watchdog "
+        "([rebalances.md](rebalances.md#a-partition-that-stays-silent)).",
+    )
     # The owner asks for metadata once a second meanwhile.
     broker_down_unready_s: float | None = Field(
         10.0,
@@ -501,11 +538,12 @@ class ConsumerConfig(BaseModel):
         return v
 
     # Validated when left out too: librdkafka checks the whole configuration either way.
-    kafka: Mapping[str, KafkaValue | SecretStr] = Field(
+    kafka: Mapping[str, KafkaSetting] = Field(
         default_factory=dict,
         validate_default=True,
         description="Any other librdkafka setting, by its name "
-        "([below](#librdkafka-settings-kafka)).",
+        "([below](#librdkafka-settings-kafka)); the one callable is the OAUTHBEARER token "
+        "provider `oauth_cb` ([below](#the-oauthbearer-token-provider)).",
     )
 
     @model_validator(mode="wrap")
@@ -592,8 +630,8 @@ class ConsumerConfig(BaseModel):
     @field_validator("remote_assignor")
     @classmethod
     def _remote(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is not None and info.data.get("group_protocol") != "consumer":
-            raise ValueError("remote_assignor needs group_protocol='consumer'")
+        if v is not None and info.data.get("group_protocol") == "classic":
+            raise ValueError("remote_assignor needs group_protocol='consumer' (or 'auto')")
         return v
 
     @field_validator("session_timeout_s", "heartbeat_interval_s")
@@ -620,7 +658,8 @@ class ConsumerConfig(BaseModel):
     @field_validator("max_poll_interval_s")
     @classmethod
     def _max_poll(cls, v: float, info: ValidationInfo) -> float:
-        if info.data.get("group_protocol") != "classic" or "session_timeout_s" not in info.data:
+        # "auto" may run the classic protocol: its rules hold too.
+        if info.data.get("group_protocol") == "consumer" or "session_timeout_s" not in info.data:
             return v
         session = info.data["session_timeout_s"]
         if v < (session or _CLIENT_SESSION_TIMEOUT_S):
@@ -665,8 +704,8 @@ class ConsumerConfig(BaseModel):
     @field_validator("kafka")
     @classmethod
     def _kafka(
-        cls, v: Mapping[str, KafkaValue | SecretStr], info: ValidationInfo
-    ) -> Mapping[str, KafkaValue | SecretStr]:
+        cls, v: Mapping[str, KafkaSetting], info: ValidationInfo
+    ) -> Mapping[str, KafkaSetting]:
         client_id = v.get("client.id")
         if isinstance(client_id, str):
             # The broker names a classic member after its client id unless it has an instance id.
@@ -693,9 +732,16 @@ class ConsumerConfig(BaseModel):
                 f"kafka['queued.max.messages.kbytes'] ({queued_kb}) exceeds the flow byte "
                 f"headroom flow.capacity_bytes - flow.pause_bytes ({flow.headroom_bytes})"
             )
-        # librdkafka reads the whole configuration only once every field is valid.
+        # librdkafka reads the whole configuration only once every field is valid; "auto"
+        # must start under either protocol.
         if all(name in info.data for name in cls.model_fields if name != "kafka"):
-            refusals = librdkafka_refusals(_client_conf({**info.data, "kafka": v}), v)
+            values = {**info.data, "kafka": v}
+            protocol = info.data["group_protocol"]
+            refusals: list[str] = []
+            for runs in ("classic", "consumer") if protocol == "auto" else (protocol,):
+                for refusal in librdkafka_refusals(_client_conf(values, runs), v):
+                    if refusal not in refusals:
+                        refusals.append(refusal)
             if refusals:
                 raise ValueError("; ".join(refusals))
         return v
@@ -709,6 +755,14 @@ class ConsumerConfig(BaseModel):
         return self.group_protocol == "consumer" or self.effective_strategy() == (
             "cooperative-sticky"
         )
+
+    def runs(self, protocol: Literal["classic", "consumer"]) -> tuple[ConsumerConfig, list[str]]:
+        """The configuration of a `group_protocol="auto"` member that runs `protocol`, and the
+        settings given that do not apply to it (left out); validated again as a whole."""
+        drop = _CLASSIC_ONLY if protocol == "consumer" else _CONSUMER_ONLY
+        given = {name: getattr(self, name) for name in self.model_fields_set}
+        ignored = sorted(name for name in drop if given.pop(name, None) is not None)
+        return ConsumerConfig(**{**given, "group_protocol": protocol}), ignored
 
     def policy_for(self, topic: str) -> FailurePolicy:
         """The failure policy of records of `topic`."""
@@ -732,20 +786,29 @@ def _dead_letter_topic_problem(where: str, policy: FailurePolicy) -> str | None:
     return None if problem is None else f"{where}.dead_letter_topic: {problem}"
 
 
+# The settings only one group protocol takes (the client refuses the classic ones under KIP-848).
+_CLASSIC_ONLY = ("assignment_strategy", "session_timeout_s", "heartbeat_interval_s")
+_CONSUMER_ONLY = ("remote_assignor",)
+
+
 def _effective_strategy(protocol: str, strategy: str | None) -> str | None:
     if protocol == "consumer":
         return None
     return strategy or "cooperative-sticky"
 
 
-def _client_conf(values: Mapping[str, Any]) -> dict[str, Any]:
+def _client_conf(values: Mapping[str, Any], protocol: str | None = None) -> dict[str, Any]:
     """librdkafka's configuration from validated field values (a ConsumerConfig's, or those a
-    validator has seen so far)."""
+    validator has seen so far), for the group protocol it runs (`protocol`; by default the
+    one configured, and the classic one for "auto" until it is chosen)."""
     flow: FlowConfig = values["flow"]
+    runs = protocol or values["group_protocol"]
+    if runs == "auto":
+        runs = "classic"
     conf: dict[str, Any] = {
         "bootstrap.servers": values["bootstrap_servers"],
         "group.id": values["group_id"],
-        "group.protocol": values["group_protocol"],
+        "group.protocol": runs,
         "auto.offset.reset": values["auto_offset_reset"],
         "max.poll.interval.ms": _ms(values["max_poll_interval_s"]),
         "topic.metadata.refresh.interval.ms": _ms(values["topic_refresh_s"]),
@@ -770,22 +833,30 @@ def _client_conf(values: Mapping[str, Any]) -> dict[str, Any]:
         "fetch.wait.max.ms": 10,
         "fetch.queue.backoff.ms": 50,
     }
-    strategy = _effective_strategy(values["group_protocol"], values["assignment_strategy"])
+    strategy = _effective_strategy(runs, values["assignment_strategy"])
     if strategy is not None:
         conf["partition.assignment.strategy"] = strategy
-    if values["remote_assignor"] is not None:
+    if values["remote_assignor"] is not None and runs == "consumer":
         conf["group.remote.assignor"] = values["remote_assignor"]
     if values["group_instance_id"] is not None:
         conf["group.instance.id"] = values["group_instance_id"]
-    if values["session_timeout_s"] is not None:
-        conf["session.timeout.ms"] = _ms(values["session_timeout_s"])
-    if values["heartbeat_interval_s"] is not None:
-        conf["heartbeat.interval.ms"] = _ms(values["heartbeat_interval_s"])
-    conf.update(
-        (k, v.get_secret_value() if isinstance(v, SecretStr) else v)
-        for k, v in values["kafka"].items()
-    )
+    if runs == "classic":
+        if values["session_timeout_s"] is not None:
+            conf["session.timeout.ms"] = _ms(values["session_timeout_s"])
+        if values["heartbeat_interval_s"] is not None:
+            conf["heartbeat.interval.ms"] = _ms(values["heartbeat_interval_s"])
+    conf.update((k, _client_value(v)) for k, v in values["kafka"].items())
     return conf
+
+
+def _client_value(value: Any) -> Any:
+    """A `kafka` entry as the client takes it: a secret unwrapped, the token provider in the
+    wrapper that says what went wrong with it (`weir._secrets.token_provider`)."""
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, SecretCallback):
+        return token_provider(value.fn)
+    return value
 
 
 # `GroupConsumer(handler, **settings)`'s keyword settings, for type checkers: the fields of
@@ -801,7 +872,7 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "ordering": Ordering,
         "workers": int,
         "max_in_flight": int,
-        "group_protocol": Literal["classic", "consumer"],
+        "group_protocol": Literal["classic", "consumer", "auto"],
         "assignment_strategy": Literal["range", "roundrobin", "cooperative-sticky"] | None,
         "remote_assignor": Literal["uniform", "range"] | None,
         "group_instance_id": str | None,
@@ -827,10 +898,71 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "failure": FailurePolicy,
         "failure_by_topic": Mapping[str, FailurePolicy],
         "stuck_after_s": float,
+        "partition_stall_s": float | None,
         "broker_down_unready_s": float | None,
         "watermark_refresh_s": float | None,
         "callback_errors": Literal["log", "stop"],
-        "kafka": Mapping[str, KafkaValue | SecretStr],
+        "kafka": Mapping[str, KafkaSetting],
     },
     total=False,
 )
+
+
+class _TokenProblem(ValueError):
+    """What is wrong with a token provider's result, in words that show none of it."""
+
+
+def token_provider(fn: Callable[[str | None], Any]) -> Callable[[str | None], Any]:
+    """The OAUTHBEARER token provider `fn` as the client gets it: librdkafka calls it on a
+    thread of its own at start and before each token expires, and confluent-kafka drops without
+    a word what it raises or a result it cannot use (the client then waits 10 s for a token and
+    fails, or keeps its old token until it expires). Here each is an `oauth_token_failed` error
+    naming the exception's type or what is wrong with the result, never their words (they may
+    hold a secret) nor the token."""
+
+    def provide(oauthbearer_config: str | None) -> Any:
+        try:
+            result = fn(oauthbearer_config)
+        except Exception as exc:
+            log.error(
+                "oauth_token_failed",
+                reason=f"the token provider kafka['oauth_cb'] raised {type(exc).__qualname__}",
+            )
+            raise
+        problem = _token_problem(result)
+        if problem is not None:
+            log.error(
+                "oauth_token_failed", reason=f"the token provider kafka['oauth_cb'] {problem}"
+            )
+            raise _TokenProblem(problem)
+        return result
+
+    return provide
+
+
+def _token_problem(result: Any) -> str | None:
+    """What is wrong with a token provider's result, in words that show none of it."""
+    shape = "(token, expiry_s) or (token, expiry_s, principal, extensions)"
+    if not isinstance(result, tuple) or len(result) not in (2, 4):
+        size = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+        return f"returned {size}, not {shape}"
+    token, expiry = result[0], result[1]
+    if not isinstance(token, str) or not token:
+        return f"returned a token that is {type(token).__name__ if token else 'empty'}, not a str"
+    if not isinstance(expiry, numbers.Real) or isinstance(expiry, bool) or math.isnan(expiry):
+        return f"returned an expiry_s that is {type(expiry).__name__}, not seconds since the epoch"
+    if expiry <= time.time():
+        return (
+            f"returned a token that expired {time.time() - expiry:.0f} s ago (expiry_s is "
+            "seconds since the epoch)"
+        )
+    if len(result) == 4 and (
+        not isinstance(result[2], str)
+        or not isinstance(result[3], Mapping)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in result[3].items())
+    ):
+        return (
+            "returned a principal or extensions of the wrong type: the principal is a str, "
+            "the extensions a dict of str to str"
+        )
+    return None

@@ -22,6 +22,7 @@ from typing_extensions import Unpack
 from weir._engine.client import ClientFactory, ProducerFactory
 from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle, State
+from weir._engine.protocols import offers_consumer_protocol
 from weir.config import ConsumerConfig, ConsumerSettings, for_async_handler
 from weir.fencing.base import Fence
 from weir.health import Health, check
@@ -208,6 +209,8 @@ class GroupConsumer:
                 self._factory,
                 self._life,
                 refresh_watermarks=self._refresh_watermarks,
+                # Asked by a client of weir's own making, next to the real client only.
+                protocol_probe=offers_consumer_protocol if self._factory is Consumer else None,
                 producer_factory=self._producer_factory,
                 fence=self._fence,
                 loop=self._loop,

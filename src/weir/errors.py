@@ -76,8 +76,24 @@ class AuthenticationError(BrokerRefusedError):
 
 
 class AuthorizationError(BrokerRefusedError):
-    """The broker's ACLs do not allow the client's principal what the member needs (to
-    describe and read its topics)."""
+    """The broker's ACLs do not allow the client's principal what it needs: the message says
+    which operation on which resource, and what ACLs the caller needs. `resource_type`
+    ("topic", "group", "transactional id", "cluster"), `resources` (their names) and
+    `operation` (Kafka's name: "READ", "WRITE", "DESCRIBE", ...) say it for a program, where
+    the raiser knows them."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        resource_type: str | None = None,
+        resources: tuple[str, ...] = (),
+        operation: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.resource_type = resource_type
+        self.resources = resources
+        self.operation = operation
 
 
 class TlsError(BrokerRefusedError):

@@ -6,9 +6,12 @@
 - **ready**: live, running, joined (it received an assignment from the group, possibly empty,
   and did not lose it since), no partition stuck (a partition whose watermark has not moved
   for `stuck_after_s` while records of it are in flight: a hung handler, a blocked failure
-  policy), and no broker outage: not `broker_down_unready_s` or longer since the client
-  reported every broker down with none answering since. A member that is not ready needs a
-  look, not necessarily a restart.
+  policy), no partition stalled (the watchdog found one fetched, with records on the broker past
+  its position, delivering nothing for `partition_stall_s`; ready again once it delivers), no
+  broker outage: not `broker_down_unready_s` or longer since the client reported every broker
+  down with none answering since, and nothing refused by the broker's ACLs (a commit, a fetch,
+  a dead letter) since the last time it was allowed. A member that is not ready needs a look,
+  not necessarily a restart.
 
 Computed on demand from what the owner thread last published plus the current time: asking is
 cheap and never touches the engine.
@@ -41,6 +44,10 @@ class Health:
     brokers_down_s: float | None = None
     """Seconds since the client reported every broker down, none answering since (None: a
     broker answers)."""
+    stalled: tuple[Partition, ...] = ()
+    """Partitions the stall watchdog found silent with records to read (`partition_stall_s`)."""
+    refused: tuple[str, ...] = ()
+    """What the broker's ACLs refuse the running member, e.g. "READ on group 'orders'"."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -53,6 +60,8 @@ class Health:
             "brokers_down_s": None
             if self.brokers_down_s is None
             else round(self.brokers_down_s, 3),
+            "stalled": [str(tp) for tp in self.stalled],
+            "refused": list(self.refused),
         }
 
 
@@ -98,6 +107,13 @@ def check(
             f"watermark stuck for {stuck_after_s:g} s or more with records in flight: "
             + ", ".join(map(str, stuck))
         )
+    stalled = stats.stalled_partitions if stats.running else ()
+    if stalled:
+        ready = False
+        reasons.append(
+            "partitions delivering nothing while the broker has records for them "
+            "(partition_stall_s): " + ", ".join(map(str, stalled))
+        )
     down_since = life.brokers_down_since
     down = None if down_since is None else max(0.0, now - down_since)
     limit = broker_down_unready_s
@@ -107,7 +123,16 @@ def check(
             f"no broker has answered for {down:.1f} s since all were reported down "
             f"(broker_down_unready_s {limit:g})"
         )
-    return Health(live, ready, state.value, tuple(reasons), poll_age, stuck, down)
+    refusals = life.refusals
+    if live and refusals:
+        ready = False
+        for denied, since in sorted(refusals.items(), key=lambda item: item[1]):
+            reasons.append(
+                f"the broker's ACLs refuse {denied} ({denied.code}) "
+                f"for {max(0.0, now - since):.1f} s"
+            )
+    refused = tuple(str(d) for d in refusals)
+    return Health(live, ready, state.value, tuple(reasons), poll_age, stuck, down, stalled, refused)
 
 
 def _stuck(stats: ConsumerStats, after: float, now: float) -> tuple[Partition, ...]:

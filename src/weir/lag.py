@@ -13,12 +13,16 @@ Every call takes one deadline for all its requests: a broker that does not answe
 caller ``timeout`` seconds, not one timeout per request. A broker that refuses the client's
 credentials or TLS (`weir._engine.refusals`) ends the call as soon as no broker is left to try, with
 ``AuthenticationError`` or ``TlsError``, when the admin client was made by ``admin_client``:
-the client reports those only to its error callback, while its requests just time out.
+the client reports those only to its error callback, while its requests just time out. A
+request the broker's ACLs refuse is an ``AuthorizationError`` naming the group or topic the
+client may not DESCRIBE. (Kafka leaves out of a group's committed offsets, and of the list of
+groups, what the client may not describe, without a word: those cannot be named.)
 
 Every failure is a ``weir.WeirError`` (catch that for "the lag could not be read"): a
 ``LagError`` for what the call found (``GroupNotFoundError``, ``TopicNotFoundError``, a
 refused request), a ``BrokerUnreachableError`` when no broker answered in time, or its
-``BrokerRefusedError`` (``AuthenticationError``, ``TlsError``) when one refused the client. They
+``BrokerRefusedError`` (``AuthenticationError``, ``TlsError``, ``AuthorizationError``) when one
+refused the client. They
 are the classes of ``weir.errors``, importable from here too.
 """
 
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from weir.errors import (
     AuthenticationError,
+    AuthorizationError,
     BrokerRefusedError,
     BrokerUnreachableError,
     GroupNotFoundError,
@@ -43,6 +48,7 @@ from weir.errors import (
 
 __all__ = [
     "AuthenticationError",
+    "AuthorizationError",
     "BrokerRefusedError",
     "BrokerUnreachableError",
     "GroupLag",
@@ -68,6 +74,9 @@ if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
 
 TopicPartitionKey = tuple[str, int]
+# What the resource a request is about: ("group", id) or ("topic", name).
+Subject = tuple[str, str]
+_NEEDS = "reading a group's lag needs DESCRIBE on the group and on its topics"
 
 
 def admin_client(config: Mapping[str, Any]) -> AdminClient:
@@ -354,7 +363,7 @@ def _describe(admin: AdminClient, group_ids: list[str], deadline: _Deadline) -> 
     found: dict[str, Any] = {}
     for group_id, future in futures.items():
         try:
-            found[group_id] = _result(future, deadline)
+            found[group_id] = _result(future, deadline, ("group", group_id))
         except LagError as exc:
             if _code(exc.__cause__) == "GROUP_ID_NOT_FOUND":
                 raise GroupNotFoundError(f"group {group_id!r} does not exist") from exc
@@ -384,7 +393,8 @@ def _committed(
     }
     out: dict[str, dict[TopicPartitionKey, int | None]] = {}
     for group_id, future in futures.items():
-        out[group_id] = _offsets_of(_result(future, deadline).topic_partitions or ())
+        found = _result(future, deadline, ("group", group_id))
+        out[group_id] = _offsets_of(found.topic_partitions or ())
     return out
 
 
@@ -416,7 +426,7 @@ def _committed_by_consumer(
         found = consumer.committed(asked, timeout=deadline.remaining())
     except Exception as exc:
         consumer.poll(0)  # serves the error callback: a refusal is named
-        raise _as_lag_error(exc, deadline) from exc
+        raise _as_lag_error(exc, deadline, ("group", group_id)) from exc
     finally:
         consumer.close()
     return _offsets_of(found)
@@ -441,6 +451,19 @@ def _partitions(
         metadata = admin.list_topics(timeout=deadline.remaining())
     except Exception as exc:
         raise _as_lag_error(exc, deadline) from exc
+    # A topic the client may not describe is left out of the listing of all topics, as a
+    # missing one is: asked for by name, Kafka says which it is.
+    from weir._engine.refusals import Denied, authorization_error, denied_topics
+
+    hidden = denied_topics(admin, topics, metadata, deadline.remaining())
+    if hidden:
+        denied = Denied("topic", hidden[0], "DESCRIBE", "TOPIC_AUTHORIZATION_FAILED")
+        raise authorization_error(
+            denied,
+            "Kafka says so also of a topic that does not exist, to a client that may not "
+            "describe it",
+            _NEEDS,
+        )
     out: dict[str, list[TopicPartitionKey]] = {}
     for topic in topics:
         found = metadata.topics.get(topic)
@@ -465,7 +488,7 @@ def _log_offsets(
     out: dict[TopicPartitionKey, int | None] = {}
     for tp, future in futures.items():
         try:
-            out[(tp.topic, tp.partition)] = _result(future, deadline).offset
+            out[(tp.topic, tp.partition)] = _result(future, deadline, ("topic", tp.topic)).offset
         except LagError:
             out[(tp.topic, tp.partition)] = None  # e.g. no leader right now: shown as unknown
     return out
@@ -479,7 +502,9 @@ def _offset_spec(which: str) -> Any:
     return OffsetSpec.earliest()  # type: ignore[no-untyped-call]
 
 
-def _result(future: concurrent.futures.Future[Any], deadline: _Deadline) -> Any:
+def _result(
+    future: concurrent.futures.Future[Any], deadline: _Deadline, subject: Subject | None = None
+) -> Any:
     # The request carries the timeout; the extra second lets its own error arrive first.
     end = deadline.end + 1.0
     while True:
@@ -493,16 +518,28 @@ def _result(future: concurrent.futures.Future[Any], deadline: _Deadline) -> Any:
             if left <= _REFUSAL_CHECK_S:
                 raise _unreachable(deadline.timeout) from exc
         except Exception as exc:
-            raise _as_lag_error(exc, deadline) from exc
+            raise _as_lag_error(exc, deadline, subject) from exc
 
 
-def _as_lag_error(exc: Any, deadline: _Deadline) -> WeirError:
+def _as_lag_error(exc: Any, deadline: _Deadline, subject: Subject | None = None) -> WeirError:
+    """`exc` as the error of a call about `subject` (an ACL refusal names it)."""
+    from weir._engine.refusals import authorization_error, denied_of
+
     if isinstance(exc, WeirError):
         return exc
     code = _code(exc)
     text = error_text(exc)
     if code in _UNREACHABLE:
         return deadline.unreachable(text)
+    kind, name = subject or ("", "")
+    denied = denied_of(
+        code or "",
+        "DESCRIBE",
+        topic=name if kind == "topic" else None,
+        group=name if kind == "group" else None,
+    )
+    if denied is not None:
+        return authorization_error(denied, text, _NEEDS)
     return LagError(f"{code or type(exc).__name__}: {text}")
 
 

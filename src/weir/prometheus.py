@@ -190,6 +190,12 @@ _CONSUMER_METRICS: tuple[
         lambda st, h: st.commit_failures,
     ),
     (
+        _G,
+        "weir_oldest_unconfirmed_commit_seconds",
+        "Age of the oldest commit the broker has not confirmed (0: every commit is)",
+        lambda st, h: st.oldest_unconfirmed_commit_s or 0.0,
+    ),
+    (
         _C,
         "weir_callback_failures",
         "User callbacks that raised",
@@ -206,6 +212,12 @@ _CONSUMER_METRICS: tuple[
         "weir_event_loop_blocked",
         "Times the event loop of async handlers was found blocked",
         lambda st, h: st.loop_blocked,
+    ),
+    (
+        _C,
+        "weir_stall_recoveries",
+        "Stalled partitions sought or assigned again by the stall watchdog",
+        lambda st, h: st.partition_stall_recoveries,
     ),
 )
 
@@ -292,6 +304,11 @@ _PARTITION_GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], float | None
         lambda p: p.stalled_s,
     ),
     (
+        "weir_partition_silent_seconds",
+        "While stalled: seconds since it delivered, with records to read (stall watchdog)",
+        lambda p: p.silent_s,
+    ),
+    (
         "weir_partition_last_commit_timestamp_seconds",
         "Unix time of the last commit result",
         lambda p: p.last_commit_time,
@@ -300,6 +317,11 @@ _PARTITION_GAUGES: tuple[tuple[str, str, Callable[[PartitionStats], float | None
         "weir_partition_last_commit_success",
         "1 if the last commit succeeded, 0 if it failed",
         lambda p: p.last_commit_ok,
+    ),
+    (
+        "weir_partition_unconfirmed_commit_seconds",
+        "Age of the partition's oldest commit the broker has not confirmed (0: every commit is)",
+        lambda p: p.unconfirmed_commit_s or 0.0,
     ),
     (
         "weir_partition_recovery_seconds",

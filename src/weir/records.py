@@ -483,6 +483,8 @@ class CommitEvent:
     sync: bool
     status: Literal["sent", "committed", "failed"]
     error: str | None = None
+    code: str | None = None
+    """The client's error code of a failure, e.g. "GROUP_AUTHORIZATION_FAILED"."""
 
     @property
     def ok(self) -> bool:

@@ -119,6 +119,10 @@ class PartitionStats:
     """Now - when the oldest unfinished record was fetched (exact: a batch is fetched at once)."""
     stalled_s: float = 0.0
     """How long the watermark has not moved while work is in flight (0 when none is)."""
+    silent_s: float | None = None
+    """Set while the stall watchdog finds the partition stalled: fetched (no pause), records on
+    the broker past its position, and nothing delivered for `partition_stall_s` or more; the
+    seconds since it last delivered (None: it is not stalled)."""
     last_commit_time: float | None = None
     """`time.time()` of this assignment's last commit result (None before the first)."""
     last_commit_offset: int | None = None
@@ -128,6 +132,11 @@ class PartitionStats:
     """`time.time()` when this member was assigned the partition."""
     recovery_s: float | None = None
     """Assignment to the first finished record (None until one finished)."""
+    unconfirmed_commit_s: float | None = None
+    """Now - when the oldest commit of this partition that the broker has not confirmed was sent:
+    one waiting for its answer, or one that failed with no newer offset confirmed since (None:
+    every commit sent is confirmed). It stays below the commit interval plus a round trip while
+    commits work; it grows while a classic rebalance holds them or commits fail."""
 
     @property
     def lag(self) -> int | None:
@@ -209,6 +218,8 @@ class ConsumerStats:
     """Commits whose offset map was cut to fit `offset_map_max_bytes` (the rest is replayed)."""
     replay_skipped: int = 0
     """Records not handled again because a committed offset map says they were finished."""
+    partition_stall_recoveries: int = 0
+    """Stalled partitions the watchdog sought (or assigned) again (`partition_stall_s`)."""
     commit_failures: int = 0
     """Partition commits that came back failed (each is retried by a later commit)."""
     rate: float = 0.0
@@ -230,10 +241,18 @@ class ConsumerStats:
     capacity_records: int = 0
     """The budget's hard bounds (`FlowConfig.capacity_*`), to read `in_flight` against."""
     capacity_bytes: int = 0
+    oldest_unconfirmed_commit_s: float | None = None
+    """The largest `unconfirmed_commit_s` of the owned partitions (None: every commit sent is
+    confirmed): how long this member's progress has gone without the broker's confirmation."""
 
     @property
     def paused_partitions(self) -> tuple[Partition, ...]:
         return tuple(p.tp for p in self.partitions if p.paused)
+
+    @property
+    def stalled_partitions(self) -> tuple[Partition, ...]:
+        """Partitions the stall watchdog finds stalled now (`PartitionStats.silent_s`)."""
+        return tuple(p.tp for p in self.partitions if p.silent_s is not None)
 
     @property
     def lag(self) -> int | None:

@@ -35,6 +35,7 @@ PROTOCOLS: dict[str, ProtocolSettings] = {
     "roundrobin": {"group_protocol": "classic", "assignment_strategy": "roundrobin"},
     "cooperative": {"group_protocol": "classic", "assignment_strategy": "cooperative-sticky"},
     "consumer": {"group_protocol": "consumer"},
+    "auto": {"group_protocol": "auto"},
 }
 CLASSIC_TIMEOUTS: ProtocolSettings = {"session_timeout_s": 6.0, "heartbeat_interval_s": 1.0}
 
@@ -83,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--max-poll-ms", type=int, default=20_000)
     ap.add_argument("--instance-id", default=None)
+    # Classic protocol: replace CLASSIC_TIMEOUTS (6 s session, 1 s heartbeat); 0 leaves the
+    # setting to librdkafka (45 s session, 3 s heartbeat: what a user gets by default).
+    ap.add_argument("--session-timeout", type=float, default=None)
+    ap.add_argument("--heartbeat", type=float, default=None)
     ap.add_argument("--no-offset-map", action="store_true", help="offset_map=False")
     ap.add_argument("--offset-map-max-bytes", type=int, default=None)
     ap.add_argument(
@@ -117,6 +122,16 @@ def main(argv: list[str] | None = None) -> int:
         extra["flow"] = FlowConfig(
             capacity_records=cap, pause_records=cap * 9 // 10, resume_records=cap * 8 // 10
         )
+    protocol = settings(args.protocol)
+    if protocol["group_protocol"] == "classic":
+        if args.session_timeout == 0:
+            protocol.pop("session_timeout_s", None)
+        elif args.session_timeout is not None:
+            protocol["session_timeout_s"] = args.session_timeout
+        if args.heartbeat == 0:
+            protocol.pop("heartbeat_interval_s", None)
+        elif args.heartbeat is not None:
+            protocol["heartbeat_interval_s"] = args.heartbeat
     if args.output is not None:
         extra["transactional_id"] = f"{args.group}-{args.member}"
         extra["transaction_interval_s"] = args.transaction_interval
@@ -133,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "shutdown_timeout_s": args.shutdown_timeout,
         "max_poll_interval_s": args.max_poll_ms / 1000,
         "group_instance_id": args.instance_id,
-        **settings(args.protocol),
+        **protocol,
         **extra,
     }
     handler: Handler = AuditedHandler(

@@ -200,6 +200,9 @@ def test_the_exporter_serves_metrics_and_health_over_http(
             assert value("weir_partition_lag_records", part) == 0
             assert value("weir_partition_in_flight_records", part) == 0
             assert value("weir_partition_last_commit_success", part) == 1
+            # Confirmed: at most a commit just sent waits for its answer.
+            assert value("weir_partition_unconfirmed_commit_seconds", part) < 5
+            assert value("weir_oldest_unconfirmed_commit_seconds") < 5
             assert value("weir_partition_recovery_seconds", part) > 0
             assert value("weir_budget_capacity_records") == st.capacity_records
             # A histogram: cumulative buckets ending in +Inf = count.

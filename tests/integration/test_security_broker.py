@@ -14,6 +14,8 @@ import re
 import stat
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -23,10 +25,23 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from weir import AuthenticationError, AuthorizationError, GroupConsumer, Record, TlsError
+from tests.integration.secured import cli, member
+from weir import (
+    AuthenticationError,
+    AuthorizationError,
+    FailurePolicy,
+    GroupConsumer,
+    Handler,
+    NonRetryable,
+    Record,
+    RetryPolicy,
+    TlsError,
+)
 from weir.cli import main
+from weir.records import Context
 from weir.testing.broker import EmbeddedKafka
 from weir.testing.pytest_plugin import (
+    SECURE_SUPER_USER,
     SECURE_USER,
     allow,
     consume_all,
@@ -35,24 +50,12 @@ from weir.testing.pytest_plugin import (
     records_as_text,
     wait_for_committed,
 )
-from weir.testing.security import ClientSettings
+from weir.testing.security import ClientSettings, UnsecuredTokens
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
-STARTUP_TIMEOUT_S = 20.0
 # A refusal is named as soon as the client has no broker left to try: well within this.
 NAMED_WITHIN_S = 5.0
-
-
-def member(settings: ClientSettings, handler: Any, **options: Any) -> GroupConsumer:
-    conf = settings.config()
-    return GroupConsumer(
-        handler,
-        bootstrap_servers=conf.pop("bootstrap.servers"),
-        kafka=conf,
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-        **options,
-    )
 
 
 def refused_start(
@@ -72,23 +75,6 @@ def refused_start(
 @pytest.fixture
 def topic(kafka_secure_broker: EmbeddedKafka) -> str:
     return create_topic(kafka_secure_broker.internal_bootstrap_servers, partitions=2)
-
-
-@pytest.fixture
-def alice(kafka_secure_broker: EmbeddedKafka) -> ClientSettings:
-    return kafka_secure_broker.client_settings(SECURE_USER)
-
-
-def cli(
-    capsys: pytest.CaptureFixture[str], settings: ClientSettings, *argv: str
-) -> tuple[int, str, str]:
-    conf = settings.config()
-    args = ["-b", conf.pop("bootstrap.servers")]
-    for key, value in conf.items():
-        args += ["-X", f"{key}={value}"]
-    code = main([*argv, *args])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_a_member_consumes_and_commits_over_sasl_ssl_and_weir_lag_reads_it(
@@ -252,65 +238,113 @@ def every_log_line(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptu
     yield caplog
 
 
-def test_no_password_in_any_log_line_error_or_repr(
+class ForwardingAllBut(Handler):
+    """Exactly-once: each record to `output`, but for the one of value `bad`, which fails."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        if record.value == b"bad":
+            raise NonRetryable("bad record")
+        ctx.produce(self.output, record.value, record.key)
+
+
+def fetch(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return str(answer.read().decode())
+    except urllib.error.HTTPError as error:  # /readyz of a member not ready: 503, a body
+        return str(error.read().decode())
+
+
+def test_no_secret_in_any_log_line_error_repr_metric_or_cli_output(
+    kafka_secure_broker: EmbeddedKafka,
+    kafka_secure_admin: AdminClient,
     kafka_secure_client: ClientSettings,
     alice: ClientSettings,
     topic: str,
     every_log_line: pytest.LogCaptureFixture,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """librdkafka's debug=all (every context: security, conf, protocol...) while a member logs
-    in, consumes and commits, and while a wrong password is refused: the passwords appear
-    nowhere, neither in the logs nor the errors, reprs, health or stats."""
+    """librdkafka's debug=all (every context: security, conf, protocol...) in every client of
+    two members, one logging in with a password (its consumer, dead-letter producer,
+    transactional producer and watermark refresher) and one with an OAUTHBEARER token provider,
+    and while a wrong password is refused; `weir lag --json` and `weir groups --json` given the
+    password with -X: the passwords and tokens appear nowhere, neither in the logs nor in the
+    errors, reprs, health, stats, the Prometheus endpoint or the CLI's output."""
+    from weir.prometheus import serve
+
+    boot = kafka_secure_client.bootstrap_servers
     produce(
-        kafka_secure_client.bootstrap_servers,
-        topic,
-        [("k", "v")],
-        config=kafka_secure_client.config(),
+        boot, topic, [("k", "v"), ("k", "bad"), ("k", "w")], config=kafka_secure_client.config()
     )
-    done = threading.Event()
-    conf = kafka_secure_client.config()
-    conf["debug"] = "all"
-    gc = GroupConsumer(
-        lambda record: done.set(),
-        bootstrap_servers=conf.pop("bootstrap.servers"),
-        kafka=conf,
-        group_id=f"secret-{uuid.uuid4().hex[:8]}",
-        topics=[topic],
-        auto_offset_reset="earliest",
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-    )
+    output = create_topic(kafka_secure_broker.internal_bootstrap_servers, partitions=1)
+    group = f"secret-{uuid.uuid4().hex[:8]}"
+    conf: dict[str, Any] = {**kafka_secure_client.config(), "debug": "all"}
+    gc = member(
+        kafka_secure_client, ForwardingAllBut(output), conf, group_id=group, topics=[topic],
+        transactional_id=f"tx-{group}", watermark_refresh_s=0.5,
+        failure=FailurePolicy(retry=RetryPolicy(max_attempts=1), final="dead_letter"),
+    )  # fmt: skip
+    shown: list[str] = []
     gc.start()
     try:
-        assert done.wait(60)
+        with serve(gc, port=0, host="127.0.0.1") as server:
+            wait_for_committed(kafka_secure_admin, group, topic, timeout=30)
+            time.sleep(1.0)  # a few rounds of the watermark refresher
+            shown += [fetch(f"{server.url}/{path}") for path in ("metrics", "healthz", "readyz")]
     finally:
         gc.stop()
         gc.join(30)
-    shown = [repr(gc.config), str(gc.config), repr(gc.health()), repr(gc.stats())]
+    assert "weir_" in shown[0] and '"live": true' in shown[1]
+    shown += [repr(gc.config), str(gc.config), repr(gc.health()), repr(gc.stats())]
+
+    admin_tokens = UnsecuredTokens(SECURE_SUPER_USER)
+    oauth = kafka_secure_broker.client_settings(SECURE_SUPER_USER, mechanism="OAUTHBEARER")
+    oauth_conf: dict[str, Any] = {**oauth.token_config(admin_tokens), "debug": "all"}
+    oauth_group = f"secret-oauth-{uuid.uuid4().hex[:8]}"
+    token_member = member(
+        oauth, lambda record: None, oauth_conf, group_id=oauth_group, topics=[topic]
+    )
+    token_member.start()
+    try:
+        wait_for_committed(kafka_secure_admin, oauth_group, topic, timeout=30)
+    finally:
+        token_member.stop()
+        token_member.join(30)
+    shown += [repr(token_member.config), repr(token_member.health()), repr(token_member.stats())]
+    assert admin_tokens.calls >= 1
 
     wrong = "wrong-" + alice.password
-    bad_conf = replace(alice, password=wrong).config()
-    bad_conf["debug"] = "all"
-    refused = GroupConsumer(
-        lambda record: None,
-        bootstrap_servers=bad_conf.pop("bootstrap.servers"),
-        kafka=bad_conf,
-        group_id="g-secret",
-        topics=[topic],
-        startup_timeout_s=STARTUP_TIMEOUT_S,
-    )
+    bad_conf: dict[str, Any] = {**replace(alice, password=wrong).config(), "debug": "all"}
+    refused = member(alice, lambda record: None, bad_conf, group_id="g-secret", topics=[topic])
     with pytest.raises(AuthenticationError) as raised:
         refused.run()
     shown += [str(raised.value), repr(raised.value), repr(refused.config), repr(refused.health())]
-    shown += [repr(alice), repr(kafka_secure_client)]
+    shown += [repr(alice), repr(kafka_secure_client), repr(oauth)]
+
+    for argv in (("lag", "-g", group, "--json"), ("groups", "--json")):
+        code, out, err = cli(capfd, kafka_secure_client, *argv)
+        assert code == 0 and out, (argv, err)
+        shown += [out, err]
+    code, out, err = cli(capfd, replace(alice, password=wrong), "groups", "--json")
+    assert code == 1 and err.startswith("weir: authentication failed: "), err
+    shown += [out, err]
 
     lines = [record.getMessage() for record in every_log_line.records]
-    librdkafka = [line for line in lines if "SASL" in line or "sasl" in line]
-    assert len(lines) > 1000 and librdkafka, "debug=all logged less than expected"
+    librdkafka = {
+        client
+        for line in lines
+        for client in re.findall(r"\[(rdkafka#(?:consumer|producer)-\d+)\]", line)
+    }
+    assert len(lines) > 1000 and any("sasl" in line.lower() for line in lines)
+    # debug=all reached more than the members' consumers: their producers and refreshers too.
+    assert len(librdkafka) >= 6, librdkafka
     captured = capfd.readouterr()
     everything = "\n".join([*lines, *shown, captured.out, captured.err])
-    for secret in (kafka_secure_client.password, alice.password, wrong):
-        assert secret not in everything
+    secrets = [kafka_secure_client.password, alice.password, wrong, *admin_tokens.tokens]
+    assert [s for s in secrets if s in everything] == []
 
 
 def read_properties(path: Path) -> dict[str, str]:

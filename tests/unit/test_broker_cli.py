@@ -175,11 +175,15 @@ def test_bad_broker_options_are_usage_errors(
     assert f"weir broker {argv[0]}: error: {message}" in err
 
 
+NEED_SECURE = "weir: --user, --super-user, --acls, --mtls and --oauthbearer need --secure\n"
+
+
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["--user", "alice"], "weir: --user, --super-user, --acls and --mtls need --secure\n"),
-        (["--mtls"], "weir: --user, --super-user, --acls and --mtls need --secure\n"),
+        (["--user", "alice"], NEED_SECURE),
+        (["--mtls"], NEED_SECURE),
+        (["--oauthbearer"], NEED_SECURE),
         (["--secure", "--user", "a b"], "weir: user name 'a b': use letters, digits and "),
     ],
 )

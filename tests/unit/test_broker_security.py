@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import ipaddress
+import json
 import re
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from weir.testing.security import (
     SCRAM_ITERATIONS,
     BrokerSecurity,
     SecureListener,
+    UnsecuredTokens,
     prepare_security,
 )
 
@@ -157,3 +160,63 @@ def test_a_secured_node_adds_a_sasl_ssl_listener(tmp_path: Path) -> None:
         prepared.client_settings("x:1", "carol")
     with pytest.raises(ValueError, match="mechanism 'GSSAPI'"):
         prepared.client_settings("x:1", "alice", "GSSAPI")
+
+
+def _claims(token: str) -> tuple[dict[str, object], dict[str, object], str]:
+    header, claims, signature = token.split(".")
+
+    def decode(part: str) -> dict[str, object]:
+        loaded = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+        assert isinstance(loaded, dict)
+        return loaded
+
+    return decode(header), decode(claims), signature
+
+
+def test_oauthbearer_takes_unsecured_tokens_of_any_principal(tmp_path: Path) -> None:
+    security = BrokerSecurity(users=["admin", "alice"], mtls=True, oauthbearer=True)
+    prepared = prepare_security(security, tmp_path, formatted=False)
+    props = SecureListener(prepared, 9093).properties()
+    prefix = "listener.name.sasl_ssl."
+    assert props[prefix + "sasl.enabled.mechanisms"] == "SCRAM-SHA-512,PLAIN,OAUTHBEARER"
+    oauth = prefix + "oauthbearer."
+    assert props[oauth + "sasl.server.callback.handler.class"].endswith(
+        "OAuthBearerUnsecuredValidatorCallbackHandler"
+    )
+    assert "OAuthBearerLoginModule required" in props[oauth + "sasl.jaas.config"]
+    # A session ends with its token: a client that does not refresh it is cut off.
+    assert int(props[oauth + "connections.max.reauth.ms"]) > 0
+
+    bob = prepared.client_settings("x:1", "bob", "OAUTHBEARER")  # any principal
+    conf = bob.config()
+    assert conf["sasl.mechanism"] == "OAUTHBEARER"
+    assert conf["enable.sasl.oauthbearer.unsecure.jwt"] == "true"
+    assert conf["sasl.oauthbearer.config"] == "principal=bob"
+    assert "sasl.password" not in conf and "sasl.username" not in conf
+    assert conf["ssl.certificate.location"].endswith("client-admin.pem")  # mTLS: a user's
+    tokens = UnsecuredTokens("bob", lifetime_s=60)
+    with_provider = bob.token_config(tokens)
+    assert with_provider["oauth_cb"] is tokens
+    assert "enable.sasl.oauthbearer.unsecure.jwt" not in with_provider
+
+    token, expires, principal, extensions = tokens("ignored")
+    header, claims, signature = _claims(token)
+    assert header == {"alg": "none"} and signature == ""
+    assert (
+        claims["sub"] == "bob"
+        and claims["exp"] == expires
+        and (principal, extensions)
+        == (
+            "bob",
+            {},
+        )
+    )
+    assert 59 <= expires - time.time() <= 60
+    assert tokens.calls == 1 and tokens.tokens == [token]
+    assert token not in repr(tokens)
+
+    plain = prepare_security(BrokerSecurity(users=["a"]), tmp_path / "plain", formatted=False)
+    with pytest.raises(ValueError, match="BrokerSecurity\\(oauthbearer=True\\)"):
+        plain.client_settings("x:1", "a", "OAUTHBEARER")
+    with pytest.raises(ValueError, match="a token provider needs mechanism 'OAUTHBEARER'"):
+        prepared.client_settings("x:1", "alice").token_config(tokens)

@@ -181,3 +181,31 @@ def test_sent_resets_the_cadence() -> None:
     assert c.due(0.0)
     c.sent({}, now=10.0)
     assert not c.due(10.1)
+
+
+def test_the_oldest_unconfirmed_commit_is_the_first_no_confirmation_covers(c: Committer) -> None:
+    assert c.unconfirmed_since(P0) is None
+    c.sent({P0: 5}, 1.0)
+    c.sent({P0: 9}, 2.0)
+    assert c.unconfirmed_since(P0) == 1.0
+    c.result(P0, 5, None, sync=False)
+    assert c.unconfirmed_since(P0) == 2.0
+    # A failure leaves its commit unconfirmed, whatever is sent after it...
+    c.result(P0, 9, "ILLEGAL_GENERATION", sync=False)
+    c.sent({P0: 9}, 3.0)
+    assert c.unconfirmed_since(P0) == 2.0
+    # ...until an offset at least as high is confirmed.
+    c.result(P0, 9, None, sync=False)
+    assert c.unconfirmed_since(P0) is None
+    assert c.unconfirmed_since(P1) is None
+
+
+def test_many_unconfirmed_commits_keep_the_oldest_time(c: Committer) -> None:
+    for i in range(100):
+        c.sent({P0: i + 1}, float(i))
+    assert c.unconfirmed_since(P0) == 0.0
+    c.result(P0, 50, None, sync=False)
+    since = c.unconfirmed_since(P0)
+    assert since is not None and since <= 50.0  # never younger than the truth
+    c.result(P0, 100, None, sync=False)
+    assert c.unconfirmed_since(P0) is None

@@ -406,9 +406,10 @@ def test_each_callback_weir_owns_gets_one_error_saying_what_to_use(key: str, hin
 
 
 def test_a_callable_for_another_key_is_one_clear_error() -> None:
-    err = invalid(kafka={"oauth_cb": print})
+    err = invalid(kafka={"ssl.certificate.verify_cb": print})
     assert len(err.errors()) == 1
-    assert "kafka['oauth_cb'] is a callable" in messages(err)
+    assert "kafka['ssl.certificate.verify_cb'] is a callable" in messages(err)
+    assert "the one callable is the OAUTHBEARER token provider, kafka['oauth_cb']" in messages(err)
 
 
 def test_values_that_are_not_scalars_are_one_error_per_mapping() -> None:
@@ -468,3 +469,38 @@ def test_group_consumer_says_did_you_mean_for_a_misspelled_setting() -> None:
     with pytest.raises(ValidationError) as info:
         GroupConsumer(print, **BASE, max_bach=10)  # type: ignore[call-overload]  # on purpose
     assert "did you mean 'max_batch_records'?" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("session_timeout_s", 10.0),
+        ("heartbeat_interval_s", 1.0),
+        ("assignment_strategy", "range"),
+        ("remote_assignor", "uniform"),
+    ],
+)
+def test_auto_takes_the_settings_of_either_protocol_and_runs_each_with_its_own(
+    field: str, value: Any
+) -> None:
+    """group_protocol="auto" chooses at start: a setting of one protocol applies if it runs
+    that one, and is left out (and named) if it runs the other."""
+    cfg = ConsumerConfig(**BASE, group_protocol="auto", **{field: value})
+    classic, classic_ignored = cfg.runs("classic")
+    consumer, consumer_ignored = cfg.runs("consumer")
+    own, other = (consumer, classic) if field == "remote_assignor" else (classic, consumer)
+    assert getattr(own, field) == value and getattr(other, field) is None
+    assert (consumer_ignored, classic_ignored) == (
+        ([], [field]) if field == "remote_assignor" else ([field], [])
+    )
+    assert (classic.group_protocol, consumer.group_protocol) == ("classic", "consumer")
+    # Before it is chosen the client's configuration is the classic one, without KIP-848's.
+    conf = cfg.librdkafka_config()
+    assert conf["group.protocol"] == "classic"
+    assert "group.remote.assignor" not in conf
+    assert "session.timeout.ms" not in consumer.librdkafka_config()
+
+
+def test_auto_holds_the_classic_protocols_rules() -> None:
+    err = invalid(group_protocol="auto", session_timeout_s=60.0, max_poll_interval_s=30.0)
+    assert locs(err) == [("max_poll_interval_s",)]

@@ -45,7 +45,7 @@ from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.scheduling import Ordering
 from weir.config import ConsumerSettings
-from weir.testing.fake import FakeConsumer, FakeMessage
+from weir.testing.fake import CommitCall, FakeConsumer, FakeMessage
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -414,8 +414,9 @@ def check_failure_outcome(probe: Probe, fake: FakeConsumer, err: HandlerError) -
     # Nothing of lane A ran after the failed record.
     assert not probe.did_start((P0, 3))
     commits = fake.commit_log()
-    assert [c.asynchronous for c in commits] == [False], commits  # one final sync commit
-    assert commits[0].offsets == {P0: 2}  # at the failed offset: it will be processed again
+    # One final commit, at the failed offset: it will be processed again.
+    assert [c.offsets for c in commits] == [{P0: 2}], commits
+    assert fake.committed == {P0: 2}
     names = fake.call_names()
     assert names.index("commit") < names.index("close")
     assert names[-1] == "close"
@@ -522,8 +523,10 @@ def test_revoke_commits_the_watermark_synchronously_even_if_an_async_commit_is_u
     fake.hold_commit_results = True
     fake.produce_many(TOPIC, 0, range(3))
     fake.script_assign([P0])
-    launch(Probe(), fake)
-    wait_until(lambda: 3 in offsets_committed(fake, P0), "async commit of 3 sent")
+    probe = Probe()
+    launch(probe, fake)
+    wait_until(lambda: probe.finished_count() == 3, "the three records")
+    wait_until(lambda: fake.pending_commit_seqs(), "an async commit in flight")
     assert fake.commit_log()[-1].asynchronous
     revoke = fake.script_revoke([P0])
     assert revoke.done.wait(WAIT)
@@ -531,20 +534,103 @@ def test_revoke_commits_the_watermark_synchronously_even_if_an_async_commit_is_u
     assert [(c.offsets, c.asynchronous) for c in during] == [({P0: 3}, False)]
 
 
-def test_stop_commits_synchronously_even_if_an_async_commit_is_unconfirmed(
+def finished_member(
+    launch: Launch, records: int, **overrides: Unpack[Overrides]
+) -> tuple[FakeConsumer, Probe, GroupConsumer]:
+    """A member on P0 with no commit turns (QUIET) that finished all `records` records."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(records))
+    fake.script_assign([P0])
+    probe = Probe()
+    quiet: Overrides = {**QUIET, **overrides}
+    gc = launch(probe, fake, **quiet)
+    wait_until(lambda: probe.finished_count() == records, f"{records} processed")
+    return fake, probe, gc
+
+
+def test_stop_commits_at_once_while_an_async_commit_waits_for_its_answer(
     launch: Launch,
 ) -> None:
+    """The shutdown's commit is the partitions' last from this member: it goes whatever
+    request is still waiting for its answer, and the stop waits for its own answer."""
     fake = FakeConsumer()
     fake.hold_commit_results = True
     fake.produce_many(TOPIC, 0, range(3))
     fake.script_assign([P0])
-    gc = launch(Probe(), fake)
-    wait_until(lambda: 3 in offsets_committed(fake, P0), "async commit of 3 sent")
+    probe = Probe()
+    gc = launch(probe, fake)
+    wait_until(lambda: probe.finished_count() == 3, "the three records")
+    wait_until(lambda: fake.pending_commit_seqs(), "an async commit in flight")
+    assert 3 not in offsets_committed(fake, P0)
     gc.stop()
+    wait_until(lambda: 3 in offsets_committed(fake, P0), "3 sent by the stop")
+    assert gc.state is not State.STOPPED  # waiting for the answer
+    fake.deliver_commit_results([(seq, None) for seq in fake.pending_commit_seqs()])
     gc.join(WAIT)
-    sync = [c for c in fake.commit_log() if not c.asynchronous]
-    assert [c.offsets for c in sync] == [{P0: 3}]
     assert fake.committed.get(P0) == 3
+
+
+def test_a_failed_final_commit_goes_again(launch: Launch) -> None:
+    """A rebalance that ends while the stop waits fails its commit (ILLEGAL_GENERATION); sent
+    again, it carries the new generation."""
+    fake, _, gc = finished_member(launch, 3)
+    fake.hold_commit_results = True
+    gc.stop()
+    wait_until(lambda: offsets_committed(fake, P0) == [3], "3 sent by the stop")
+    generation = KafkaError(KafkaError.ILLEGAL_GENERATION, "the join ended")
+    fake.deliver_commit_results([(fake.pending_commit_seqs()[0], generation)])
+    wait_until(lambda: offsets_committed(fake, P0) == [3, 3], "3 sent again")
+    fake.deliver_commit_results([(fake.pending_commit_seqs()[0], None)])
+    gc.join(WAIT)
+    assert fake.committed.get(P0) == 3
+
+
+def test_the_final_commit_is_only_for_the_assignments_that_finished_the_work(
+    launch: Launch,
+) -> None:
+    """A rebalance served while the stop waits for its commit's answer may revoke a partition
+    and hand it back: the new assignment's committed offset may have moved on meanwhile (another
+    member owned it), so the old assignment's offset is never sent for it again."""
+    fake, _, gc = finished_member(launch, 3)
+    fake.hold_commit_results = True
+    gc.stop()
+    wait_until(lambda: offsets_committed(fake, P0) == [3], "3 sent by the stop")
+    assert fake.script_revoke([P0]).done.wait(WAIT)
+    assert fake.script_assign([P0]).done.wait(WAIT)
+    reassigned = len(fake.commit_log())
+    fake.deliver_commit_results(
+        [(fake.pending_commit_seqs()[0], KafkaError(KafkaError.REQUEST_TIMED_OUT))]
+    )
+    gc.join(WAIT)
+    assert fake.commit_log()[reassigned:] == []
+
+
+def test_the_final_commit_waits_for_its_answer_within_the_shutdown_budget(
+    launch: Launch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under the classic protocol a commit sent while the member's JoinGroup waits for the
+    other members queues behind it: a synchronous one blocked the stop for the whole join (up
+    to a dead member's session timeout, 42 s by default) and then failed. The stop's commit is
+    asynchronous, its answer awaited within the shutdown budget."""
+    join_ended = threading.Event()
+
+    def behind_the_join(call: CommitCall) -> None:
+        if not call.asynchronous:
+            join_ended.wait(WAIT)  # a sync commit returns when the join ends
+        return None
+
+    fake, _, gc = finished_member(launch, 3, shutdown_timeout_s=0.3)
+    fake.hold_commit_results = True  # an async commit's answer waits for the join's end too
+    fake.commit_failure_if = behind_the_join
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="weir"):
+        gc.stop()
+        gc.join(WAIT)
+    took = time.monotonic() - t0
+    join_ended.set()
+    assert took < 2.5, took  # the budget, and at least a second for the answer
+    unanswered = [e for e in events(caplog) if e["event"] == "shutdown_commit_unanswered"]
+    assert [e["offsets"] for e in unanswered] == [{"t[0]": 3}]
 
 
 def test_revoke_honours_its_budget_when_a_handler_is_stuck(launch: Launch) -> None:
@@ -794,46 +880,87 @@ def test_one_slow_record_does_not_stall_other_keys_or_partitions(launch: Launch)
 # -- commit monotonicity ----------------------------------------------------------------------
 
 
-def test_commits_stay_monotonic_with_reordered_and_failing_async_results(launch: Launch) -> None:
+def gated_run(
+    launch: Launch, records: int
+) -> tuple[FakeConsumer, Probe, dict[int, threading.Event], GroupConsumer]:
+    """A member on P0 whose records (one key) each wait for their gate. Record 0 is let through
+    and its commit confirmed; from then on the fake holds commit results until the test
+    delivers them (`deliver_commit_results`)."""
     fake = FakeConsumer()
-    fake.hold_commit_results = True
-    fake.produce_many(TOPIC, 0, range(4), key=b"A")
+    fake.produce_many(TOPIC, 0, range(records), key=b"A")
     fake.script_assign([P0])
     probe = Probe()
-    gates = {off: threading.Event() for off in range(4)}
+    gates = {off: threading.Event() for off in range(records)}
     for off, ev in gates.items():
         probe.actions[(P0, off)] = gated(ev)
     gc = launch(probe, fake)
+    gates[0].set()
+    wait_until(
+        lambda: fake.committed.get(P0) == 1 and not fake.pending_commit_seqs(), "1 committed"
+    )
+    fake.hold_commit_results = True
+    return fake, probe, gates, gc
 
-    def seq_of(offset: int) -> int:
+
+def test_one_async_commit_waits_for_its_answer_before_the_next_is_sent(launch: Launch) -> None:
+    """Under the classic protocol a member's commits queue behind its own JoinGroup while a
+    rebalance waits for the other members, and all fail when it ends (docs/rebalances.md): a
+    commit turn sends nothing while an earlier request has no answer, and the turn after the
+    answer sends the newest offset."""
+    fake, probe, gates, _ = gated_run(launch, 3)
+    gates[1].set()
+    wait_until(lambda: 2 in offsets_committed(fake, P0), "the commit of 2")
+    gates[2].set()
+    wait_until(lambda: probe.did_finish((P0, 2)), "P0@2 finished")
+    settle(fake, steps=20)  # many commit turns, each due (a commit after every record)
+    assert offsets_committed(fake, P0)[-1] == 2
+    fake.deliver_commit_results([(seq, None) for seq in fake.pending_commit_seqs()])
+    wait_until(lambda: offsets_committed(fake, P0)[-1] == 3, "3 sent once 2 was answered")
+
+
+def test_the_assign_callback_sends_the_unconfirmed_watermark_at_once(launch: Launch) -> None:
+    """A classic rebalance fails the commit requests a member sent while its JoinGroup waited
+    for the other members: the assign callback that ends it sends what the kept partitions
+    finished, not the turn after the failed answers come back."""
+    fake, probe, gates, _ = gated_run(launch, 3)
+    gates[1].set()
+    wait_until(lambda: 2 in offsets_committed(fake, P0), "the commit of 2")
+    gates[2].set()
+    wait_until(lambda: probe.did_finish((P0, 2)), "P0@2 finished")
+    assign = fake.script_assign([P1])
+    assert assign.done.wait(WAIT)
+    during = [(c.offsets, c.asynchronous) for c in fake.commit_log() if c.in_callback == "assign"]
+    assert during == [({P0: 3}, True)]
+
+
+def test_commits_stay_monotonic_with_failing_async_results(launch: Launch) -> None:
+    fake, probe, gates, gc = gated_run(launch, 4)
+
+    def sent(offset: int, times: int = 1) -> int:
+        """The seq of the `times`-th commit of `offset`."""
         return wait_until(
-            lambda: next((c.seq for c in fake.commit_log() if c.offsets.get(P0) == offset), 0),
-            f"commit of {offset}",
+            lambda: ([c.seq for c in fake.commit_log() if c.offsets.get(P0) == offset] + [0] * 2)[
+                times - 1
+            ],
+            f"commit #{times} of {offset}",
         )
 
-    for off in range(3):
-        gates[off].set()
-        seq_of(off + 1)
-    s1, s2, s3 = seq_of(1), seq_of(2), seq_of(3)
     timeout = KafkaError(KafkaError.REQUEST_TIMED_OUT, "late failure")
-    # The newest succeeds first, then the older ones fail.
-    fake.deliver_commit_results([(s3, None), (s1, timeout), (s2, timeout)])
-    wait_until(lambda: len(fake.delivered_results) >= 3, "results delivered")
-    n_before = len(fake.commit_log())
-    settle(fake, steps=10)
-    assert all(c.offsets.get(P0, 4) > 3 for c in fake.commit_log()[n_before:])
+    gates[1].set()
+    s2 = sent(2)
+    gates[2].set()
+    wait_until(lambda: probe.did_finish((P0, 2)), "P0@2 finished")
+    # The answer to 2 fails: the next request carries everything finished since, never below.
+    fake.deliver_commit_results([(s2, timeout)])
+    fake.deliver_commit_results([(sent(3), None)])
     wait_until(lambda: any(p.committed == 3 for p in gc.stats().partitions), "3 confirmed in stats")
     # The newest fails while nothing newer exists: it must be sent again, never below.
     gates[3].set()
-    s4 = seq_of(4)
-    fake.deliver_commit_results([(s4, timeout)])
-    wait_until(lambda: offsets_committed(fake, P0).count(4) == 2, "4 sent again")
-    retry = [c.seq for c in fake.commit_log() if c.offsets.get(P0) == 4][-1]
-    fake.deliver_commit_results([(retry, None)])
+    fake.deliver_commit_results([(sent(4), timeout)])
+    fake.deliver_commit_results([(sent(4, times=2), None)])
     wait_until(lambda: any(p.committed == 4 for p in gc.stats().partitions), "4 confirmed in stats")
-    sent = offsets_committed(fake, P0)
-    assert sent == sorted(sent), sent
-    assert sent.count(4) == 2 and all(sent.count(o) == 1 for o in set(sent) - {4}), sent
+    sent_offsets = offsets_committed(fake, P0)
+    assert sent_offsets[sent_offsets.index(2) :] == [2, 3, 4, 4], sent_offsets
 
 
 def test_failed_async_commit_is_retried_while_idle(launch: Launch) -> None:
@@ -918,18 +1045,13 @@ def test_unordered_mode_runs_one_key_in_parallel(launch: Launch) -> None:
 # -- lifecycle --------------------------------------------------------------------------------
 
 
-def test_stop_makes_a_final_sync_commit_then_unsubscribes_and_closes(launch: Launch) -> None:
-    fake = FakeConsumer()
-    fake.produce_many(TOPIC, 0, range(5))
-    fake.script_assign([P0])
-    probe = Probe()
-    gc = launch(probe, fake, **QUIET)
-    wait_until(lambda: probe.finished_count() == 5, "5 processed")
+def test_stop_makes_a_final_commit_then_unsubscribes_and_closes(launch: Launch) -> None:
+    fake, probe, gc = finished_member(launch, 5)
     assert fake.commit_log() == []
     gc.stop()
     gc.join(WAIT)
     commits = fake.commit_log()
-    assert [(c.offsets, c.asynchronous) for c in commits] == [({P0: 5}, False)]
+    assert [c.offsets for c in commits] == [{P0: 5}]
     assert fake.committed == {P0: 5}
     names = fake.call_names()
     assert names.index("commit") < names.index("unsubscribe") < names.index("close")

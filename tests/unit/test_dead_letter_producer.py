@@ -14,8 +14,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import ConfigEntry
 
-from weir import FailurePolicy, Record
+from weir import AuthorizationError, FailurePolicy, Record
 from weir._engine.deadletter import DeadLetterError, DeadLetters, WriteFailure, header_room
+from weir._engine.refusals import Denied
 from weir.config import ConsumerConfig
 from weir.logs import ClientLog, Repeats
 
@@ -187,3 +188,97 @@ def test_a_dead_letter_too_large_for_its_topic_names_its_size_and_the_limit() ->
     letters.poll()
     assert results[1] is not None and results[1].fields == {}
     assert results[1].reason == "dead-letter write failed"
+
+
+# -- the broker's ACLs -------------------------------------------------------------------------
+
+
+PID_REFUSED = KafkaError(
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    "Failed to acquire idempotence PID from broker b1:9093/1: Broker: Cluster authorization failed",
+    fatal=True,
+)
+
+
+class RefusedProducer(ScriptedProducer):
+    """A producer whose poll raises `fatal` once a write is queued: the broker refused it a
+    producer id. Each one the factory builds is counted."""
+
+    def __init__(self, existing: set[str], fatal: KafkaError) -> None:
+        super().__init__(existing)
+        self.fatal = fatal
+        self.built = 0
+
+    def factory(self, conf: dict[str, Any]) -> Any:
+        self.built += 1
+        return super().factory(conf)
+
+    def poll(self, timeout: float = 0) -> int:
+        if self.queued:
+            self.queued = []
+            raise KafkaException(self.fatal)
+        return 0
+
+
+def test_a_producer_refused_an_id_fails_its_writes_by_name_and_is_replaced() -> None:
+    """Regression: the fatal error escaped DeadLetters.poll and stopped the member with a bare
+    KafkaException (CLUSTER_AUTHORIZATION_FAILED), on the secured broker for a member allowed
+    no WRITE on any topic."""
+    producer = RefusedProducer({DLQ}, PID_REFUSED)
+    letters = DeadLetters(config(), producer.factory)
+    letters.start([SOURCE], {SOURCE: 1})
+    results: list[WriteFailure | None] = []
+    record = Record(SOURCE, 0, 7, b"k", b"v")
+    letters.send(record, 3, RuntimeError("boom"), 1_700_000_000.0, results.append)
+    assert letters.pending == 1
+    letters.poll()
+    (failure,) = results
+    assert failure is not None and letters.pending == 0
+    assert failure.denied == Denied("topic", DLQ, "WRITE", "CLUSTER_AUTHORIZATION_FAILED")
+    assert failure.reason == (
+        f"dead letter refused by the broker's ACLs: WRITE on topic {DLQ!r} "
+        "(CLUSTER_AUTHORIZATION_FAILED)"
+    )
+    assert failure.error.startswith(
+        "the broker's ACLs refused the dead-letter producer an idempotent producer id "
+        "(CLUSTER_AUTHORIZATION_FAILED: Failed to acquire idempotence PID"
+    )
+    assert failure.error.endswith(
+        "it needs WRITE on its dead-letter topics (or IDEMPOTENT_WRITE on the cluster)"
+    )
+    # The next dead letter has a new producer: an ACL granted since takes effect.
+    producer.fatal = PID_REFUSED
+    letters.send(record, 4, RuntimeError("boom"), 1_700_000_000.0, results.append)
+    assert producer.built == 2
+
+
+def test_a_write_the_acls_refuse_names_them() -> None:
+    refused = KafkaError(
+        KafkaError.TOPIC_AUTHORIZATION_FAILED, "Broker: Topic authorization failed"
+    )
+    letters = DeadLetters(config(), ScriptedProducer({DLQ}, refused).factory)
+    letters.start([SOURCE], {SOURCE: 1})
+    results: list[WriteFailure | None] = []
+    letters.send(Record(SOURCE, 0, 7, b"k", b"v"), 3, RuntimeError("x"), 0.0, results.append)
+    letters.poll()
+    (failure,) = results
+    assert failure is not None
+    assert failure.denied == Denied("topic", DLQ, "WRITE", "TOPIC_AUTHORIZATION_FAILED")
+
+
+class HiddenTopics(ScriptedProducer):
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        error = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=error, partitions={})})
+
+
+def test_a_dead_letter_topic_the_acls_hide_fails_the_start() -> None:
+    """Regression: weir took it for missing, tried to create it and said "dead-letter topic
+    't.dlq' is missing and could not be created" for a topic that may well exist."""
+    letters = DeadLetters(config(), HiddenTopics(set()).factory)
+    with pytest.raises(AuthorizationError) as raised:
+        letters.start([SOURCE], {SOURCE: 1})
+    assert str(raised.value).startswith(
+        f"authorization failed: the broker's ACLs do not allow this client DESCRIBE on topic "
+        f"{DLQ!r} (TOPIC_AUTHORIZATION_FAILED: the dead-letter topic of {SOURCE!r}"
+    )

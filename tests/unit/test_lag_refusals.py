@@ -28,3 +28,22 @@ def test_a_refusal_of_an_earlier_call_is_forgotten() -> None:
     )
     with pytest.raises(BrokerUnreachableError):
         topic_partitions(admin, "t", timeout=0.5)
+
+
+def test_a_request_the_acls_refuse_names_the_describe_it_lacks() -> None:
+    """Regression: "GROUP_AUTHORIZATION_FAILED: Broker: Group authorization failed", a
+    LagError naming no ACL."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from weir.lag import AuthorizationError, _as_lag_error, _Deadline
+
+    refused = KafkaException(
+        KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED, "Broker: Group authorization failed")
+    )
+    error = _as_lag_error(refused, _Deadline(1.0), ("group", "orders"))
+    assert isinstance(error, AuthorizationError)
+    assert str(error) == (
+        "authorization failed: the broker's ACLs do not allow this client DESCRIBE on group "
+        "'orders' (GROUP_AUTHORIZATION_FAILED: Broker: Group authorization failed): reading a "
+        "group's lag needs DESCRIBE on the group and on its topics"
+    )

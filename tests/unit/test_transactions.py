@@ -7,9 +7,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from tests.scripted_producer import (
     HANG,
     Producers,
@@ -305,3 +307,82 @@ def test_closing_a_fenced_producer_does_not_raise_and_lets_it_go(
     assert producer.flushes == 1
     txn.close(1.0)
     assert producer.flushes == 1, "a second close does not use the producer again"
+
+
+# -- the broker's ACLs -------------------------------------------------------------------------
+
+REFUSED_WRITE = KafkaError(
+    KafkaError.TOPIC_AUTHORIZATION_FAILED, "Broker: Topic authorization failed"
+)
+NEEDS = (
+    "an exactly-once member needs WRITE and DESCRIBE on its transactional_id 't-1', WRITE on its "
+    "output topics and READ on its group"
+)
+
+
+class RefusingOutputs(Scripted):
+    """Its outputs are refused by the broker's ACLs, as the delivery reports say."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reports: list[Callable[[], None]] = []
+
+    def produce(self, topic: str, *args: Any, on_delivery: Any = None, **kwargs: Any) -> None:
+        super().produce(topic, *args, **kwargs)
+        message = SimpleNamespace(topic=lambda: topic)
+        self.reports.append(lambda: on_delivery(REFUSED_WRITE, message))
+
+    def poll(self, timeout: float = -1) -> int:
+        reports, self.reports = self.reports, []
+        for report in reports:
+            report()
+        return len(reports)
+
+
+def test_an_output_the_acls_refuse_stops_the_member_at_the_next_boundary(
+    producers: Callable[..., Producers], events: Events
+) -> None:
+    """Regression: the boundary aborted the transaction and the engine replayed its records,
+    whose outputs the broker refused again: five aborts a second, for ever, the member
+    ready."""
+    txn = transactions(producers(RefusingOutputs()))
+    txn.produce([Output("out", b"v", None, None, None)])
+    with pytest.raises(TransactionError) as raised:
+        txn.commit(OFFSETS, {}, object())
+    assert str(raised.value) == (
+        "writing an output failed: the broker's ACLs do not allow this client WRITE on topic "
+        f"'out' (TOPIC_AUTHORIZATION_FAILED: Broker: Topic authorization failed): {NEEDS}"
+    )
+    assert raised.value.step == "writing an output" and not raised.value.fenced
+    assert [e["step"] for e in events.named("transaction_fatal")] == ["writing an output"]
+
+
+@pytest.mark.parametrize(
+    ("code", "step", "script", "named"),
+    [
+        (
+            KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            "initialising transactions",
+            "init",
+            "WRITE on transactional id 't-1'",
+        ),
+        (
+            KafkaError.GROUP_AUTHORIZATION_FAILED,
+            "adding the offsets to the transaction",
+            "add_offsets",
+            "READ on group 'g'",
+        ),
+    ],
+)
+def test_a_transactional_call_the_acls_refuse_names_them(
+    producers: Callable[..., Producers], code: int, step: str, script: str, named: str
+) -> None:
+    refused = KafkaException(KafkaError(code, "Broker: authorization failed"))
+    with pytest.raises(TransactionError) as raised:
+        txn = transactions(producers(Scripted(**{script: [refused]})))
+        txn.commit(OFFSETS, {}, object())
+    name = KafkaError(code).name()
+    assert str(raised.value) == (
+        f"{step} failed: the broker's ACLs do not allow this client {named} ({name}: Broker: "
+        f"authorization failed): {NEEDS}"
+    )

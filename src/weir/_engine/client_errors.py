@@ -2,9 +2,12 @@
 
 librdkafka reports errors through `error_cb` (served inside the owner's consume) and inside
 consumed messages. Here each is classified: fatal (the member stops), every broker down
-(readiness, `Lifecycle.brokers_down`), a broker refusing the client (authentication, TLS), an
-offset reset the application forbade (`OffsetResetError`), or one of the errors the client
-retries by itself. The first of a run of the same error is logged, the rest counted
+(readiness, `Lifecycle.brokers_down`), a broker refusing the client (authentication, TLS), its
+ACLs refusing the member's group or topic (before the member's first assignment its start
+fails with `AuthorizationError`; after it the member is not ready until the refusal ends, as
+for the refusals of commits and dead letters the engine hands to `refused`), an offset reset
+the application forbade (`OffsetResetError`), or one of the errors the client retries by
+itself. The first of a run of the same error is logged, the rest counted
 (`Repeats`): a broker that is down repeats its refusal every 50 ms. `check_reachable` waits
 for a broker at start and names why none answered.
 """
@@ -12,6 +15,7 @@ for a broker at start and names why none answered.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -20,6 +24,10 @@ from weir._engine.client import ConsumerClient, KafkaMessage
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.refusals import (
     ALL_BROKERS_DOWN_CODE,
+    MEMBER_NEEDS,
+    Denied,
+    authorization_error,
+    denied_of,
     denied_topics,
     refusal_error,
     refusal_of,
@@ -118,9 +126,11 @@ class ClientErrors:
         if self._causes is not None:
             self._causes.setdefault(client_error_cause(text), (err.name(), text))
         refused = refusal_of(err.name(), text)
-        if err.fatal():
+        if self._authorization(err, None):
+            pass
+        elif err.fatal():
             log.error("kafka_fatal_error", code=err.name(), error=text)
-            self._life.fail(KafkaFatalError(str(err)))
+            self._life.fail(KafkaFatalError(str(err) + _protocol_hint(text)))
         elif code == KafkaError._ALL_BROKERS_DOWN:
             self._life.brokers_down(time.monotonic())
             if self._first("all_brokers_down", err):
@@ -139,6 +149,51 @@ class ClientErrors:
                 )
         elif self._first("kafka_error", err):
             log.warning("kafka_error", code=err.name(), error=text)
+
+    # -- the broker's ACLs ---------------------------------------------------------------------
+
+    def _authorization(self, err: KafkaError, topic: str | None) -> bool:
+        """An ACL refusal of the consumer's requests (the group's, or a fetch of `topic`):
+        before the member's first assignment its start fails, after it the member lives with
+        it. False for any other error."""
+        denied = denied_of(err.name(), "READ", topic=topic, group=self._cfg.group_id)
+        if denied is None:
+            return False
+        if self._life.ever_joined:
+            self.refused(denied, err.str())
+            return True
+        error = authorization_error(
+            denied, client_error_cause(err.str()), MEMBER_NEEDS.format(group=self._cfg.group_id)
+        )
+        if self._life.fail(error):
+            _log_refused(denied, err.str(), running=False)
+        return True
+
+    def refused(self, denied: Denied, error: str) -> None:
+        """The broker's ACLs refused `denied` while the member runs (a fetch, a commit, a dead
+        letter): logged at its first time (repeats counted), not ready until `allowed`."""
+        self._life.refuse(denied, time.monotonic())
+        key = ("kafka_authorization_failed", denied.code, str(denied))
+        if self._repeats.seen(key, self._repeated):
+            _log_refused(denied, error, running=True)
+
+    def allowed(self, match: Callable[[Denied], bool], *, asked: bool = True) -> None:
+        """What the broker refused and `match` names was done since: the refusal has ended
+        (logged). `asked=False`: nothing asks for it any more (the records a dead letter held
+        were revoked or skipped): it ends unlogged, the ACL is no less missing."""
+        if not self._life.refusals:
+            return
+        ended = self._life.allow(match, time.monotonic())
+        if not asked:
+            return
+        for denied, seconds in ended.items():
+            log.info(
+                "kafka_authorization_allowed",
+                resource_type=denied.resource_type,
+                resource=denied.resource,
+                operation=denied.operation,
+                refused_s=round(seconds, 3),
+            )
 
     def _first(self, event: str, err: KafkaError) -> bool:
         """Whether `err` is the first of a run of the same error (log it); later ones are
@@ -161,6 +216,8 @@ class ClientErrors:
         )
 
     def on_message_error(self, err: KafkaError, msg: KafkaMessage) -> None:
+        if self._authorization(err, msg.topic()):
+            return
         if err.fatal():
             self.on_error(err)
         elif err.code() == KafkaError._MAX_POLL_EXCEEDED:
@@ -177,3 +234,27 @@ class ClientErrors:
                 log.error("offset_reset_failed", tp=str(tp), error=err.str())
         elif self._first("consume_error", err):
             log.warning("consume_error", code=err.name(), error=err.str())
+
+
+def _protocol_hint(text: str) -> str:
+    """What to do when the broker refuses KIP-848's heartbeat: a Kafka 4 broker lists the API
+    even with the consumer protocol turned off, so `group_protocol="auto"` can choose it."""
+    if "ConsumerGroupHeartbeat" not in text:
+        return ""
+    return (
+        ": the broker refuses the consumer group protocol (KIP-848), though it may list its "
+        "API; set group_protocol='classic', or enable it on the broker "
+        "(group.coordinator.rebalance.protocols, the group.version feature)"
+    )
+
+
+def _log_refused(denied: Denied, error: str, *, running: bool) -> None:
+    log.error(
+        "kafka_authorization_failed",
+        resource_type=denied.resource_type,
+        resource=denied.resource,
+        operation=denied.operation,
+        code=denied.code,
+        error=error,
+        running=running,
+    )

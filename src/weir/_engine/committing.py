@@ -8,6 +8,7 @@ the partition only when no newer offset was confirmed since.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Literal
 
 from weir._engine.clock import SYSTEM, Clock
 from weir._engine.tasks import Assignment
@@ -19,12 +20,20 @@ __all__ = ["CommitEvent", "Committer"]
 log = get_logger(__name__)
 
 
+# The unconfirmed commits kept per partition for their age: past this many the two oldest are
+# merged (the older send time with the higher offset), which can only make the age older.
+_UNCONFIRMED_KEPT = 8
+
+
 class _State:
-    __slots__ = ("confirmed", "sent")
+    __slots__ = ("confirmed", "sent", "unconfirmed")
 
     def __init__(self) -> None:
         self.sent: int | None = None
         self.confirmed: int | None = None
+        # (offset, when sent) of every commit no confirmation covers yet, oldest first: sent and
+        # waiting for its answer, or failed with no newer offset confirmed since.
+        self.unconfirmed: list[tuple[int, float]] = []
 
 
 class Committer:
@@ -91,18 +100,28 @@ class Committer:
     def sent(self, offsets: Mapping[Partition, int], now: float, *, sync: bool = False) -> None:
         for tp, off in offsets.items():
             st = self._state.get(tp)
-            if st is not None and (st.sent is None or off > st.sent):
-                st.sent = off
+            if st is not None:
+                if st.sent is None or off > st.sent:
+                    st.sent = off
+                if st.confirmed is None or off > st.confirmed:
+                    pending = st.unconfirmed
+                    pending.append((off, now))
+                    if len(pending) > _UNCONFIRMED_KEPT:
+                        (_, first), (second, _) = pending[0], pending[1]
+                        pending[:2] = [(second, first)]
             self._emit(CommitEvent(tp, off, sync, "sent"))
         self._last = now
         self._finished_since = 0
 
-    def result(self, tp: Partition, offset: int, error: str | None, *, sync: bool) -> None:
+    def result(
+        self, tp: Partition, offset: int, error: str | None, *, sync: bool, code: str | None = None
+    ) -> None:
         st = self._state.get(tp)
         if st is not None:
             if error is None:
                 if st.confirmed is None or offset > st.confirmed:
                     st.confirmed = offset
+                    st.unconfirmed = [u for u in st.unconfirmed if u[0] > offset]
             elif st.sent == offset and (st.confirmed is None or st.confirmed < offset):
                 # The newest offset failed: allow it (or a later one) to be sent again. An older
                 # failure after a newer success changes nothing.
@@ -111,11 +130,19 @@ class Committer:
             log.debug("commit", tp=str(tp), offset=offset, sync=sync)
         else:
             log.warning("commit_failed", tp=str(tp), offset=offset, sync=sync, error=error)
-        self._emit(CommitEvent(tp, offset, sync, "committed" if error is None else "failed", error))
+        status: Literal["committed", "failed"] = "committed" if error is None else "failed"
+        self._emit(CommitEvent(tp, offset, sync, status, error, code))
 
     def confirmed(self, tp: Partition) -> int | None:
         st = self._state.get(tp)
         return None if st is None else st.confirmed
+
+    def unconfirmed_since(self, tp: Partition) -> float | None:
+        """When the oldest commit of `tp` that no confirmation covers was sent (None: every
+        commit sent is confirmed). Its age is how long the partition's progress has gone
+        unconfirmed: a commit waiting behind a classic rebalance, or commits that fail."""
+        st = self._state.get(tp)
+        return None if st is None or not st.unconfirmed else st.unconfirmed[0][1]
 
     def sent_offset(self, tp: Partition) -> int | None:
         st = self._state.get(tp)

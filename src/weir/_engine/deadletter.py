@@ -7,11 +7,17 @@ idempotent with `acks=all`, owned by the owner thread (its delivery callbacks ar
 the member runs makes the write fail, and the partition blocks rather than skips. A dead-letter
 topic weir creates takes its source topic's largest record (`max.message.bytes`), and a dead
 letter refused as too large says so, with its size and the topic's limit (`WriteFailure`).
+A dead letter the broker's ACLs refuse says which ACL (`WriteFailure.denied`), and blocks its
+partition like any failed write. A producer that failed for good (a fatal error: the broker
+refused it an idempotent producer id, which needs WRITE on some topic) fails its pending
+writes and is replaced at the next dead letter, so an ACL granted later takes effect without
+a restart.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -21,6 +27,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from weir._engine.client import ProducerClient, ProducerFactory
+from weir._engine.refusals import Denied, authorization_error, denied_of
 from weir.config import ConsumerConfig
 from weir.errors import DeadLetterError
 from weir.logs import get_logger
@@ -52,12 +59,19 @@ HEADERS = (
 )
 
 # librdkafka settings of the consumer that the producer shares: how to reach and authenticate
-# with the cluster. Consumer-only settings would only make the producer log warnings.
+# with the cluster (OAUTHBEARER's token provider, unsecured tokens and token endpoint too),
+# and how much to log. Consumer-only settings would only make the producer log warnings.
 _SHARED_PREFIXES = (
     "security.",
     "ssl.",
     "ssl_",
     "sasl.",
+    "enable.sasl.",
+    "https.",
+    "oauth_cb",
+    "debug",
+    "log_level",
+    "log.connection.close",
     "client.",
     "socket.",
     "broker.",
@@ -81,6 +95,11 @@ _PRODUCER_MAX_BYTES = 1_000_000_000
 _HEADER_ROOM_BYTES = 2048
 # The longest the owner waits for a topic's configuration when a dead letter was too large.
 _DESCRIBE_TIMEOUT_S = 5.0
+# What a member that dead-letters needs of the broker's ACLs.
+_NEEDS = (
+    "a member that dead-letters needs DESCRIBE and WRITE on its dead-letter topics (and "
+    "CREATE, for weir to create a missing one)"
+)
 _MAX_BYTES = "max.message.bytes"
 
 
@@ -110,9 +129,13 @@ class WriteFailure:
     """Set when it was refused as too large: the dead letter's bytes (key, value, headers)."""
     limit: int | None = None
     """... and its topic's max.message.bytes (None: it could not be read)."""
+    denied: Denied | None = None
+    """Set when the broker's ACLs refused it: what they refused."""
 
     @property
     def reason(self) -> str:
+        if self.denied is not None:
+            return f"dead letter refused by the broker's ACLs: {self.denied} ({self.denied.code})"
         if self.size is None:
             return "dead-letter write failed"
         limit = "could not be read" if self.limit is None else f"is {self.limit}"
@@ -151,12 +174,19 @@ class DeadLetters:
         # Dead-letter topics known to exist: those of the named topics are checked at start,
         # those of topics a regex subscription matched before their first dead letter.
         self._checked: set[str] = set()
-        self.pending = 0
         self._next_serve = 0.0
         self._closed = False
+        # Writes sent and not confirmed, by sequence number: who to tell, and of what.
+        self._inflight: dict[int, tuple[Result, FailurePolicy, str, int]] = {}
+        self._seq = itertools.count()
         # Delivery results, kept by the producer's callback and handed on once its poll returned
         # (a dead letter too large for its topic asks an admin client for the topic's limit).
-        self._results: list[tuple[Result, FailurePolicy, str, int, KafkaError | None]] = []
+        self._results: list[tuple[int, KafkaError | None]] = []
+
+    @property
+    def pending(self) -> int:
+        """Dead letters sent and not confirmed yet."""
+        return len(self._inflight)
 
     def producer_config(self) -> dict[str, Any]:
         cfg = self._cfg
@@ -189,6 +219,14 @@ class DeadLetters:
         for topic in topics:
             policy = self._cfg.policy_for(topic)
             dlq = policy.dead_letter_for(topic)
+            hidden = self._hidden(dlq, timeout)
+            if hidden is not None:
+                raise authorization_error(
+                    hidden,
+                    f"the dead-letter topic of {topic!r}; Kafka says so also of a topic that does "
+                    "not exist, to a client that may not describe it",
+                    _NEEDS,
+                )
             if self._exists(dlq, timeout):
                 self._checked.add(dlq)
                 continue
@@ -211,6 +249,13 @@ class DeadLetters:
         policy = self._cfg.policy_for(source)
         timeout = self._cfg.failure.dead_letter_timeout_s
         try:
+            hidden = self._hidden(dlq, timeout)
+            if hidden is not None:
+                return WriteFailure(
+                    f"the broker's ACLs do not allow this client DESCRIBE on dead-letter topic "
+                    f"{dlq!r} of {source!r} ({hidden.code}): {_NEEDS}",
+                    denied=hidden,
+                )
             if not self._exists(dlq, timeout):
                 if not policy.create_dead_letter_topic:
                     return WriteFailure(
@@ -224,19 +269,35 @@ class DeadLetters:
         return None
 
     def _exists(self, topic: str, timeout: float) -> bool:
-        assert self._producer is not None
+        found = self._metadata(topic, timeout)
+        return found is not None and found.error is None
+
+    def _hidden(self, topic: str, timeout: float) -> Denied | None:
+        """DESCRIBE on `topic`, if the broker's ACLs refuse it (Kafka says so also of a topic
+        that does not exist, to a client that may not describe it)."""
+        found = self._metadata(topic, timeout)
+        error = None if found is None else found.error
+        code = error.name() if isinstance(error, KafkaError) else ""
+        return denied_of(code, "DESCRIBE", topic=topic)
+
+    def _metadata(self, topic: str, timeout: float) -> Any:
+        producer = self._producer_now()
         try:
-            meta = self._producer.list_topics(topic, timeout=timeout)
+            meta = producer.list_topics(topic, timeout=timeout)
         except KafkaException as exc:
             raise DeadLetterError(f"could not look up dead-letter topic {topic!r}: {exc}") from exc
-        found = meta.topics.get(topic)
-        return found is not None and found.error is None
+        return meta.topics.get(topic)
+
+    def _producer_now(self) -> ProducerClient:
+        """The producer, a new one if the last failed for good (`_failed_for_good`)."""
+        if self._producer is None:
+            self._producer = self._factory(self.producer_config())
+        return self._producer
 
     def _partitions(self, topic: str, timeout: float) -> int:
         """The partition count of a source topic (1 if it cannot be read)."""
-        assert self._producer is not None
         try:
-            found = self._producer.list_topics(topic, timeout=timeout).topics.get(topic)
+            found = self._producer_now().list_topics(topic, timeout=timeout).topics.get(topic)
         except KafkaException:
             return 1
         return len(found.partitions) if found is not None and found.partitions else 1
@@ -314,7 +375,6 @@ class DeadLetters:
         """Write `record` to its dead-letter topic (`failed_at`: when its last attempt failed,
         `time.time()`); `done` gets the outcome on a later `poll` (or at once, with the failure,
         if the client refused the write)."""
-        assert self._producer is not None, "start() first"
         policy = self._cfg.policy_for(record.topic)
         topic = policy.dead_letter_for(record.topic)
         if topic not in self._checked:
@@ -322,6 +382,7 @@ class DeadLetters:
             if problem is not None:
                 done(problem)
                 return
+        producer = self._producer_now()
         message = str(error)
         if len(message) > policy.max_error_chars:
             message = message[: policy.max_error_chars - 1] + "…"
@@ -339,21 +400,26 @@ class DeadLetters:
         }
         added = [(k, v.encode()) for k, v in extra.items()]
         size = record.size + header_bytes(added)
+        seq = next(self._seq)
 
         def delivered(err: KafkaError | None, msg: Any) -> None:
             if not self._closed:  # else served by close(): the member stopped, its commit is done
-                self._results.append((done, policy, topic, size, err))
+                self._results.append((seq, err))
 
         try:
-            self._producer.produce(
+            producer.produce(
                 topic, record.value, record.key, headers=[*record.headers, *added],
                 on_delivery=delivered,
             )  # fmt: skip
         except (KafkaException, BufferError) as exc:
             err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.fatal():
+                self._inflight[seq] = (done, policy, topic, size)
+                self._failed_for_good(err)
+                return
             done(self._failure(policy, topic, size, err if isinstance(err, KafkaError) else exc))
             return
-        self.pending += 1
+        self._inflight[seq] = (done, policy, topic, size)
 
     def _failure(
         self, policy: FailurePolicy, topic: str, size: int, err: KafkaError | BaseException
@@ -361,6 +427,10 @@ class DeadLetters:
         """Why the dead letter of `size` bytes to `topic` was not written: for one refused as
         too large, with the topic's max.message.bytes, read now (it may have been changed
         since the start)."""
+        if isinstance(err, KafkaError):
+            denied = denied_of(err.name(), "WRITE", topic=topic)
+            if denied is not None:
+                return WriteFailure(str(err), denied=denied)
         if not isinstance(err, KafkaError) or err.code() != KafkaError.MSG_SIZE_TOO_LARGE:
             return WriteFailure(str(err))
         timeout = min(_DESCRIBE_TIMEOUT_S, policy.dead_letter_timeout_s)
@@ -375,12 +445,57 @@ class DeadLetters:
     def _serve(self) -> None:
         """Hand the delivery results the producer's callbacks kept on to their writers."""
         results, self._results = self._results, []
-        for done, policy, topic, size, err in results:
-            self.pending -= 1
+        for seq, err in results:
+            sent = self._inflight.pop(seq, None)
+            if sent is None:
+                continue  # failed already, with the producer that failed for good
+            done, policy, topic, size = sent
             if err is None:
                 done(None)
             else:
                 done(self._failure(policy, topic, size, err))
+
+    def _serve_producer(self, call: Any) -> None:
+        """`call(producer)` (a poll or a flush), which raises a fatal error of the producer."""
+        producer = self._producer
+        if producer is None:
+            return
+        try:
+            call(producer)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not isinstance(err, KafkaError) or not err.fatal():
+                raise
+            self._serve()  # what the producer confirmed before it failed
+            self._failed_for_good(err)
+
+    def _failed_for_good(self, err: KafkaError) -> None:
+        """The producer hit a fatal error: the writes it holds fail now (their records block
+        their partitions and are written again by the next producer), and it is replaced at the
+        next dead letter. Refused an idempotent producer id (CLUSTER_AUTHORIZATION_FAILED), it
+        lacks WRITE on any topic: its dead-letter topics' is the ACL to grant."""
+        self._producer = None
+        denied_any = err.code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+        text = err.str()
+        log.error(
+            "dead_letter_producer_failed",
+            code=err.name(),
+            error=text,
+            pending=len(self._inflight),
+        )
+        inflight, self._inflight = self._inflight, {}
+        for done, _, topic, _ in inflight.values():
+            if denied_any:
+                done(
+                    WriteFailure(
+                        f"the broker's ACLs refused the dead-letter producer an idempotent "
+                        f"producer id ({err.name()}: {text}): it needs WRITE on its "
+                        "dead-letter topics (or IDEMPOTENT_WRITE on the cluster)",
+                        denied=Denied("topic", topic, "WRITE", err.name()),
+                    )
+                )
+            else:
+                done(WriteFailure(f"the dead-letter producer failed for good: {text}"))
 
     def poll(self) -> None:
         """Serve delivery results (owner thread, every turn) and the producer's log lines
@@ -391,7 +506,7 @@ class DeadLetters:
         now = time.monotonic()
         if self.pending or now >= self._next_serve:
             self._next_serve = now + _SERVE_EVERY_S
-            producer.poll(0)
+            self._serve_producer(lambda p: p.poll(0))
             self._serve()
 
     def close(self) -> None:
@@ -402,6 +517,7 @@ class DeadLetters:
         producer, self._producer = self._producer, None
         self._closed = True
         self._results = []
+        self._inflight = {}
         if producer is not None:
             # Best effort: the shutdown steps after this one must run whatever it raises.
             with contextlib.suppress(Exception):
@@ -411,7 +527,7 @@ class DeadLetters:
         """Wait up to `timeout` for pending writes; returns how many are still pending."""
         if self._producer is None or not self.pending:
             return 0
-        self._producer.flush(max(0.0, timeout))
+        self._serve_producer(lambda p: p.flush(max(0.0, timeout)))
         self._serve()
         return self.pending
 

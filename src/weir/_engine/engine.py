@@ -32,7 +32,7 @@ from weir._engine.client import (
 )
 from weir._engine.client_errors import ClientErrors
 from weir._engine.clock import SYSTEM, Clock
-from weir._engine.commits import CommitPath
+from weir._engine.commit_requests import CommitPath
 from weir._engine.committing import Committer
 from weir._engine.deadletter import DeadLetters
 from weir._engine.exactly_once import ExactlyOnce
@@ -42,10 +42,13 @@ from weir._engine.intake import Run, runs_of
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.metrics import Metrics
 from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
+from weir._engine.protocols import ProtocolProbe, choose_protocol, warn_commit_blackout
+from weir._engine.refusals import Denied, denied_of, first_token_refusal, token_refusal
 from weir._engine.replay import ReplayMaps
 from weir._engine.scheduling import Scheduler, lane_of
 from weir._engine.settlement import Settlement
 from weir._engine.snapshot import Snapshot
+from weir._engine.stalls import Stalls
 from weir._engine.starts import Starts
 from weir._engine.tasks import Assignment
 from weir._engine.transactions import TransactionError, Transactions
@@ -73,6 +76,9 @@ _PUBLISH_EVERY = 1.0
 # While every broker is reported down: the longest the owner waits for one to answer, once a
 # second (`Lifecycle.broker_probe_due`).
 _PROBE_WAIT = 0.25
+# The shutdown's last commit waits this long for its answer even when the drain used up the
+# shutdown budget: an answer takes milliseconds unless a rebalance holds the connection.
+_FINAL_COMMIT_S = 1.0
 
 
 class Engine:
@@ -90,6 +96,7 @@ class Engine:
         loop: asyncio.AbstractEventLoop | None = None,
         *,
         refresh_watermarks: bool = False,
+        protocol_probe: ProtocolProbe | None = None,
         clock: Clock = SYSTEM,
     ) -> None:
         self.cfg = cfg = config
@@ -97,6 +104,8 @@ class Engine:
         self.handler = handler
         self.life = life
         self._factory = client_factory
+        # group_protocol="auto": what asks the broker (None: the classic protocol).
+        self._protocol_probe = protocol_probe
         self.callbacks = Callbacks(cfg.callback_errors, life.fail)
         # The client's errors and librdkafka's log lines repeat while a broker is down (a
         # refused connection every 50 ms): the first of each is logged, the rest counted.
@@ -138,9 +147,12 @@ class Engine:
             lambda f: self.settle.given_up(f),
             dead_letters,
             clock=clock,
+            refusals=self.errors,
         )
         self.replay = ReplayMaps(cfg.offset_map, cfg.offset_map_max_bytes)
-        self.commits = CommitPath(lambda: self.client, self.own, self.committer, self.replay)
+        self.commits = CommitPath(
+            lambda: self.client, self.own, self.committer, self.replay, clock=clock
+        )
         # Exactly-once mode: the transactional producer (a real Producer is transactional; a
         # test's producer_factory must give one too).
         self.txn = (
@@ -164,6 +176,15 @@ class Engine:
             self.replay,
             self.fetch,
             ready=None if txn is None else lambda: txn.ready,
+        )
+        self.stalls = Stalls(
+            cfg.partition_stall_s,
+            client=lambda: self.client,
+            own=self.own,
+            fetch=self.fetch,
+            budget=self.budget,
+            starts=self.starts,
+            incremental=cfg.incremental,
         )
         self.eos = (
             None
@@ -205,6 +226,7 @@ class Engine:
             (self.commits, "partition"),
             (self.replay, "partition"),
             (self.starts, "partition"),
+            (self.stalls, "assignment"),
             (self.fetch, "partition"),
             (self.metrics, "partition"),
         )
@@ -218,6 +240,7 @@ class Engine:
             committer=self.committer,
             commits=self.commits,
             fetch=self.fetch,
+            stalls=self.stalls,
             replay=self.replay,
             settle=self.settle,
             failures=self.failures,
@@ -271,12 +294,22 @@ class Engine:
                 life.end()
 
     def start(self) -> None:
-        cfg = self.cfg
+        cfg = self.cfg = choose_protocol(self.cfg, self._protocol_probe)
+        warn_commit_blackout(cfg)
         conf = cfg.librdkafka_config()
         conf["on_commit"] = self.commits.on_commit
         conf["error_cb"] = self.errors.on_error
         conf["logger"] = ClientLog(self._repeats)  # librdkafka's lines: weir.librdkafka
-        self._client = self._factory(conf)
+        refused = first_token_refusal(conf)
+        if refused is not None:
+            raise refused
+        try:
+            self._client = self._factory(conf)
+        except (KafkaException, SystemError) as exc:
+            refused = token_refusal(exc, conf)
+            if refused is None:
+                raise
+            raise refused from None
         meta = self.errors.check_reachable(self.client)
         if self._refresh_s is not None:
             # Its own configuration drops the member's callbacks (on_commit, error_cb, logger).
@@ -364,7 +397,7 @@ class Engine:
                     "shutdown_budget_exceeded" if not life.hurry.is_set() else "shutdown_hurried",
                     unfinished=left,
                 )
-            self._commit_sync(self.commits.committable())
+            self._commit_final(client, deadline)
             self.own.fence_progress()
             self._publish(running=False)
             if self.cfg.group_instance_id is None:
@@ -445,10 +478,11 @@ class Engine:
             self._probe_brokers()
         if self.starts.pending:
             self.starts.turn(now)
+        self.stalls.turn(now)
         if self.eos is not None:
             if self.eos.turn(now):
                 self._publish(running=True)
-        elif self.committer.due(now):
+        elif self.committer.due(now) and self.commits.ready(now):
             self.commits.send_async(now)
             self._publish(running=True)
         if now >= self._next_publish:
@@ -506,6 +540,8 @@ class Engine:
         full = []
         now = self.clock.monotonic()
         for run in runs_of(msgs, self.errors.on_message_error):
+            if self.life.refusals:  # a record fetched: the topic may be read again
+                self.errors.allowed(_reading(run.topic))
             tp = Partition(run.topic, run.partition)
             if self._register_run(partitions.get(tp), run, now):
                 full.append(tp)
@@ -588,12 +624,36 @@ class Engine:
             return self.eos.commit(committable)
         return self.commits.send_sync(committable)
 
+    def _commit_final(self, client: ConsumerClient, deadline: float) -> None:
+        """The shutdown's last commit, its answer awaited within the shutdown budget (and at
+        least `_FINAL_COMMIT_S`) by serving the client."""
+        committable = self.commits.committable()
+        if self.eos is not None:
+            self.eos.commit(committable)  # its client calls have deadlines of their own
+            return
+
+        def serve(wait: float) -> None:
+            # Records it hands out are not run: their partitions are held for the shutdown.
+            client.consume(1, wait)
+            self.life.polled_at = self.clock.monotonic()
+
+        until = max(deadline, self.clock.monotonic() + _FINAL_COMMIT_S)
+        self.commits.send_final(committable, until, serve, self.life.hurry)
+
     def _read_position(self, tp: Partition) -> int | None:
         st = self.own.partitions.get(tp)
         return None if st is None else st.progress.read_position
 
     def _emit_commit(self, event: CommitEvent) -> None:
         self.metrics.commit_result(event)
+        if event.status == "failed" and event.code is not None:
+            group = self.cfg.group_id
+            denied = denied_of(event.code, "READ", topic=event.tp.topic, group=group)
+            if denied is not None:
+                self.errors.refused(denied, event.error or event.code)
+        elif event.status == "committed" and self.life.refusals:
+            topic = event.tp.topic
+            self.errors.allowed(lambda d: d.resource_type == "group" or _reading(topic)(d))
         # Read at every event: a listener added after start() is called from then on.
         for listener in self.life.listeners:
             self.callbacks.call(callback_name(listener), listener, event, tp=str(event.tp))
@@ -629,8 +689,11 @@ class Engine:
         m = self.metrics
         try:
             self._assign(client, tps, began)
+            if self.eos is None:
+                self.commits.send_pending(self.clock.monotonic())
         finally:
-            self.life.joined = True
+            self.life.joined = self.life.ever_joined = True
+            self.errors.allowed(lambda d: d.resource_type == "group")
             self._owned_changed()
             seconds = m.rebalance_done(began, self.clock.monotonic())
             log.info(
@@ -720,6 +783,11 @@ class Engine:
         now = self.clock.monotonic()
         self._next_publish = now + _PUBLISH_EVERY
         self.life.publish(self.snapshot.take(running=running, now=now))
+
+
+def _reading(topic: str) -> Callable[[Denied], bool]:
+    """Whether a refusal is of reading `topic` (ended by a record of it fetched, or committed)."""
+    return lambda d: d.resource_type == "topic" and d.operation == "READ" and d.resource == topic
 
 
 def _producer(conf: dict[str, Any]) -> ProducerClient:

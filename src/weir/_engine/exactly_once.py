@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 from weir._engine.client import ConsumerClient
 from weir._engine.clock import SYSTEM, Clock
-from weir._engine.commits import CommitPath
+from weir._engine.commit_requests import CommitPath
 from weir._engine.committing import Committer
 from weir._engine.failures import Failures
 from weir._engine.lifecycle import Lifecycle

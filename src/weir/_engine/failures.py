@@ -30,6 +30,7 @@ from weir._engine.clock import SYSTEM, Clock
 from weir._engine.deadletter import DeadLetters, WriteFailure
 from weir._engine.fetching import FetchControl
 from weir._engine.lifecycle import Lifecycle
+from weir._engine.refusals import Denied, RefusalSink
 from weir._engine.scheduling import Scheduler
 from weir._engine.tasks import Assignment, Lane, LaneKey, Task
 from weir._engine.tracking import BatchProgress
@@ -63,6 +64,7 @@ class Failed:
     state: State = "retry"
     due: float = 0.0
     dead_letter_failed: bool = False  # blocked because the dead-letter write failed
+    denied: Denied | None = None  # ... refused by the broker's ACLs
     failed_at: float = 0.0  # when the last attempt failed: time.time(), for the dead letter
     parked: bool = False  # its partition is paused and parked until it is done with
     final: bool = False  # the final policy applied: a blocked record that fails stays blocked
@@ -86,8 +88,10 @@ class Failures:
         dead_letters: DeadLetters | None,
         *,
         clock: Clock = SYSTEM,
+        refusals: RefusalSink | None = None,
     ) -> None:
         self._clock = clock
+        self._refusals = refusals
         self._cfg = cfg
         self._scheduler = scheduler
         self._budget = budget
@@ -212,6 +216,7 @@ class Failures:
             del self._failed[key]
         gone = {a.tp for a in assignments}
         self._blocked_logged -= gone
+        self._still_refused()
 
     def pending(self, assignments: Collection[Assignment]) -> int:
         """Dead-letter writes of these assignments still waiting for the broker."""
@@ -259,6 +264,7 @@ class Failures:
         del self._failed[(a, offset)]
         a.attempts.pop(offset, None)
         self.skipped += 1
+        self._still_refused()
         log.warning(
             "record_skipped",
             event_id=f.record.event_id,
@@ -307,6 +313,7 @@ class Failures:
         assert self.dead_letters is not None
         f.state = "dead_letter"
         f.dead_letter_failed = False
+        topic = self._cfg.policy_for(f.record.topic).dead_letter_for(f.record.topic)
 
         def done(failure: WriteFailure | None) -> None:
             if self._failed.get((f.assignment, f.record.offset)) is not f:
@@ -315,10 +322,12 @@ class Failures:
                 del self._failed[(f.assignment, f.record.offset)]
                 f.assignment.attempts.pop(f.record.offset, None)
                 self.dead_lettered += 1
+                f.denied = None
+                self._still_refused(written=topic)
                 log.warning(
                     "dead_lettered",
                     event_id=f.record.event_id,
-                    topic=self._cfg.policy_for(f.record.topic).dead_letter_for(f.record.topic),
+                    topic=topic,
                     attempts=f.attempt,
                     error=_describe(f.error),
                 )
@@ -332,12 +341,31 @@ class Failures:
                     **failure.fields,
                 )
                 f.dead_letter_failed = True
+                f.denied = failure.denied
+                if failure.denied is not None and self._refusals is not None:
+                    self._refusals.refused(failure.denied, failure.error)
                 policy = self._cfg.policy_for(f.record.topic)
                 self._block(
                     f, policy, self._clock.monotonic(), reason=failure.reason, **failure.fields
                 )
 
         self.dead_letters.send(f.record, f.attempt, f.error, f.failed_at, done)
+
+    def _still_refused(self, written: str | None = None) -> None:
+        """The ACL refusals of dead letters that still hold a record: a dead letter written
+        to a topic (`written`) ends its refusal, and so does the last record it held going
+        (skipped, revoked)."""
+        if self._refusals is None:
+            return
+        held = {f.denied for f in self._failed.values() if f.denied is not None}
+
+        def lettered(d: Denied) -> bool:
+            # A member's other refusals are of reading (its topics, its group).
+            return d.resource_type == "topic" and d.operation in ("WRITE", "DESCRIBE")
+
+        if written is not None:
+            self._refusals.allowed(lambda d: lettered(d) and d.resource == written)
+        self._refusals.allowed(lambda d: lettered(d) and d not in held, asked=False)
 
     def _block(
         self, f: Failed, policy: FailurePolicy, now: float, *, reason: str, **detail: object

@@ -12,10 +12,11 @@ import contextlib
 import enum
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
+from weir._engine.refusals import Denied
 from weir.records import CommitEvent
 from weir.stats import EMPTY, ConsumerStats
 
@@ -59,6 +60,12 @@ class Lifecycle:
         # the group (received, not lost since).
         self.polled_at: float | None = None
         self.joined = False
+        # Whether it ever received an assignment: a refusal by the broker's ACLs before that is
+        # the member's start failing, after it one the member lives with until it ends.
+        self.ever_joined = False
+        # ACL refusals the running member lives with, since when (time.monotonic()): replaced
+        # whole by the owner thread, read by health checks.
+        self.refusals: Mapping[Denied, float] = {}
         # ... and since when the client has reported every broker down with none answering since
         # (time.monotonic(); None while a broker answers).
         self.brokers_down_since: float | None = None
@@ -177,6 +184,21 @@ class Lifecycle:
         """A broker answered: the outage is over. Returns how long it lasted (0 if none)."""
         since, self.brokers_down_since = self.brokers_down_since, None
         return 0.0 if since is None else max(0.0, now - since)
+
+    def refuse(self, denied: Denied, now: float) -> bool:
+        """The broker's ACLs refused `denied` while the member runs. True if it was not
+        refused already (a refusal that goes on keeps the time it began)."""
+        if denied in self.refusals:
+            return False
+        self.refusals = {**self.refusals, denied: now}
+        return True
+
+    def allow(self, match: Callable[[Denied], bool], now: float) -> dict[Denied, float]:
+        """Refusals `match` says have ended, with how long each lasted."""
+        ended = {d: now - since for d, since in self.refusals.items() if match(d)}
+        if ended:
+            self.refusals = {d: s for d, s in self.refusals.items() if d not in ended}
+        return ended
 
     @property
     def should_run(self) -> bool:

@@ -1,4 +1,5 @@
-"""A broker that answered and refused: SASL authentication and TLS failures, named as such.
+"""A broker that answered and refused: SASL authentication and TLS failures, and what its ACLs
+refused (`Denied`), named as such.
 
 librdkafka reports them through the error callback (``_AUTHENTICATION``, ``_SSL``) while the
 request that needed a broker only times out, so a client that looks at its requests alone says
@@ -8,6 +9,11 @@ librdkafka's words, whether its CA is unknown or it names another host: `explain
 broker once more with Python's own TLS (same CA settings, no credentials sent) to tell which.
 
 Nothing here ever weakens verification: it only reads the settings the client was given.
+
+An ACL refusal comes back as the error of the request that needed it (TOPIC_, GROUP_,
+TRANSACTIONAL_ID_, CLUSTER_AUTHORIZATION_FAILED): Kafka's code names the kind of resource, and
+the request the operation, which only the caller knows (a fetch reads, a produce writes).
+`Denied` is the two together, with the resource's name.
 """
 
 from __future__ import annotations
@@ -16,9 +22,9 @@ import os
 import re
 import socket
 import ssl
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -26,12 +32,19 @@ from weir.errors import AuthenticationError, AuthorizationError, BrokerRefusedEr
 from weir.logs import client_error_cause
 
 __all__ = [
+    "AUTHORIZATION_CODES",
+    "Denied",
     "Refusal",
+    "RefusalSink",
+    "authorization_error",
+    "denied_of",
     "denied_topics",
     "explain",
+    "first_token_refusal",
     "refusal_error",
     "refusal_of",
     "startup_refusal",
+    "token_refusal",
     "topics_denied_error",
 ]
 
@@ -55,6 +68,81 @@ _NAME_MISMATCH = frozenset({62, 63, 64})
 _UNKNOWN_CA = frozenset({2, 18, 19, 20, 21})
 
 Kind = Literal["authentication", "tls"]
+
+# What each authorization error code names: the kind of resource the ACLs refused.
+AUTHORIZATION_CODES = {
+    "TOPIC_AUTHORIZATION_FAILED": "topic",
+    "GROUP_AUTHORIZATION_FAILED": "group",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": "transactional id",
+    "CLUSTER_AUTHORIZATION_FAILED": "cluster",
+}
+# What a consumer group member needs, said with each refusal a member meets.
+MEMBER_NEEDS = "a member needs DESCRIBE and READ on its topics and READ on its group {group!r}"
+
+
+@dataclass(frozen=True)
+class Denied:
+    """An operation the broker's ACLs refused the client on one resource."""
+
+    resource_type: str
+    """"topic", "group", "transactional id" or "cluster"."""
+    resource: str
+    """Its name ("" for the cluster, or a topic the client's error did not name)."""
+    operation: str
+    """Kafka's name of the operation: READ, WRITE, DESCRIBE, IDEMPOTENT_WRITE, ..."""
+    code: str = field(compare=False)
+    """The error code, e.g. GROUP_AUTHORIZATION_FAILED (not part of what was refused: a write
+    refused one way, then another, is one refusal)."""
+
+    def __str__(self) -> str:
+        if self.resource_type == "cluster":
+            return f"{self.operation} on the cluster"
+        if not self.resource:
+            return f"{self.operation} on a {self.resource_type}"
+        return f"{self.operation} on {self.resource_type} {self.resource!r}"
+
+
+def denied_of(
+    code: str,
+    operation: str,
+    *,
+    topic: str | None = None,
+    group: str | None = None,
+    transactional_id: str | None = None,
+) -> Denied | None:
+    """The refusal an error `code` reports for a request doing `operation` (on its topic or
+    group; on a transactional id a producer writes, on the cluster it writes idempotently), or
+    None if it is no authorization error. The names are the request's."""
+    kind = AUTHORIZATION_CODES.get(code)
+    if kind is None:
+        return None
+    if kind == "topic":
+        return Denied(kind, topic or "", operation, code)
+    if kind == "group":
+        return Denied(kind, group or "", operation, code)
+    if kind == "transactional id":
+        return Denied(kind, transactional_id or "", "WRITE", code)
+    return Denied(kind, "", "IDEMPOTENT_WRITE", code)
+
+
+def authorization_error(denied: Denied, cause: str, needs: str) -> AuthorizationError:
+    """The error for `denied` (`cause`: the client's words), saying what is `needs`ed."""
+    return AuthorizationError(
+        f"authorization failed: the broker's ACLs do not allow this client {denied} "
+        f"({denied.code}: {cause}): {needs}",
+        resource_type=denied.resource_type,
+        resources=(denied.resource,) if denied.resource else (),
+        operation=denied.operation,
+    )
+
+
+class RefusalSink(Protocol):
+    """Where refusals met while the member runs go: logged once, and the member not ready until
+    they end (`weir._engine.client_errors.ClientErrors`)."""
+
+    def refused(self, denied: Denied, error: str) -> None: ...
+
+    def allowed(self, match: Callable[[Denied], bool], *, asked: bool = True) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -96,6 +184,62 @@ def refusal_error(refusal: Refusal, conf: Mapping[str, Any]) -> BrokerRefusedErr
     """The member's error for ``refusal``: `AuthenticationError` or `TlsError`."""
     error = AuthenticationError if refusal.kind == "authentication" else TlsError
     return error(explain(refusal, conf))
+
+
+def first_token_refusal(conf: Mapping[str, Any]) -> AuthenticationError | None:
+    """Ask the OAUTHBEARER token provider of `conf` (weir's wrapper of it) for a token before
+    a client is built: what it raises or returns wrong is then an AuthenticationError at once.
+    Left to the client, it costs a 10 s wait, and confluent-kafka 2.16 then calls the error
+    callback with an exception pending, which may kill the calling thread with a KafkaError
+    for an exception. The provider is asked one more time than the clients would."""
+    from weir.config import _TokenProblem
+
+    provider = conf.get("oauth_cb")
+    if provider is None:
+        return None
+    try:
+        provider(conf.get("sasl.oauthbearer.config"))
+    except _TokenProblem as exc:
+        what = str(exc)
+    except Exception as exc:
+        what = f"raised {type(exc).__qualname__} (its words are not shown: log them there)"
+    else:
+        return None
+    return AuthenticationError(
+        f"authentication failed: the OAUTHBEARER token provider kafka['oauth_cb'], asked for "
+        f"a first token before the member's client is built, {what}"
+    )
+
+
+def token_refusal(exc: BaseException, conf: Mapping[str, Any]) -> AuthenticationError | None:
+    """The error for a client that could not be built because its OAUTHBEARER token provider
+    handed it no token (confluent-kafka waits 10 s for one), else None. With an error_cb set,
+    confluent-kafka 2.16 calls it with that KafkaException pending, and the constructor raises
+    a SystemError with the KafkaError as its context instead."""
+    if "oauth_cb" not in conf:
+        return None
+    err = next((e for e in _kafka_errors(exc) if isinstance(e, KafkaError)), None)
+    if err is None:
+        return None
+    if err.code() != KafkaError.SASL_AUTHENTICATION_FAILED:
+        return None
+    return AuthenticationError(
+        f"authentication failed: the OAUTHBEARER token provider kafka['oauth_cb'] handed the "
+        f"client no token ({err.str()}): it raised, or returned what a client cannot use; the "
+        "oauth_token_failed error logged before this says which"
+    )
+
+
+def _kafka_errors(exc: BaseException) -> list[object]:
+    """What `exc` carries, its cause and its context carry: where a KafkaError may be."""
+    found: list[object] = []
+    for what in (exc, exc.__cause__, exc.__context__):
+        if what is None:
+            continue
+        found.append(what)
+        if isinstance(what, BaseException) and what.args:
+            found.append(what.args[0])
+    return found
 
 
 def explain(refusal: Refusal, conf: Mapping[str, Any]) -> str:
@@ -209,6 +353,9 @@ def topics_denied_error(topics: Sequence[str], group_id: str) -> AuthorizationEr
     names = ", ".join(repr(t) for t in topics)
     return AuthorizationError(
         f"authorization failed: the broker's ACLs do not allow this client to describe topic "
-        f"{names} (TOPIC_AUTHORIZATION_FAILED; also said of a topic that does not exist): a "
-        f"member needs DESCRIBE and READ on its topics and READ on its group {group_id!r}"
+        f"{names} (TOPIC_AUTHORIZATION_FAILED; also said of a topic that does not exist): "
+        + MEMBER_NEEDS.format(group=group_id),
+        resource_type="topic",
+        resources=tuple(topics),
+        operation="DESCRIBE",
     )

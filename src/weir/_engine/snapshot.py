@@ -14,7 +14,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from weir._engine.budget import Budget
 from weir._engine.callbacks import Callbacks
 from weir._engine.client import ConsumerClient
-from weir._engine.commits import CommitPath
+from weir._engine.commit_requests import CommitPath
 from weir._engine.committing import Committer
 from weir._engine.failures import Failures
 from weir._engine.fetching import FetchControl
@@ -23,6 +23,7 @@ from weir._engine.metrics import Metrics
 from weir._engine.ownership import Ownership
 from weir._engine.replay import ReplayMaps
 from weir._engine.settlement import Settlement
+from weir._engine.stalls import Stalls
 from weir._engine.watermarks import WatermarkRefresher
 from weir._engine.workers import Workers
 from weir.config import FlowConfig
@@ -45,6 +46,7 @@ class Snapshot:
         committer: Committer,
         commits: CommitPath,
         fetch: FetchControl,
+        stalls: Stalls,
         replay: ReplayMaps,
         settle: Settlement,
         failures: Failures,
@@ -61,6 +63,7 @@ class Snapshot:
         self._committer = committer
         self._commits = commits
         self._fetch = fetch
+        self._stalls = stalls
         self._replay = replay
         self._settle = settle
         self._failures = failures
@@ -115,11 +118,13 @@ class Snapshot:
                     oldest_age_s=oldest_age,
                     oldest_fetched_s=oldest_fetched,
                     stalled_s=stalled,
+                    silent_s=self._stalls.silent_s(tp, now),
                     last_commit_time=pm.last_commit_time if pm else None,
                     last_commit_offset=pm.last_commit_offset if pm else None,
                     last_commit_error=pm.last_commit_error if pm else None,
                     assigned_time=pm.assigned_time if pm else 0.0,
                     recovery_s=pm.recovery_s if pm else None,
+                    unconfirmed_commit_s=_age(self._committer.unconfirmed_since(tp), now),
                 )
             )
         ahead_bytes = budget.read_ahead_bytes
@@ -152,6 +157,7 @@ class Snapshot:
             blocked=tuple(self._failures.blocked()),
             offset_map_truncations=self._replay.truncations,
             replay_skipped=self._replay.skipped,
+            partition_stall_recoveries=self._stalls.recoveries,
             commit_failures=m.commit_failures,
             rate=rate,
             rate_window_s=window,
@@ -163,6 +169,10 @@ class Snapshot:
             joined=self._life.joined,
             capacity_records=flow.capacity_records,
             capacity_bytes=flow.capacity_bytes,
+            oldest_unconfirmed_commit_s=max(
+                (p.unconfirmed_commit_s for p in parts if p.unconfirmed_commit_s is not None),
+                default=None,
+            ),
         )
 
     def _watermarks_of(self, tp: Partition) -> tuple[int | None, int | None]:
@@ -175,3 +185,7 @@ class Snapshot:
         except KafkaException:
             return None, None
         return (low if low >= 0 else None), (high if high >= 0 else None)
+
+
+def _age(since: float | None, now: float) -> float | None:
+    return None if since is None else max(0.0, now - since)

@@ -33,7 +33,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, KafkaEx
 from confluent_kafka import TopicPartition as TP
 
 from weir._engine.client import ConsumerClient, topic_partitions
-from weir._engine.commits import CommitPath
+from weir._engine.commit_requests import CommitPath
 from weir._engine.committing import Committer
 from weir._engine.fetching import FetchControl, Reason
 from weir._engine.replay import ReplayMaps

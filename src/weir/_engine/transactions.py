@@ -18,7 +18,10 @@ of it committed: the engine rewinds to the committed offsets it knows); a broker
 with the same transactional id fences the old one and resolves its open transaction, and the
 engine reads the committed offsets again once it is ready (`recover`). Only a fence (a newer
 producer with this id, a newer group generation) or an error the broker will repeat
-(authorization) stops the member with `TransactionError`.
+(authorization) stops the member with `TransactionError`; an output its ACLs refuse does too, at
+the next boundary (its open transaction aborted, nothing of it committed), rather than be
+aborted and replayed for ever. A refusal's message names the ACL: WRITE on the transactional id
+or an output topic, READ on the group.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from weir._engine.client import (
 )
 from weir._engine.clock import SYSTEM, Clock
 from weir._engine.deadletter import shared_settings
+from weir._engine.refusals import denied_of
 from weir.config import ConsumerConfig
 from weir.errors import TransactionError
 from weir.logs import get_logger
@@ -64,6 +68,11 @@ COMMIT = "committing the transaction"
 ABORT = "aborting the transaction"
 INIT = "initialising transactions"
 PRODUCE = "writing an output"
+# What an exactly-once member needs of the broker's ACLs, besides what any member needs.
+_NEEDS = (
+    "an exactly-once member needs WRITE and DESCRIBE on its transactional_id {tid!r}, WRITE "
+    "on its output topics and READ on its group"
+)
 
 
 class Outcome(enum.Enum):
@@ -211,7 +220,7 @@ class Transactions:
                         return
                     self._poll(0.05)
                 except KafkaException as exc:
-                    self._produce_failed(exc)
+                    self._produce_failed(exc, o.topic)
                     break
             self.outputs += 1
         self._poll(0)
@@ -224,14 +233,22 @@ class Transactions:
         except KafkaException as exc:
             self._produce_failed(exc)
 
-    def _produce_failed(self, exc: KafkaException) -> None:
+    def _produce_failed(self, exc: KafkaException, topic: str | None = None) -> None:
         self.failed = self.failed or f"{PRODUCE}: {_text(exc)}"
-        if _fenced(exc) and self.fatal is None:
-            self.fatal = self._fatal(PRODUCE, exc)
+        err = _error(exc)
+        refused = err is not None and _refused(err)
+        if (_fenced(exc) or refused) and self.fatal is None:
+            self.fatal = self._fatal(PRODUCE, exc, topic=topic)
 
     def _delivered(self, err: KafkaError | None, msg: Any) -> None:
-        if err is not None and self.failed is None:
+        if err is None:
+            return
+        if self.failed is None:
             self.failed = f"{PRODUCE}: {err.str()}"
+        if _refused(err) and self.fatal is None:
+            # The broker refuses the output's topic: replaying the records would write it
+            # again, into the same refusal.
+            self.fatal = self._fatal(PRODUCE, KafkaException(err), topic=msg.topic())
 
     def commit(
         self,
@@ -373,19 +390,35 @@ class Transactions:
         log.warning("transactions_recovered", seconds=round(down, 3), replaced=self.replaced)
         return True
 
-    def _fatal(self, step: str, exc: Exception) -> TransactionError:
-        """The error that stops the member (kept: every later transactional call raises it)."""
+    def _fatal(self, step: str, exc: Exception, topic: str | None = None) -> TransactionError:
+        """The error that stops the member (kept: every later transactional call raises it).
+        `topic`: the output's, for a write the broker refused."""
         if self.fatal is not None:
             return self.fatal
         fenced = isinstance(exc, KafkaException) and _fenced(exc)
         detail = _text(exc) if isinstance(exc, KafkaException) else str(exc)
-        text = (
-            f"{step} failed: the producer was fenced by a newer producer with transactional_id="
-            f"{self._cfg.transactional_id!r} (another member started with the same id, or "
-            f"this one restarted): {detail}"
-            if fenced
-            else f"{step} failed: {detail}"
-        )
+        tid = self._cfg.transactional_id
+        err = _error(exc)
+        denied = None
+        if err is not None:
+            # Committing offsets reads the topics; every other step writes.
+            operation = "READ" if step == ADD_OFFSETS else "WRITE"
+            denied = denied_of(
+                err.name(), operation, topic=topic, group=self._cfg.group_id, transactional_id=tid
+            )
+        if fenced:
+            text = (
+                f"{step} failed: the producer was fenced by a newer producer with "
+                f"transactional_id={tid!r} (another member started with the same id, or this "
+                f"one restarted): {detail}"
+            )
+        elif denied is not None:
+            text = (
+                f"{step} failed: the broker's ACLs do not allow this client {denied} "
+                f"({denied.code}: {detail}): {_NEEDS.format(tid=tid)}"
+            )
+        else:
+            text = f"{step} failed: {detail}"
         self.fatal = TransactionError(text, step=step, fenced=fenced)
         log.error("transaction_fatal", step=step, error=text, fenced=fenced)
         return self.fatal

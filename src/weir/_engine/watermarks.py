@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaException, TopicPartition
 
+from weir._secrets import OAUTH_CB
 from weir.logs import ClientLog, Repeats, get_logger
 from weir.records import Partition
 
@@ -51,7 +52,8 @@ def refresher_config(conf: Mapping[str, Any], repeats: Repeats) -> dict[str, Any
     """The member's librdkafka configuration for the refresher's own client: the same cluster,
     security and client id; read_uncommitted, so the latest offset is the high watermark; its
     log lines on ``weir.librdkafka``, repeated ones collapsed, as the member's are."""
-    out = {k: v for k, v in conf.items() if k not in _DROP and not callable(v)}
+    # The member's callbacks stay its own; the OAUTHBEARER token provider logs this one in too.
+    out = {k: v for k, v in conf.items() if k not in _DROP and (k == OAUTH_CB or not callable(v))}
     out["isolation.level"] = "read_uncommitted"
     out["logger"] = ClientLog(repeats)
     return out

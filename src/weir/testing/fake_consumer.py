@@ -398,10 +398,13 @@ class FakeConsumer:
         """Run `fn(fake)` on the consuming thread, inside a later consume call."""
         return self._script(ScriptedEvent("call", fn=fn))
 
-    def inject_error(self, error: KafkaError) -> None:
-        """The next consume call returns an error event message first."""
+    def inject_error(
+        self, error: KafkaError, topic: str | None = None, partition: int | None = None
+    ) -> None:
+        """The next consume call returns an error event message first (of `topic` and
+        `partition`, as the client's fetch errors are)."""
         with self._cond:
-            self._injected.append(FakeMessage.error_event(error))
+            self._injected.append(FakeMessage.error_event(error, topic, partition))
             self._cond.notify_all()
 
     def raise_error_cb(self, error: KafkaError) -> None:

@@ -16,7 +16,8 @@ Fixtures:
     kafka_cluster         function; the same cluster; nodes a test stopped are restarted after it
     kafka_secure_broker   session; an ``EmbeddedKafka`` with a SASL_SSL listener (SCRAM-SHA-512 and
                           PLAIN users ``admin``, a super user, and ``alice``, who may do nothing
-                          without ACLs; a CA made at start; client certificates required; the
+                          without ACLs; OAUTHBEARER with unsecured tokens, any principal; a CA
+                          made at start; client certificates required; the
                           ``StandardAuthorizer``)
     kafka_secure_client   session; ``ClientSettings`` of ``admin`` on it: bootstrap servers, CA
                           file, user, password, and ``.config()`` for a client
@@ -173,7 +174,8 @@ def kafka_cluster_session() -> Iterator[EmbeddedKafkaCluster]:
 @pytest.fixture(scope="session")
 def kafka_secure_broker() -> Iterator[EmbeddedKafka]:
     """A broker that clients reach as in production: TLS with a CA made at start and client
-    certificates, SASL users (SCRAM-SHA-512 and PLAIN), the ``StandardAuthorizer``.
+    certificates, SASL users (SCRAM-SHA-512 and PLAIN) and OAUTHBEARER (unsecured tokens: any
+    principal), the ``StandardAuthorizer``.
     ``client_settings(user)`` says how to connect; ``internal_bootstrap_servers`` is the
     harness's own way in."""
     from weir.testing.broker import EmbeddedKafka
@@ -185,6 +187,7 @@ def kafka_secure_broker() -> Iterator[EmbeddedKafka]:
             super_users=(SECURE_SUPER_USER,),
             authorizer=True,
             mtls=True,
+            oauthbearer=True,
         )
     )
     try:
@@ -545,12 +548,61 @@ def allow(
     *,
     topics: Iterable[str] = (),
     groups: Iterable[str] = (),
+    transactional_ids: Iterable[str] = (),
     operations: Iterable[str] = ("READ", "DESCRIBE"),
     timeout: float = TOPIC_READY_TIMEOUT_S,
 ) -> None:
-    """Allow ``user`` the ``operations`` (``AclOperation`` names) on ``topics`` and ``groups``
-    (literal names, from any host), on a broker with the ``StandardAuthorizer``. Use an admin
-    client of a super user (``kafka_secure_admin``)."""
+    """Allow ``user`` the ``operations`` (``AclOperation`` names) on ``topics``, ``groups`` and
+    ``transactional_ids`` (literal names, from any host), on a broker with the
+    ``StandardAuthorizer``; returns once the broker applies them. Use an admin client of a
+    super user (``kafka_secure_admin``)."""
+    bindings = _acl_bindings(user, topics, groups, transactional_ids, operations)
+    _change_acls(admin_or_bootstrap, bindings, timeout, present=True)
+
+
+def revoke(
+    admin_or_bootstrap: AdminClient | str,
+    user: str,
+    *,
+    topics: Iterable[str] = (),
+    groups: Iterable[str] = (),
+    transactional_ids: Iterable[str] = (),
+    operations: Iterable[str] = ("READ", "DESCRIBE"),
+    timeout: float = TOPIC_READY_TIMEOUT_S,
+) -> None:
+    """Take back what `allow` allowed (the same arguments); returns once the broker applies
+    it: what a test needs to see a running client refused."""
+    bindings = _acl_bindings(user, topics, groups, transactional_ids, operations)
+    _change_acls(admin_or_bootstrap, bindings, timeout, present=False)
+
+
+def _change_acls(
+    admin_or_bootstrap: AdminClient | str, bindings: list[Any], timeout: float, *, present: bool
+) -> None:
+    """Create (`present`) or delete `bindings`, and wait until the broker applies it."""
+    if not bindings:
+        return
+    admin = _admin(admin_or_bootstrap)
+    try:
+        if present:
+            futures = list(admin.create_acls(bindings, request_timeout=timeout).values())
+        else:
+            filters = [_acl_filter(b) for b in bindings]
+            futures = list(admin.delete_acls(filters, request_timeout=timeout).values())
+        for future in futures:
+            future.result(timeout=timeout + 5)
+        _wait_for_acls(admin, bindings, timeout, present=present)
+    finally:
+        admin.poll(0)
+
+
+def _acl_bindings(
+    user: str,
+    topics: Iterable[str],
+    groups: Iterable[str],
+    transactional_ids: Iterable[str],
+    operations: Iterable[str],
+) -> list[Any]:
     from confluent_kafka.admin import (
         AclBinding,
         AclOperation,
@@ -559,11 +611,12 @@ def allow(
         ResourceType,
     )
 
-    admin = _admin(admin_or_bootstrap)
-    resources = [(ResourceType.TOPIC, t) for t in topics] + [
-        (ResourceType.GROUP, g) for g in groups
-    ]
-    bindings = [
+    resources = (
+        [(ResourceType.TOPIC, t) for t in topics]
+        + [(ResourceType.GROUP, g) for g in groups]
+        + [(ResourceType.TRANSACTIONAL_ID, t) for t in transactional_ids]
+    )
+    return [
         AclBinding(
             kind,
             name,
@@ -576,35 +629,38 @@ def allow(
         for kind, name in resources
         for operation in operations
     ]
-    if not bindings:
-        return
-    try:
-        for future in admin.create_acls(bindings, request_timeout=timeout).values():
-            future.result(timeout=timeout + 5)
-        _wait_for_acls(admin, bindings, timeout)
-    finally:
-        admin.poll(0)
 
 
-def _wait_for_acls(admin: AdminClient, bindings: Sequence[Any], timeout: float) -> None:
-    """CreateAcls returns once the controller committed them; the broker's authorizer applies
-    them a moment later. Describing them asks the broker's authorizer itself."""
+def _acl_filter(b: Any) -> Any:
     from confluent_kafka.admin import AclBindingFilter
 
+    return AclBindingFilter(
+        b.restype,
+        b.name,
+        b.resource_pattern_type,
+        b.principal,
+        b.host,
+        b.operation,
+        b.permission_type,
+    )
+
+
+def _wait_for_acls(
+    admin: AdminClient, bindings: Sequence[Any], timeout: float, *, present: bool
+) -> None:
+    """CreateAcls and DeleteAcls return once the controller committed them; the broker's
+    authorizer applies them a moment later. Describing them asks the broker's authorizer
+    itself."""
     deadline = time.monotonic() + timeout
     for b in bindings:
-        query = AclBindingFilter(
-            b.restype,
-            b.name,
-            b.resource_pattern_type,
-            b.principal,
-            b.host,
-            b.operation,
-            b.permission_type,
-        )
-        while not admin.describe_acls(query, request_timeout=timeout).result(timeout=timeout + 5):
+        query = _acl_filter(b)
+        while (
+            bool(admin.describe_acls(query, request_timeout=timeout).result(timeout=timeout + 5))
+            != present
+        ):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the broker does not show the ACL {b} after {timeout:g} s")
+                shown = "show" if present else "drop"
+                raise TimeoutError(f"the broker does not {shown} the ACL {b} after {timeout:g} s")
             time.sleep(0.05)
 
 
@@ -641,6 +697,7 @@ __all__ = [
     "create_topic",
     "produce",
     "records_as_text",
+    "revoke",
     "wait_for_committed",
     "wait_for_leaders",
 ]

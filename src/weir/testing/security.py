@@ -20,6 +20,8 @@ import json
 import os
 import re
 import secrets
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,13 +32,16 @@ from weir.testing.errors import BrokerStartError, HarnessError
 __all__ = [
     "LISTENER",
     "MECHANISMS",
+    "OAUTHBEARER",
     "BrokerSecurity",
     "ClientSettings",
     "KafkaUser",
     "SecureListener",
     "TlsFiles",
+    "UnsecuredTokens",
     "client_settings_of",
     "prepare_security",
+    "unsecured_jws",
     "write_client_properties",
 ]
 
@@ -44,6 +49,16 @@ LISTENER = "SASL_SSL"
 SCRAM = "SCRAM-SHA-512"
 PLAIN = "PLAIN"
 MECHANISMS = (SCRAM, PLAIN)
+OAUTHBEARER = "OAUTHBEARER"
+# The broker's own check of unsecured JWS tokens (`alg: none`): any principal the token names
+# logs in. Kafka's default for OAUTHBEARER, named so that the listener says what it accepts.
+_UNSECURED_VALIDATOR = (
+    "org.apache.kafka.common.security.oauthbearer.internals.unsecured."
+    "OAuthBearerUnsecuredValidatorCallbackHandler"
+)
+# Longest OAUTHBEARER session: Kafka ends a session when its token expires only when this is set
+# (KIP-368), as managed services do; clients then authenticate again with a newer token.
+_OAUTHBEARER_REAUTH_MS = 3_600_000
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 # The broker's own principal on its PLAINTEXT listeners (inter-broker, controller, harness).
 INTERNAL_PRINCIPAL = "User:ANONYMOUS"
@@ -99,10 +114,18 @@ class BrokerSecurity:
     ``hostnames``: the names and addresses the broker certificate holds. The broker listens on
     127.0.0.1 only, so the default makes ``localhost:PORT`` a hostname mismatch, as a client
     that verifies the broker's name must see it.
+    ``oauthbearer``: the listener also takes SASL/OAUTHBEARER with unsecured JWS tokens (no
+    signature, ``alg: none``): whoever names a principal in a token is that principal, so any
+    principal can log in (a test broker's stand-in for an identity provider; the ACLs still
+    apply to it). A session ends when its token expires: the client must refresh its token
+    to stay connected. Tokens come from librdkafka
+    (``enable.sasl.oauthbearer.unsecure.jwt``) or from a token provider (``oauth_cb``,
+    `UnsecuredTokens`).
     """
 
     users: Mapping[str, str | None] | Iterable[str] = ("weir",)
     mtls: bool = False
+    oauthbearer: bool = False
     authorizer: bool = False
     super_users: Iterable[str] = ()
     hostnames: Iterable[str] = ("127.0.0.1",)
@@ -133,7 +156,8 @@ class BrokerSecurity:
     def __repr__(self) -> str:
         users = list(self.user_names)
         return (
-            f"BrokerSecurity(users={users!r}, mtls={self.mtls!r}, authorizer={self.authorizer!r}, "
+            f"BrokerSecurity(users={users!r}, mtls={self.mtls!r}, "
+            f"oauthbearer={self.oauthbearer!r}, authorizer={self.authorizer!r}, "
             f"super_users={list(self.super_users)!r}, hostnames={list(self.hostnames)!r})"
         )
 
@@ -187,7 +211,8 @@ class TlsFiles:
 @dataclass(frozen=True)
 class ClientSettings:
     """How a client connects to the secured listener as one user: what a test hands to the
-    application under test, as production would hand it its own."""
+    application under test, as production would hand it its own. With OAUTHBEARER the user is
+    the token's principal and there is no password."""
 
     bootstrap_servers: str
     ca_file: str | None
@@ -199,19 +224,38 @@ class ClientSettings:
     key_file: str | None = None
 
     def config(self) -> dict[str, str]:
-        """librdkafka settings (confluent-kafka's configuration dict, weir's ``kafka=``)."""
+        """librdkafka settings (confluent-kafka's configuration dict, weir's ``kafka=``). For
+        OAUTHBEARER, librdkafka makes the unsecured tokens itself (`token_config` hands them
+        from a token provider instead)."""
         conf = {
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": "SASL_SSL",
             "sasl.mechanism": self.mechanism,
-            "sasl.username": self.username,
-            "sasl.password": self.password,
         }
+        if self.mechanism == OAUTHBEARER:
+            conf["enable.sasl.oauthbearer.unsecure.jwt"] = "true"
+            conf["sasl.oauthbearer.config"] = f"principal={self.username}"
+        else:
+            conf["sasl.username"] = self.username
+            conf["sasl.password"] = self.password
         if self.ca_file is not None:
             conf["ssl.ca.location"] = self.ca_file
         if self.cert_file is not None and self.key_file is not None:
             conf["ssl.certificate.location"] = self.cert_file
             conf["ssl.key.location"] = self.key_file
+        return conf
+
+    def token_config(self, oauth_cb: Any) -> dict[str, Any]:
+        """`config` with the OAUTHBEARER tokens from ``oauth_cb``, a token provider such as
+        `UnsecuredTokens` (what production passes: a function that asks its identity
+        provider)."""
+        if self.mechanism != OAUTHBEARER:
+            raise ValueError(
+                f"a token provider needs mechanism {OAUTHBEARER!r}, not {self.mechanism!r}"
+            )
+        conf: dict[str, Any] = self.config()
+        del conf["enable.sasl.oauthbearer.unsecure.jwt"], conf["sasl.oauthbearer.config"]
+        conf["oauth_cb"] = oauth_cb
         return conf
 
     def __repr__(self) -> str:
@@ -242,18 +286,32 @@ class PreparedSecurity:
     def client_settings(
         self, bootstrap_servers: str, user: str | None = None, mechanism: str = SCRAM
     ) -> ClientSettings:
-        if mechanism not in MECHANISMS:
-            raise ValueError(f"mechanism {mechanism!r} is not one of {list(MECHANISMS)}")
-        found = self.user(user)
+        """A user's settings; with OAUTHBEARER ``user`` is any principal (the first user's if
+        None), and for mTLS the client certificate is the first user's unless it is a user."""
+        oauth = mechanism == OAUTHBEARER
+        if oauth and not self.security.oauthbearer:
+            raise ValueError(
+                "mechanism 'OAUTHBEARER' needs a broker started with "
+                "BrokerSecurity(oauthbearer=True)"
+            )
+        if not oauth and mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism {mechanism!r} is not one of {[*MECHANISMS, OAUTHBEARER]}")
+        if oauth and user is not None:
+            _check_user(user, None)
+            known = [u for u in self.users if u.name == user]
+            found = known[0] if known else KafkaUser(user, "")
+        else:
+            found = self.user(user)
+        holder = found if found in self.users else self.users[0]
         cert = key = None
         if self.security.mtls:
-            cert = str(self.tls.client_cert_file(found.name))
-            key = str(self.tls.client_key_file(found.name))
+            cert = str(self.tls.client_cert_file(holder.name))
+            key = str(self.tls.client_key_file(holder.name))
         return ClientSettings(
             bootstrap_servers=bootstrap_servers,
             ca_file=str(self.tls.ca_file),
             username=found.name,
-            password=found.password,
+            password="" if oauth else found.password,
             mechanism=mechanism,
             cert_file=cert,
             key_file=key,
@@ -301,6 +359,21 @@ class SecureListener:
             f"{prefix}ssl.truststore.location": str(tls.ca_file),
             f"{prefix}ssl.client.auth": "required" if security.mtls else "none",
         }
+        if security.oauthbearer:
+            oauth = f"{prefix}{OAUTHBEARER.lower()}."
+            props[f"{prefix}sasl.enabled.mechanisms"] += f",{OAUTHBEARER}"
+            props.update(
+                {
+                    # The broker's own login (never used: brokers talk over PLAINTEXT) must
+                    # still name a principal.
+                    f"{oauth}sasl.jaas.config": (
+                        "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule "
+                        'required unsecuredLoginStringClaim_sub="broker";'
+                    ),
+                    f"{oauth}sasl.server.callback.handler.class": _UNSECURED_VALIDATOR,
+                    f"{oauth}connections.max.reauth.ms": str(_OAUTHBEARER_REAUTH_MS),
+                }
+            )
         if security.authorizer:
             props["authorizer.class.name"] = AUTHORIZER
             props["super.users"] = ";".join(
@@ -323,6 +396,50 @@ class SecureListener:
         return arguments
 
 
+def unsecured_jws(principal: str, lifetime_s: float, now: float | None = None) -> tuple[str, float]:
+    """An unsecured JWS token (``alg: none``) for ``principal``, valid ``lifetime_s`` seconds,
+    and when it expires (seconds since the epoch): what a broker in unsecured OAUTHBEARER mode
+    takes. Never a secret worth the name: anyone can make one."""
+    issued = time.time() if now is None else now
+    expires = issued + lifetime_s
+    header = _b64url(json.dumps({"alg": "none"}).encode())
+    claims = {"sub": principal, "iat": int(issued), "exp": int(expires)}
+    return f"{header}.{_b64url(json.dumps(claims).encode())}.", float(int(expires))
+
+
+class UnsecuredTokens:
+    """An OAUTHBEARER token provider (confluent-kafka's ``oauth_cb``, weir's
+    ``kafka["oauth_cb"]``) for a broker in unsecured mode: each call makes a new token for
+    ``principal`` valid ``lifetime_s`` seconds. ``calls`` counts them (the clients ask again
+    before a token expires) and ``tokens`` keeps what it handed out, for tests that look for
+    them where they must not be."""
+
+    def __init__(self, principal: str, lifetime_s: float = 3600.0) -> None:
+        _check_user(principal, None)
+        if not lifetime_s >= 2:
+            raise ValueError(f"lifetime_s must be at least 2 seconds, got {lifetime_s!r}")
+        self.principal = principal
+        self.lifetime_s = lifetime_s
+        self.tokens: list[str] = []
+        self._lock = threading.Lock()
+
+    @property
+    def calls(self) -> int:
+        return len(self.tokens)
+
+    def __call__(self, oauthbearer_config: str | None) -> tuple[str, float, str, dict[str, str]]:
+        token, expires = unsecured_jws(self.principal, self.lifetime_s)
+        with self._lock:
+            self.tokens.append(token)
+        return token, expires, self.principal, {}
+
+    def __repr__(self) -> str:
+        return (
+            f"UnsecuredTokens(principal={self.principal!r}, lifetime_s={self.lifetime_s!r}, "
+            f"calls={self.calls})"
+        )
+
+
 def write_client_properties(settings: ClientSettings, path: Path) -> None:
     """``settings`` as a librdkafka/Java client properties file only its owner can read."""
     lines = [f"{key}={value}\n" for key, value in settings.config().items()]
@@ -331,6 +448,10 @@ def write_client_properties(settings: ClientSettings, path: Path) -> None:
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode("ascii").rstrip("=")
 
 
 def prepare_security(

@@ -1,0 +1,288 @@
+"""Commits around a rebalance, on the scripted FakeConsumer, the engine stepped on the test thread
+with a `ManualClock`: one async commit waits for its answer at a time, and an overdue one stops
+holding the others back. And the group protocol a member runs: `group_protocol="auto"`, and the
+warning for the classic protocol's commit blackout.
+
+Under the classic protocol a member's group requests share one connection, so its commits wait
+behind its own JoinGroup while a rebalance waits for the other members, and fail when it ends
+(docs/rebalances.md); tests/chaos/test_join_commits.py measures that on a real broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from confluent_kafka import KafkaError
+from tests.fake_members import SETTINGS
+from tests.logged import events
+from tests.waiting import wait_until
+
+from weir import ConsumerConfig, GroupConsumer, KafkaFatalError, Record
+from weir._engine.commit_requests import RESULT_OVERDUE_S
+from weir._engine.engine import Engine
+from weir._engine.lifecycle import Lifecycle
+from weir._engine.protocols import (
+    PROBE_LIMIT_S,
+    ProtocolProbe,
+    api_keys,
+    choose_protocol,
+    warn_commit_blackout,
+)
+from weir.config import ConsumerSettings
+from weir.prometheus import WeirCollector
+from weir.records import as_handler
+from weir.testing.clock import ManualClock
+from weir.testing.fake import FakeConsumer
+
+pytestmark = pytest.mark.timeout(60)
+
+TOPIC = "t"
+P0 = (TOPIC, 0)
+
+
+class Stepped:
+    """An engine on the test thread: `step()` is one turn of its owner loop."""
+
+    def __init__(
+        self,
+        fake: FakeConsumer,
+        handler: Callable[[Record], object],
+        config: ConsumerConfig | None = None,
+        probe: ProtocolProbe | None = None,
+    ) -> None:
+        self.clock = ManualClock(tick=0.001)
+        self.fake = fake
+        self.life = Lifecycle()
+        self.life.begin()
+        fake.given_committed()
+        self.engine = Engine(
+            config or ConsumerConfig(**SETTINGS),
+            as_handler(handler),
+            fake.factory,
+            self.life,
+            protocol_probe=probe,
+            clock=self.clock,
+        )
+        self.engine.start()
+
+    def step_until(self, pred: Callable[[], object], what: str) -> None:
+        def turn() -> object:
+            self.engine.step()
+            assert self.life.failure is None, repr(self.life.failure)
+            return pred()
+
+        wait_until(turn, what, every=0)
+
+    def steps(self, n: int) -> None:
+        for _ in range(n):
+            self.engine.step()
+
+    def stop(self) -> None:
+        self.fake.hold_commit_results = False  # the answers held come with the next poll
+        self.life.request_stop()
+        self.engine.shutdown()
+
+
+@pytest.fixture
+def stepped() -> Iterator[list[Stepped]]:
+    made: list[Stepped] = []
+    yield made
+    for s in made:
+        s.stop()
+
+
+def sent_offsets(fake: FakeConsumer) -> list[int]:
+    return [off for off, _ in fake.commits_for(P0)]
+
+
+def test_an_overdue_commit_no_longer_holds_the_next_one(
+    stepped: list[Stepped], caplog: pytest.LogCaptureFixture
+) -> None:
+    """librdkafka answers every commit request; one whose answer never came would otherwise
+    stop the member's commits for good."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3), key=b"A")
+    fake.script_assign([P0])
+    gate = threading.Event()
+
+    def handle(record: Record) -> None:
+        if record.offset > 0:
+            gate.wait(5)
+
+    s = Stepped(fake, handle)
+    stepped.append(s)
+    fake.hold_commit_results = True
+    s.step_until(lambda: 1 in sent_offsets(fake), "the commit of 1")
+    gate.set()
+    s.step_until(lambda: s.engine.settle.processed == 3, "the other two records")
+    s.steps(20)
+    assert sent_offsets(fake)[-1] == 1  # its answer is awaited
+    s.clock.advance(RESULT_OVERDUE_S)
+    with caplog.at_level(logging.WARNING, logger="weir"):
+        s.step_until(lambda: sent_offsets(fake)[-1] == 3, "3 sent past the overdue answer")
+    overdue = events(caplog, "commit_result_overdue")
+    assert len(overdue) == 1 and overdue[0]["waited_s"] >= RESULT_OVERDUE_S
+
+
+def test_a_commit_blackout_shows_in_stats_and_metrics(members: list[GroupConsumer]) -> None:
+    """The age of the oldest unconfirmed commit, per partition and per member: it grows while
+    commits get no answer (behind a classic JoinGroup), and is gone once one confirms them."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3))
+    fake.script_assign([P0])
+    fake.given_committed()
+    fake.hold_commit_results = True
+    gc = GroupConsumer(lambda r: None, consumer_factory=fake.factory, **SETTINGS)
+    members.append(gc)
+    gc.start()
+    wait_until(fake.pending_commit_seqs, "a commit waiting for its answer")
+    wait_until(
+        lambda: (gc.stats().oldest_unconfirmed_commit_s or 0) > 0.3, "an unconfirmed commit ages"
+    )
+    [part] = gc.stats().partitions
+    assert part.unconfirmed_commit_s is not None and part.unconfirmed_commit_s > 0.3
+    assert scraped(gc, "weir_oldest_unconfirmed_commit_seconds") > 0.3
+    assert scraped(gc, "weir_partition_unconfirmed_commit_seconds") > 0.3
+    held = fake.pending_commit_seqs()
+    fake.deliver_commit_results([(seq, None) for seq in held])
+    wait_until(lambda: {seq for seq, _ in fake.delivered_results} >= set(held), "answered")
+    fake.hold_commit_results = False  # the commit of what finished since is answered too
+    wait_until(lambda: gc.stats().oldest_unconfirmed_commit_s is None, "confirmed")
+    assert gc.stats().partitions[0].unconfirmed_commit_s is None
+    assert scraped(gc, "weir_oldest_unconfirmed_commit_seconds") == 0
+
+
+def scraped(gc: GroupConsumer, name: str) -> float:
+    """The value of metric `name` (its one sample) as the Prometheus collector gives it now."""
+    [sample] = [
+        s
+        for family in WeirCollector(gc, member="m").collect()
+        for s in family.samples
+        if s.name == name
+    ]
+    return float(sample.value)
+
+
+# -- group_protocol="auto" ------------------------------------------------------------------------
+
+# librdkafka's `feature` debug lines for a broker's ApiVersions response, as its logger gets
+# them (Kafka 4.1, librdkafka 2.16).
+LINES = [
+    "FEATURE [rdkafka#producer-1] [thrd:127.0.0.1:50535/bootstrap]: 127.0.0.1:50535/bootstrap: "
+    "Updated enabled protocol features +ApiVersion to ApiVersion",
+    "APIVERSION [rdkafka#producer-1] [thrd:127.0.0.1:50535/bootstrap]: 127.0.0.1:50535/bootstrap:"
+    "   ApiKey ApiVersion (18) Versions 0..4",
+    "APIVERSION [rdkafka#producer-1] [thrd:127.0.0.1:50535/bootstrap]: 127.0.0.1:50535/bootstrap:"
+    "   ApiKey ConsumerGroupHeartbeat (68) Versions 0..1",
+]
+
+
+def test_the_api_keys_are_read_from_librdkafkas_lines() -> None:
+    assert api_keys(LINES) == {18, 68}
+    assert api_keys(LINES[:2]) == {18}
+    assert api_keys(LINES[:1]) is None  # no ApiVersions response: no broker answered
+
+
+AUTO: ConsumerSettings = {**SETTINGS, "group_protocol": "auto"}
+
+
+@pytest.mark.parametrize(
+    ("offered", "protocol", "reason"),
+    [
+        (True, "consumer", "the broker offers ConsumerGroupHeartbeat"),
+        (False, "classic", "the broker does not offer ConsumerGroupHeartbeat"),
+        (None, "classic", "no broker listed its APIs"),
+    ],
+)
+def test_auto_runs_the_protocol_the_broker_offers_and_says_why(
+    caplog: pytest.LogCaptureFixture, offered: bool | None, protocol: str, reason: str
+) -> None:
+    asked: list[tuple[str, float]] = []
+
+    def probe(conf: object, timeout: float) -> bool | None:
+        assert isinstance(conf, dict)
+        asked.append((conf["bootstrap.servers"], timeout))
+        return offered
+
+    given: ConsumerSettings = {**AUTO, "session_timeout_s": 10.0, "remote_assignor": "range"}
+    cfg = ConsumerConfig(**given)
+    with caplog.at_level(logging.INFO, logger="weir"):
+        chosen = choose_protocol(cfg, probe)
+    assert asked == [("fake:9092", min(cfg.startup_timeout_s, PROBE_LIMIT_S))]
+    assert chosen.group_protocol == protocol
+    [event] = events(caplog, "group_protocol_chosen")
+    assert event["protocol"] == protocol and reason in event["reason"]
+    assert event["ignored"] == (
+        ["session_timeout_s"] if protocol == "consumer" else ["remote_assignor"]
+    )
+
+
+def test_auto_without_a_probe_runs_the_classic_protocol() -> None:
+    assert choose_protocol(ConsumerConfig(**AUTO), None).group_protocol == "classic"
+    classic = ConsumerConfig(**SETTINGS)
+    assert choose_protocol(classic, lambda conf, timeout: True) is classic
+
+
+def test_an_auto_member_builds_its_client_for_the_protocol_chosen(stepped: list[Stepped]) -> None:
+    fake = FakeConsumer()
+    fake.script_assign([P0])
+    s = Stepped(fake, lambda r: None, ConsumerConfig(**AUTO), lambda conf, timeout: True)
+    stepped.append(s)
+    assert fake.conf is not None and fake.conf["group.protocol"] == "consumer"
+    assert fake.incremental
+    assert s.engine.cfg.group_protocol == "consumer"
+
+
+def test_a_refused_consumer_protocol_stops_the_member_saying_what_to_do() -> None:
+    """A Kafka 4 broker with the consumer protocol turned off still lists its heartbeat API:
+    "auto" runs it, and the broker's refusal is fatal."""
+    fake = FakeConsumer()
+    fake.script_assign([P0])
+    gc = GroupConsumer(lambda r: None, consumer_factory=fake.factory, **SETTINGS)
+    gc.start()
+    fake.raise_error_cb(
+        KafkaError(
+            KafkaError.UNSUPPORTED_VERSION,
+            "ConsumerGroupHeartbeat fatal error: Broker: API version not supported",
+            fatal=True,
+        )
+    )
+    with pytest.raises(KafkaFatalError) as info:
+        gc.join(5)
+    assert "group_protocol='classic'" in str(info.value)
+
+
+# -- the warning at start --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("settings", "warned"),
+    [
+        ({}, True),  # librdkafka's 45 s session, a 1 s commit interval
+        ({"session_timeout_s": 6.0, "commit_interval_s": 1.0}, True),
+        ({"session_timeout_s": 6.0, "commit_interval_s": 2.0}, False),
+        ({"group_instance_id": "i-1"}, False),  # static: a restart in time starts no rebalance
+        ({"assignment_strategy": "range"}, False),  # eager revokes everything before its join
+        ({"group_protocol": "consumer"}, False),  # KIP-848: no join barrier
+        ({"transactional_id": "tx"}, False),  # its offsets go through the producer
+    ],
+)
+def test_a_classic_dynamic_member_with_a_long_session_is_warned_at_start(
+    caplog: pytest.LogCaptureFixture, settings: ConsumerSettings, warned: bool
+) -> None:
+    given: ConsumerSettings = {
+        "bootstrap_servers": "b:9092",
+        "group_id": "g",
+        "topics": ["t"],
+        **settings,
+    }
+    cfg = ConsumerConfig(**given)
+    with caplog.at_level(logging.WARNING, logger="weir"):
+        warn_commit_blackout(cfg)
+    found = events(caplog, "classic_protocol_without_static_membership")
+    assert bool(found) is warned
+    if warned:
+        assert "group_instance_id" in found[0]["remedy"]
