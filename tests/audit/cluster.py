@@ -44,9 +44,12 @@ class Members:
     def events(self) -> list[dict[str, Any]]:
         return read(self.audit_files())
 
-    def start(self, name: str, *extra: str) -> None:
+    def start(self, name: str, *extra: str, netns: str | None = None) -> None:
+        """Start member `name`; with `netns`, inside that network namespace (tests/audit/network.py;
+        `ip netns exec` execs Python in place, so signals reach the member)."""
         log = (self.workdir / f"{name}.log").open("ab")
         cmd = [
+            *(["ip", "netns", "exec", netns] if netns is not None else []),
             sys.executable,
             "-m",
             "tests.audit.member",

@@ -17,6 +17,7 @@ from weir.testing.broker import (
     TEST_BROKER_DEFAULTS,
     KafkaNode,
     WorkdirLock,
+    check_host,
     new_cluster_id,
     pick_free_ports,
     register_at_exit,
@@ -77,6 +78,11 @@ class EmbeddedKafkaCluster:
     controllers elected a leader. So a node cannot start while fewer than a majority of the
     others run: ``start_broker`` refuses that at once, and ``start_brokers`` starts several
     stopped nodes together (``start()`` does the same for a stopped cluster).
+
+    ``hosts`` (one IPv4 address per node, loopback by default) is where each node's listeners
+    bind and what they advertise; ``netns`` (one Linux network namespace name or None per node)
+    runs a node's JVM in that namespace (``ip netns exec``, as root), which must have the node's
+    host address and reach the others': the network-fault tests cut one node off that way.
     """
 
     def __init__(
@@ -92,9 +98,16 @@ class EmbeddedKafkaCluster:
         jvm_args: Sequence[str] = FAST_START_JVM_ARGS,
         kafka_version: str = KAFKA_VERSION,
         security: BrokerSecurity | None = None,
+        hosts: Sequence[str] | None = None,
+        netns: Sequence[str | None] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster needs at least one node")
+        self._hosts = [check_host(h) for h in hosts] if hosts is not None else [LOOPBACK] * size
+        self._netns = list(netns) if netns is not None else [None] * size
+        for name, given in (("hosts", self._hosts), ("netns", self._netns)):
+            if len(given) != size:
+                raise ValueError(f"{name} needs one entry per node ({size}), got {len(given)}")
         self.size = size
         self._security = security
         self._prepared: PreparedSecurity | None = None
@@ -186,7 +199,8 @@ class EmbeddedKafkaCluster:
         client_ports, controller_ports = ports[: self.size], ports[self.size : 2 * self.size]
         secure_ports = ports[2 * self.size :]
         voters = ",".join(
-            f"{index + 1}@{LOOPBACK}:{port}" for index, port in enumerate(controller_ports)
+            f"{index + 1}@{self._hosts[index]}:{port}"
+            for index, port in enumerate(controller_ports)
         )
         properties = {**cluster_defaults(self.size), **self._overrides}
         nodes = []
@@ -209,6 +223,8 @@ class EmbeddedKafkaCluster:
                     secure=None
                     if self._prepared is None
                     else SecureListener(self._prepared, secure_ports[index]),
+                    host=self._hosts[index],
+                    netns=self._netns[index],
                 )
             )
         return nodes
