@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from tests.integration.secured import cli, member
-from weir import AuthorizationError, TlsError
+from weir import AuthenticationError, AuthorizationError, TlsError
 from weir.testing.broker import EmbeddedKafka
 from weir.testing.pytest_plugin import allow, create_topic, produce, wait_for_committed
 from weir.testing.security import BrokerSecurity, ClientSettings, prepare_security
@@ -122,3 +122,29 @@ def test_no_certificate_or_one_from_another_ca_is_a_tls_error_naming_it(
             "): it requires one signed by a CA it trusts; set ssl.certificate.location and "
             "ssl.key.location"
         ), text
+
+
+def test_a_certificate_client_at_the_sasl_listener_is_told_it_expects_sasl(
+    kafka_secure_broker: EmbeddedKafka,
+    holder: ClientSettings,
+    group: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Regression: an SSL client sent to the SASL_SSL port (MSK's 9096 for its 9094, say) was
+    `BrokerUnreachableError: no Kafka broker answered ... Broker transport failure`, though
+    the broker answered: it accepted the certificate and closed the connection at the first
+    request that was not a SASL handshake. librdkafka reports that close in a log line only."""
+    wrong_port = replace(holder, bootstrap_servers=kafka_secure_broker.bootstrap_servers)
+    expected = (
+        f"authentication failed: the broker at {wrong_port.bootstrap_servers!r} closed the "
+        "connection at the client's first request after the TLS handshake, as a listener that "
+        "expects a SASL login does (security.protocol SSL: the client certificate is the only "
+        "login offered): connect to the broker's SSL listener, or log in with SASL "
+        "(security.protocol SASL_SSL and sasl.*)"
+    )
+    error = start_refused(wrong_port, group, "t")
+    assert isinstance(error, AuthenticationError), repr(error)
+    assert str(error) == expected
+
+    code, out, err = cli(capsys, wrong_port, "lag", "-g", group, "--timeout", "2")
+    assert (code, out, err) == (1, "", f"weir: {expected}\n")
