@@ -42,6 +42,7 @@ from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars, require_java
 from weir.testing.security import (
     LISTENER,
     SCRAM,
+    SSL_LISTENER,
     BrokerSecurity,
     ClientSettings,
     PreparedSecurity,
@@ -428,6 +429,12 @@ class KafkaNode:
         return None if self.secure is None else f"{self.host}:{self.secure.port}"
 
     @property
+    def ssl_bootstrap_servers(self) -> str | None:
+        """The SSL listener (client certificates as logins) of a node that has one, else None."""
+        port = None if self.secure is None else self.secure.ssl_port
+        return None if port is None else f"{LOOPBACK}:{port}"
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
@@ -642,26 +649,34 @@ def secure_listener_properties(
     (``own``), which stay for the broker itself and the harness."""
     if secure is None:
         return {}
-    listener = f"{LISTENER}://{host}:{secure.port}"
+    added = {LISTENER: secure.port}
+    if secure.ssl_port is not None:
+        added[SSL_LISTENER] = secure.ssl_port
+    listeners = "".join(f",{name}://{host}:{port}" for name, port in added.items())
+    protocols = "".join(f",{name}:{name}" for name in added)
     return {
-        "listeners": f"{own['listeners']},{listener}",
-        "advertised.listeners": f"{own['advertised.listeners']},{listener}",
-        "listener.security.protocol.map": (
-            f"{own['listener.security.protocol.map']},{LISTENER}:{LISTENER}"
-        ),
+        "listeners": own["listeners"] + listeners,
+        "advertised.listeners": own["advertised.listeners"] + listeners,
+        "listener.security.protocol.map": own["listener.security.protocol.map"] + protocols,
         **secure.properties(),
     }
 
 
-def remembered_secure_port(workdir: Path) -> int | None:
-    """The secured listener's port in the ``server.properties`` an earlier start wrote."""
+def remembered_secure_port(workdir: Path, listener: str = LISTENER) -> int | None:
+    """A secured listener's port in the ``server.properties`` an earlier start wrote."""
+    return _listener_ports(workdir).get(listener)
+
+
+def _listener_ports(workdir: Path) -> dict[str, int]:
+    """The port of each listener in the ``server.properties`` an earlier start wrote."""
     listeners = _read_properties(workdir / "server.properties").get("listeners", "")
+    ports: dict[str, int] = {}
     for listener in listeners.split(","):
         name, sep, address = listener.strip().partition("://")
         port = address.rpartition(":")[2]
-        if sep and name == LISTENER and port.isdigit():
-            return int(port)
-    return None
+        if sep and port.isdigit():
+            ports[name] = int(port)
+    return ports
 
 
 def stop_nodes(nodes: Sequence[KafkaNode], timeout: float) -> None:
@@ -714,13 +729,7 @@ def read_previous_run(workdir: Path) -> PreviousRun | None:
     cluster_id = meta.get("cluster.id")
     if not cluster_id:
         return None
-    listeners = _read_properties(workdir / "server.properties").get("listeners", "")
-    ports: dict[str, int] = {}
-    for listener in listeners.split(","):
-        name, sep, address = listener.strip().partition("://")
-        port = address.rpartition(":")[2]
-        if sep and port.isdigit():
-            ports[name] = int(port)
+    ports = _listener_ports(workdir)
     return PreviousRun(cluster_id, ports.get("PLAINTEXT"), ports.get("CONTROLLER"))
 
 
@@ -856,7 +865,7 @@ class EmbeddedKafka:
         if previous is not None:
             self.cluster_id = previous.cluster_id
         for attempt in range(1, _PORT_ATTEMPTS + 1):
-            picked = iter(pick_free_ports(3))
+            picked = iter(pick_free_ports(4))
             remembered = (
                 (previous.port, previous.controller_port)
                 if previous is not None and attempt == 1
@@ -921,7 +930,10 @@ class EmbeddedKafka:
             require_free_port(self._secure_port, "Secured client")
         remembered = remembered_secure_port(workdir) if remember else None
         port = _choose_port(self._secure_port, remembered, picked)
-        return SecureListener(self._prepared, port)
+        if not self._security.ssl_listener:
+            return SecureListener(self._prepared, port)
+        remembered = remembered_secure_port(workdir, SSL_LISTENER) if remember else None
+        return SecureListener(self._prepared, port, _choose_port(None, remembered, picked))
 
     def stop(self) -> None:
         unregister_at_exit(self)
@@ -984,9 +996,24 @@ class EmbeddedKafka:
         """A secured broker's users (with their passwords) and TLS files, once started."""
         return self._prepared
 
+    @property
+    def ssl_bootstrap_servers(self) -> str | None:
+        """The SSL listener of a broker secured with ``ssl_listener=True``, where the client
+        certificate is the login; else None."""
+        return self.node.ssl_bootstrap_servers
+
     def client_settings(self, user: str | None = None, mechanism: str = SCRAM) -> ClientSettings:
-        """How a client logs in to the secured listener as ``user`` (default: the first)."""
-        return client_settings_of(self._prepared, "broker", self.bootstrap_servers, user, mechanism)
+        """How a client logs in to the secured listener as ``user`` (default: the first);
+        ``mechanism="SSL"``: to the SSL listener, with ``user``'s certificate as its login
+        (issued for any principal)."""
+        return client_settings_of(
+            self._prepared,
+            "broker",
+            self.bootstrap_servers,
+            user,
+            mechanism,
+            self.node.ssl_bootstrap_servers,
+        )
 
     @property
     def port(self) -> int:
