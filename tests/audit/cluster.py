@@ -58,9 +58,14 @@ class Members:
             *extra,
         ]
 
-    def start(self, name: str, *extra: str) -> None:
+    def start(self, name: str, *extra: str, netns: str | None = None) -> None:
+        """Start member `name`; with `netns`, inside that network namespace (tests/audit/network.py;
+        `ip netns exec` execs Python in place, so signals reach the member)."""
         log = (self.workdir / f"{name}.log").open("ab")
-        cmd = self.command(name, *extra)
+        cmd = [
+            *(["ip", "netns", "exec", netns] if netns is not None else []),
+            *self.command(name, *extra),
+        ]
         self.procs[name] = subprocess.Popen(
             cmd, cwd=REPO, stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": str(REPO)}
         )

@@ -31,6 +31,7 @@ from weir._engine.refusals import (
     denied_topics,
     refusal_error,
     refusal_of,
+    sasl_expected,
     startup_refusal,
     topics_denied_error,
 )
@@ -110,8 +111,13 @@ class ClientErrors:
             ][:_CAUSES]
         finally:
             self._causes = None
+        conf = self._cfg.librdkafka_config()
         if refusal is not None:
-            raise refusal_error(refusal, self._cfg.librdkafka_config()) from None
+            raise refusal_error(refusal, conf) from None
+        # The client said nothing: a broker that closed the connection unasked is only logged.
+        sasl = None if causes else sasl_expected(conf)
+        if sasl is not None:
+            raise sasl from None
         # One error, not a chain: the metadata request's own ("Broker transport failure") is
         # only the fallback, for when the client said nothing more.
         error = failed.args[0] if failed.args else failed
