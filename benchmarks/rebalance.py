@@ -184,7 +184,10 @@ def main() -> int:
     ap.add_argument("--bootstrap")
     ap.add_argument("--json", type=Path)
     ap.add_argument(
-        "--protocols", default="eager,cooperative,consumer,raw-cooperative,raw-consumer"
+        "--protocols",
+        default="eager,cooperative,consumer,raw-cooperative,raw-consumer",
+        help="comma-separated, in order (default: %(default)s); raw-X: plain confluent-kafka "
+        "consumers under protocol X, the control",
     )
     args = ap.parse_args()
     results = []
