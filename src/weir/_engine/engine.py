@@ -687,6 +687,7 @@ class Engine:
         rebalance's first callback (a revoke or lost before it), however many callbacks."""
         began = self.clock.monotonic()
         m = self.metrics
+        self._rebalancing()
         try:
             self._assign(client, tps, began)
             if self.eos is None:
@@ -747,6 +748,7 @@ class Engine:
 
     def _on_revoke(self, client: Any, tps: list[TopicPartition]) -> None:
         self.metrics.rebalance_began(self.clock.monotonic())
+        self._rebalancing()
         parts = [Partition(t.topic, t.partition) for t in tps]
         self.own.revoke(parts, self._drain_until, self._commit_sync)
         self.fetch.forget(parts)  # a fenced one was held until the group took it
@@ -754,6 +756,7 @@ class Engine:
 
     def _on_lost(self, client: Any, tps: list[TopicPartition]) -> None:
         self.metrics.rebalance_began(self.clock.monotonic())
+        self._rebalancing()
         self.life.joined = False
         gone = self._assignments_of(tps)
         parts = [Partition(t.topic, t.partition) for t in tps]
@@ -764,6 +767,12 @@ class Engine:
             # The open transaction holds outputs of the lost partitions, whose offsets this
             # member may no longer commit: abort it, and start the others over.
             self.eos.abort_all()
+
+    def _rebalancing(self) -> None:
+        """Inside a rebalance callback: under an incremental protocol librdkafka paused every
+        assigned partition for it, and the ones kept must be woken after (`FetchControl`)."""
+        if self.cfg.incremental:
+            self.fetch.rebalanced(self.own.partitions)
 
     def _owned_changed(self) -> None:
         if self._watermarks is not None:
