@@ -43,7 +43,7 @@ from weir._engine.lifecycle import Lifecycle
 from weir._engine.metrics import Metrics
 from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
 from weir._engine.protocols import ProtocolProbe, choose_protocol, warn_commit_blackout
-from weir._engine.refusals import Denied, denied_of, first_token_refusal, token_refusal
+from weir._engine.refusals import first_token_refusal, token_refusal
 from weir._engine.replay import ReplayMaps
 from weir._engine.scheduling import Scheduler, lane_of
 from weir._engine.settlement import Settlement
@@ -540,8 +540,7 @@ class Engine:
         full = []
         now = self.clock.monotonic()
         for run in runs_of(msgs, self.errors.on_message_error):
-            if self.life.refusals:  # a record fetched: the topic may be read again
-                self.errors.allowed(_reading(run.topic))
+            self.errors.fetched(run.topic)
             tp = Partition(run.topic, run.partition)
             if self._register_run(partitions.get(tp), run, now):
                 full.append(tp)
@@ -646,14 +645,7 @@ class Engine:
 
     def _emit_commit(self, event: CommitEvent) -> None:
         self.metrics.commit_result(event)
-        if event.status == "failed" and event.code is not None:
-            group = self.cfg.group_id
-            denied = denied_of(event.code, "READ", topic=event.tp.topic, group=group)
-            if denied is not None:
-                self.errors.refused(denied, event.error or event.code)
-        elif event.status == "committed" and self.life.refusals:
-            topic = event.tp.topic
-            self.errors.allowed(lambda d: d.resource_type == "group" or _reading(topic)(d))
+        self.errors.commit_result(event)
         # Read at every event: a listener added after start() is called from then on.
         for listener in self.life.listeners:
             self.callbacks.call(callback_name(listener), listener, event, tp=str(event.tp))
@@ -792,11 +784,6 @@ class Engine:
         now = self.clock.monotonic()
         self._next_publish = now + _PUBLISH_EVERY
         self.life.publish(self.snapshot.take(running=running, now=now))
-
-
-def _reading(topic: str) -> Callable[[Denied], bool]:
-    """Whether a refusal is of reading `topic` (ended by a record of it fetched, or committed)."""
-    return lambda d: d.resource_type == "topic" and d.operation == "READ" and d.resource == topic
 
 
 def _producer(conf: dict[str, Any]) -> ProducerClient:
