@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: demo test lint typecheck unit integration chaos bench broker clean
+.PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker clean
 
 # A line per step instead of the commands: pip runs quietly, and a first install takes a minute or
 # two, which must not look like a hang.
@@ -46,13 +46,22 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration $(XDIST) $(PYTEST_ARGS)
 
-# The kill/restart scenarios (short and long runs; make test runs none of them), then the engine
-# state machine at ten times make test's examples and its mutants' slow tier (the planted bugs it
-# finds only after hundreds of examples).
-chaos: $(STAMP)
+# The kill/restart and network-fault scenarios (short and long runs; make test runs none of them),
+# then the engine state machine at ten times make test's examples and its mutants' slow tier (the
+# planted bugs it finds only after hundreds of examples). The network faults need root and
+# iproute2 (`ip`), installed here with apt-get when missing; without them those tests skip.
+chaos: $(STAMP) netns-tools
 	$(BIN)/python -m pytest tests/chaos -m "chaos" $(PYTEST_ARGS)
 	WEIR_MACHINE_EXAMPLES=400 $(BIN)/python -m pytest tests/property/test_engine_machine.py \
 	  tests/property/test_engine_machine_mutations.py $(PYTEST_ARGS)
+
+# A failed install does not stop make chaos: the network-fault tests then skip, saying why.
+netns-tools:
+	@command -v ip >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || { \
+	  echo "installing iproute2 for the network-fault tests (apt-get)..."; \
+	  apt-get update -q >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2 >/dev/null; } || true
+	@command -v ip >/dev/null || echo "no iproute2 (ip): the network-fault tests will skip"
 
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'

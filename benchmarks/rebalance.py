@@ -4,8 +4,13 @@ For eager, cooperative-sticky and KIP-848 in turn: two audited members consume a
 12 partitions with 10 ms handlers, a third member joins, and the audit logs give
 - the join latency: the joiner's process start to its first finished record;
 - the stall of unaffected partitions (owned by the same member before and after the join): the
-  longest gap between two finished records in the 6 s after the join;
+  longest gap between two finished records in the 6 s after the join, and the same in the 5 s
+  before it ("at rest");
 - their throughput in the 5 s after the join relative to the 5 s before.
+
+The control, `raw-cooperative` and `raw-consumer`: the same scenario with plain confluent-kafka
+consumers (weir's librdkafka settings, no handler: a record counts as finished when `poll`
+returns it, offsets auto-committed every 250 ms). What they stall is librdkafka's own.
 
 Run from the repo root: `python benchmarks/rebalance.py [--bootstrap HOST:PORT] [--json out.json]`.
 """
@@ -15,9 +20,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -26,12 +33,75 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from tests.audit import AuditWriter
 from tests.audit.cluster import Members, SteadyProducer, handled_by
+from tests.audit.member import settings
 
+from weir import GroupConsumer
 from weir.testing import EmbeddedKafka
 
 PARTITIONS = 12
+RAW = "raw-"  # the control: plain confluent-kafka consumers
+
+
+class RawMembers(Members):
+    """Members that are plain confluent-kafka consumers (`raw_member`), audited the same way."""
+
+    def command(self, name: str, *extra: str) -> list[str]:
+        # The audited member's command with this script in place of its module (the weir
+        # member's options in `extra`, such as its handler time, do not apply).
+        weir_member = super().command(name)
+        return [sys.executable, str(Path(__file__).resolve()), "--raw-member", *weir_member[3:]]
+
+
+def raw_member(argv: list[str]) -> int:
+    """One plain confluent-kafka member with weir's librdkafka settings for the protocol, until
+    SIGTERM: audits each record as finished when `poll` returns it, and each assign/revoke/lost
+    with partitions."""
+    ap = argparse.ArgumentParser()
+    for flag in ("--bootstrap", "--group", "--topic", "--protocol", "--member", "--audit"):
+        ap.add_argument(flag, required=True)
+    args = ap.parse_args(argv)
+    conf = GroupConsumer(
+        lambda record: None,
+        bootstrap_servers=args.bootstrap,
+        group_id=args.group,
+        topics=[args.topic],
+        **settings(args.protocol),
+    ).config.librdkafka_config()
+    conf.update({"enable.auto.commit": True, "auto.commit.interval.ms": 250})
+    conf.update({"enable.auto.offset.store": True})
+    audit = AuditWriter(Path(args.audit), args.member)
+    halt = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: halt.set())
+
+    def hook(ev: str) -> Any:
+        def cb(consumer: Consumer, tps: list[TopicPartition]) -> None:
+            if tps:  # as weir's hooks: not called for an empty change
+                audit.write(ev, ps=[tp.partition for tp in tps])
+
+        return cb
+
+    c = Consumer(conf)
+    audit.write("member_start")
+    c.subscribe(
+        [args.topic], on_assign=hook("assigned"), on_revoke=hook("revoked"), on_lost=hook("lost")
+    )
+    try:
+        while not halt.is_set():
+            msg: Message | None = c.poll(0.1)
+            if msg is None:
+                continue
+            err: KafkaError | None = msg.error()
+            if err is None:
+                audit.write("done", p=msg.partition(), o=msg.offset(), tok=0)
+    finally:
+        c.close()
+        audit.write("member_stop")
+        audit.close()
+    return 0
 
 
 def _owners(evs: list[dict[str, Any]], t: float) -> dict[int, str]:
@@ -49,12 +119,20 @@ def _owners(evs: list[dict[str, Any]], t: float) -> dict[int, str]:
     return owned
 
 
+def _longest_gap(ts: list[float], start: float, end: float) -> float:
+    inside = [t for t in ts if start <= t <= end]
+    return max(b - a for a, b in itertools.pairwise([start, *inside, end]))
+
+
 def measure(bootstrap: str, protocol: str, workdir: Path) -> dict[str, Any]:
     topic = f"rb-{protocol}-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for f in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
         f.result()
-    members = Members(workdir, bootstrap, f"bench-{uuid.uuid4().hex[:8]}", topic, protocol)
+    raw = protocol.startswith(RAW)
+    kind = RawMembers if raw else Members
+    group = f"bench-{uuid.uuid4().hex[:8]}"
+    members = kind(workdir, bootstrap, group, topic, protocol.removeprefix(RAW))
     producer = SteadyProducer(bootstrap, topic, rate=600)
     producer.start()
     try:
@@ -83,10 +161,8 @@ def measure(bootstrap: str, protocol: str, workdir: Path) -> dict[str, Any]:
     for e in evs:
         if e["ev"] == "done" and e["p"] in kept and e["m"] == before[e["p"]]:
             done[e["p"]].append(e["t"])
-    gaps = []
-    for p in kept:
-        ts = [t_join] + [t for t in done[p] if t_join <= t <= t_join + 6] + [t_join + 6]
-        gaps.append(max(b - a for a, b in itertools.pairwise(ts)))
+    gaps = [_longest_gap(done[p], t_join, t_join + 6) for p in kept]
+    rest = [_longest_gap(done[p], t_join - 5, t_join) for p in kept]
     n_before = sum(1 for p in kept for t in done[p] if t_join - 5 <= t < t_join)
     n_after = sum(1 for p in kept for t in done[p] if t_join <= t < t_join + 5)
     return {
@@ -95,15 +171,24 @@ def measure(bootstrap: str, protocol: str, workdir: Path) -> dict[str, Any]:
         "unaffected_partitions": len(kept),
         "unaffected_max_stall_s": round(max(gaps), 2) if gaps else None,
         "unaffected_median_stall_s": round(statistics.median(gaps), 2) if gaps else None,
+        "unaffected_rest_max_gap_s": round(max(rest), 2) if rest else None,
+        "unaffected_rest_median_gap_s": round(statistics.median(rest), 2) if rest else None,
         "unaffected_throughput_after_vs_before": round(n_after / n_before, 2) if n_before else None,
     }
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--raw-member"]:
+        return raw_member(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bootstrap")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--protocols", default="eager,cooperative,consumer")
+    ap.add_argument(
+        "--protocols",
+        default="eager,cooperative,consumer,raw-cooperative,raw-consumer",
+        help="comma-separated, in order (default: %(default)s); raw-X: plain confluent-kafka "
+        "consumers under protocol X, the control",
+    )
     args = ap.parse_args()
     results = []
     broker = None if args.bootstrap else EmbeddedKafka().start()
@@ -119,13 +204,14 @@ def main() -> int:
         if broker is not None:
             broker.stop()
     print(
-        f"\n{'protocol':<12}{'join→1st':>10}{'kept':>6}{'max stall':>11}{'median':>8}"
-        f"{'after/before':>14}"
+        f"\n{'protocol':<16}{'join→1st':>10}{'kept':>6}{'max stall':>11}{'median':>8}"
+        f"{'at rest: max':>14}{'median':>8}{'after/before':>14}"
     )
     for r in results:
         print(
-            f"{r['protocol']:<12}{r['join_to_first_record_s']:>9}s{r['unaffected_partitions']:>6}"
+            f"{r['protocol']:<16}{r['join_to_first_record_s']:>9}s{r['unaffected_partitions']:>6}"
             f"{r['unaffected_max_stall_s']!s:>10}s{r['unaffected_median_stall_s']!s:>7}s"
+            f"{r['unaffected_rest_max_gap_s']!s:>13}s{r['unaffected_rest_median_gap_s']!s:>7}s"
             f"{r['unaffected_throughput_after_vs_before']!s:>14}"
         )
     if args.json:

@@ -72,7 +72,9 @@ def _register_broker(commands: SubParsers) -> None:
         "a SASL_SSL listener for clients, as production runs Kafka: TLS with a CA made at "
         "start, SASL/SCRAM-SHA-512 and PLAIN users. The bootstrap servers printed are that "
         "listener's; each user's client settings (password included) are written to a file "
-        "only you can read, whose path is printed. No password is ever printed.",
+        "only you can read, whose path is printed. No password is ever printed. With --mtls, "
+        "also an SSL listener where a client certificate is the login, and each user's "
+        "settings for it.",
     )
     secure.add_argument("--secure", action="store_true", help="turn the secured listener on")
     secure.add_argument(
@@ -95,7 +97,10 @@ def _register_broker(commands: SubParsers) -> None:
         help="a user allowed everything (implies --acls), repeatable",
     )
     secure.add_argument(
-        "--mtls", action="store_true", help="clients must also present a certificate"
+        "--mtls",
+        action="store_true",
+        help="clients must also present a certificate on the SASL_SSL listener; and an SSL "
+        "listener opens where the certificate alone is the login (principal User:<its CN>)",
     )
     secure.add_argument(
         "--oauthbearer",
@@ -209,23 +214,28 @@ def _broker_security(args: argparse.Namespace) -> Any:
             super_users=args.super_user,
             authorizer=args.acls or bool(args.super_user),
             mtls=args.mtls,
+            ssl_listener=args.mtls,
             oauthbearer=args.oauthbearer,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
 
 
-def _write_client_settings(kafka: EmbeddedKafka) -> dict[str, str]:
-    """Each user's librdkafka settings as a properties file only its owner can read, by user."""
-    from weir.testing.security import write_client_properties
+def _write_client_settings(
+    kafka: EmbeddedKafka, mechanism: str = "SCRAM-SHA-512"
+) -> dict[str, str]:
+    """Each user's librdkafka settings as a properties file only its owner can read, by user:
+    for the SASL_SSL listener, or with ``mechanism="SSL"`` for the SSL one (if it has one)."""
+    from weir.testing.security import SSL, write_client_properties
 
     prepared = kafka.security
-    if prepared is None:
+    if prepared is None or (mechanism == SSL and kafka.ssl_bootstrap_servers is None):
         return {}
+    suffix = "-ssl" if mechanism == SSL else ""
     paths = {}
     for user in prepared.users:
-        path = prepared.tls.directory / f"client-{user.name}.properties"
-        write_client_properties(kafka.client_settings(user.name), path)
+        path = prepared.tls.directory / f"client-{user.name}{suffix}.properties"
+        write_client_properties(kafka.client_settings(user.name, mechanism), path)
         paths[user.name] = str(path)
     return paths
 
@@ -262,6 +272,7 @@ def _broker_start(args: argparse.Namespace) -> int:
     try:
         kafka.start()
         client_settings = _write_client_settings(kafka)
+        ssl_settings = _write_client_settings(kafka, "SSL")
     except BaseException:
         if restore is not None:
             restore()
@@ -277,6 +288,8 @@ def _broker_start(args: argparse.Namespace) -> int:
                 "remove_workdir": args.dir is None,
                 "started_at": time.time(),
                 "client_settings": client_settings,
+                "ssl_bootstrap_servers": kafka.ssl_bootstrap_servers if kafka.security else None,
+                "ssl_client_settings": ssl_settings,
             },
         )
     except BaseException as exc:
@@ -293,10 +306,10 @@ def _broker_start(args: argparse.Namespace) -> int:
         raise
     if not args.foreground:
         kafka.detach()  # its JVM holds the work directory's lock from now on
-        _print_started(kafka, client_settings)
+        _print_started(kafka, client_settings, ssl_settings)
         return 0
     try:
-        _print_started(kafka, client_settings)
+        _print_started(kafka, client_settings, ssl_settings)
         return _run_in_foreground(kafka, stop)
     finally:
         kafka.stop()
@@ -316,7 +329,9 @@ def _check_same_dir(state: dict[str, Any], wanted: Path | None, state_path: Path
         )
 
 
-def _print_started(kafka: EmbeddedKafka, client_settings: dict[str, str]) -> None:
+def _print_started(
+    kafka: EmbeddedKafka, client_settings: dict[str, str], ssl_settings: dict[str, str]
+) -> None:
     """The bootstrap servers on stdout (scripts read them); where to look next on stderr."""
     print(kafka.bootstrap_servers, flush=True)
     print(f"log: {kafka.log_path}", file=sys.stderr)
@@ -324,6 +339,16 @@ def _print_started(kafka: EmbeddedKafka, client_settings: dict[str, str]) -> Non
         print(f"CA certificate: {kafka.security.tls.ca_file}", file=sys.stderr)
     for user, path in client_settings.items():
         print(f"client settings of {user} (password inside): {path}", file=sys.stderr)
+    if ssl_settings:
+        print(
+            f"SSL listener, a client certificate as the login: {kafka.ssl_bootstrap_servers}",
+            file=sys.stderr,
+        )
+    for user, path in ssl_settings.items():
+        print(
+            f"client settings of {user} over SSL (certificate, no password): {path}",
+            file=sys.stderr,
+        )
 
 
 def _stop_on_signals(stop: threading.Event) -> Callable[[], None]:

@@ -203,8 +203,13 @@ class _Deadline:
         return left
 
     def unreachable(self, reason: str = "") -> BrokerUnreachableError:
-        """What "no answer in time" means: a refusal the client reported, else unreachable."""
+        """What "no answer in time" means: a refusal the client reported, or one it could not
+        report (`sasl_expected`), else unreachable."""
+        from weir._engine.refusals import ALL_BROKERS_DOWN_CODE, sasl_expected
+
         refused = self.refused()
+        if refused is None and all(c == ALL_BROKERS_DOWN_CODE for c, _ in self.errors.values()):
+            refused = sasl_expected(getattr(self._admin, "weir_client_config", {}))
         return refused if refused is not None else _unreachable(self.timeout, reason)
 
     def refused(self) -> BrokerRefusedError | None:
@@ -516,7 +521,7 @@ def _result(
             if refused is not None:
                 raise refused from exc
             if left <= _REFUSAL_CHECK_S:
-                raise _unreachable(deadline.timeout) from exc
+                raise deadline.unreachable() from exc
         except Exception as exc:
             raise _as_lag_error(exc, deadline, subject) from exc
 

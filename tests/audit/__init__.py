@@ -219,3 +219,37 @@ def check(events: list[dict[str, Any]], end_offsets: Sequence[int]) -> Report:
         rebalances=sum(1 for e in events if e["ev"] in ("assigned", "revoked", "lost")),
         violations=v,
     )
+
+
+def stale_commits(events: list[dict[str, Any]], member: str, since: float) -> tuple[list[str], int]:
+    """Commits of `member` that the broker accepted although they were sent after another member
+    had been assigned the partition (after `since`, when `member` was cut off) and before `member`
+    got it back; and how many commits `member` sent in that time, which the broker must refuse.
+
+    `check` cannot see these: `member` still believes it owns the partition (its loss comes
+    later), so its commits are for a partition it owns as far as its own events say."""
+    taken: dict[int, float] = {}  # partition -> when another member got it
+    back: dict[int, float] = {}  # partition -> when `member` got it again
+    for e in events:
+        if e["ev"] == "assigned" and e["t"] > since:
+            for p in e["ps"]:
+                if e["m"] != member:
+                    taken.setdefault(p, e["t"])
+                elif p in taken:
+                    back.setdefault(p, e["t"])
+
+    def stale(p: int, t: float) -> bool:
+        return p in taken and taken[p] < t < back.get(p, float("inf"))
+
+    sent: dict[tuple[int, int], float] = {}
+    bad: list[str] = []
+    attempts = 0
+    for e in events:
+        if e["m"] != member:
+            continue
+        if e["ev"] == "commit_sent":
+            sent[(e["p"], e["o"])] = e["t"]
+            attempts += stale(e["p"], e["t"])
+        elif e["ev"] == "commit_committed" and stale(e["p"], sent.get((e["p"], e["o"]), 0.0)):
+            bad.append(f"{member} committed p{e['p']}@{e['o']} while another member owned it")
+    return bad, attempts

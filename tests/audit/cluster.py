@@ -44,9 +44,9 @@ class Members:
     def events(self) -> list[dict[str, Any]]:
         return read(self.audit_files())
 
-    def start(self, name: str, *extra: str) -> None:
-        log = (self.workdir / f"{name}.log").open("ab")
-        cmd = [
+    def command(self, name: str, *extra: str) -> list[str]:
+        """The command line of member `name`."""
+        return [
             sys.executable,
             "-m",
             "tests.audit.member",
@@ -56,6 +56,15 @@ class Members:
             "--audit",
             str(self.workdir / f"audit-{name}.jsonl"),
             *extra,
+        ]
+
+    def start(self, name: str, *extra: str, netns: str | None = None) -> None:
+        """Start member `name`; with `netns`, inside that network namespace (tests/audit/network.py;
+        `ip netns exec` execs Python in place, so signals reach the member)."""
+        log = (self.workdir / f"{name}.log").open("ab")
+        cmd = [
+            *(["ip", "netns", "exec", netns] if netns is not None else []),
+            *self.command(name, *extra),
         ]
         self.procs[name] = subprocess.Popen(
             cmd, cwd=REPO, stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": str(REPO)}

@@ -268,3 +268,24 @@ def test_a_cluster_holds_its_directory_also_across_a_restart(tmp_path: Path) -> 
         assert cluster.running
     finally:
         cluster.stop()
+
+
+def test_a_broker_on_another_address_binds_and_advertises_only_that(tmp_path: Path) -> None:
+    """`host`: the listeners bind the given address (not loopback's 127.0.0.1) and metadata sends
+    clients there; the network-fault tests give an address that other namespaces reach."""
+    with EmbeddedKafka(workdir=tmp_path, host="127.0.0.2") as kafka:
+        assert kafka.bootstrap_servers == f"127.0.0.2:{kafka.port}"
+        assert kafka_answers(kafka.port, host="127.0.0.2")
+        assert not kafka_answers(kafka.port)  # nothing on 127.0.0.1
+        topic = "on-another-address"
+        create_topic(kafka.bootstrap_servers, topic)
+        produce(kafka.bootstrap_servers, topic, [(b"k", b"v")])
+        assert [(r.key, r.value) for r in consume_all(kafka.bootstrap_servers, topic)] == [
+            (b"k", b"v")
+        ]
+        consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "probe"})
+        try:
+            brokers = consumer.list_topics(timeout=10).brokers
+        finally:
+            consumer.close()
+        assert [(b.host, b.port) for b in brokers.values()] == [("127.0.0.2", kafka.port)]

@@ -355,11 +355,13 @@ def read_properties(path: Path) -> dict[str, str]:
 def test_weir_broker_start_secure_keeps_its_users_and_ca_across_a_restart(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Started again with --mtls: the same users, CA and port, client certificates asked for
+    on SASL_SSL, and an SSL listener whose settings are written too, password-free."""
     state, workdir = tmp_path / "broker.json", tmp_path / "work"
     start = ["broker", "start", "--secure", "--user", "alice", "--state", str(state)]
 
-    def started() -> tuple[str, dict[str, str]]:
-        assert main([*start, "--dir", str(workdir)]) == 0
+    def started(*more: str) -> tuple[str, dict[str, str], str]:
+        assert main([*start, "--dir", str(workdir), *more]) == 0
         out, err = capsys.readouterr()
         [bootstrap] = out.split()
         path = Path(json.loads(state.read_text())["client_settings"]["alice"])
@@ -368,18 +370,40 @@ def test_weir_broker_start_secure_keeps_its_users_and_ca_across_a_restart(
         conf = read_properties(path)
         assert conf["bootstrap.servers"] == bootstrap
         assert conf["sasl.password"] not in out + err
-        # Over SASL_SSL with those settings alone (no client certificate: no --mtls).
+        # Over SASL_SSL with those settings alone (a client certificate only with --mtls).
         admin = AdminClient(dict(conf))
         assert admin.list_topics(timeout=30).brokers
-        return bootstrap, conf
+        return bootstrap, conf, err
 
     try:
-        first, conf = started()
+        first, conf, _ = started()
+        assert "ssl.certificate.location" not in conf
+        assert json.loads(state.read_text())["ssl_client_settings"] == {}
         ca = Path(conf["ssl.ca.location"]).read_bytes()
         assert main(["broker", "stop", "--state", str(state)]) == 0
         assert capsys.readouterr().out == f"stopped {first}\n"
-        second, again = started()
-        assert again == conf and Path(conf["ssl.ca.location"]).read_bytes() == ca
+        second, again, err = started("--mtls")
+        certificate = {k: v for k, v in again.items() if k not in conf}
+        assert again == {**conf, **certificate} and Path(conf["ssl.ca.location"]).read_bytes() == ca
+        assert sorted(certificate) == ["ssl.certificate.location", "ssl.key.location"]
         assert second == first
+
+        recorded = json.loads(state.read_text())
+        path = Path(recorded["ssl_client_settings"]["alice"])
+        assert (
+            f"SSL listener, a client certificate as the login: {recorded['ssl_bootstrap_servers']}"
+            in err
+        )
+        assert f"client settings of alice over SSL (certificate, no password): {path}" in err
+        ssl = read_properties(path)
+        assert ssl == {
+            "bootstrap.servers": recorded["ssl_bootstrap_servers"],
+            "security.protocol": "SSL",
+            "ssl.ca.location": conf["ssl.ca.location"],
+            **certificate,
+        }
+        for private in (path, Path(ssl["ssl.key.location"])):
+            assert stat.S_IMODE(private.stat().st_mode) == 0o600, private
+        assert AdminClient(dict(ssl)).list_topics(timeout=30).brokers
     finally:
         main(["broker", "stop", "--state", str(state)])

@@ -13,12 +13,13 @@ import pytest
 from weir.testing.broker import (
     TEST_BROKER_DEFAULTS,
     EmbeddedKafka,
+    KafkaNode,
     new_cluster_id,
     pick_free_ports,
     port_is_free,
     resolve_workdir,
 )
-from weir.testing.cluster import cluster_defaults
+from weir.testing.cluster import EmbeddedKafkaCluster, cluster_defaults
 from weir.testing.errors import JavaNotFoundError, PortInUseError
 
 pytestmark = pytest.mark.timeout(60)
@@ -92,3 +93,35 @@ def test_workdir_ownership(tmp_path: Path) -> None:
     created, remove = resolve_workdir(None, True, "weir-test-")
     created.rmdir()
     assert remove is False
+
+
+@pytest.mark.parametrize("host", ["localhost", "::1", "10.0.0", "", "127.0.0.1:9092"])
+def test_a_host_that_is_not_an_ipv4_address_is_refused_at_once(host: str) -> None:
+    with pytest.raises(ValueError, match="host must be an IPv4 address"):
+        EmbeddedKafka(host=host)
+    with pytest.raises(ValueError, match="host must be an IPv4 address"):
+        EmbeddedKafkaCluster(hosts=["127.0.0.1", "127.0.0.2", host])
+
+
+def test_a_cluster_needs_one_host_and_one_namespace_per_node() -> None:
+    with pytest.raises(ValueError, match=r"hosts needs one entry per node \(3\), got 2"):
+        EmbeddedKafkaCluster(hosts=["127.0.0.1", "127.0.0.2"])
+    with pytest.raises(ValueError, match=r"netns needs one entry per node \(3\), got 1"):
+        EmbeddedKafkaCluster(netns=["a"])
+
+
+def test_a_node_binds_advertises_and_joins_its_quorum_at_its_host(tmp_path: Path) -> None:
+    node = KafkaNode(
+        node_id=2,
+        workdir=tmp_path,
+        port=9092,
+        controller_port=9093,
+        quorum={},
+        properties={},
+        java="java",
+        jars=tmp_path,
+        host="10.1.2.3",
+    )
+    assert node.properties["listeners"] == "PLAINTEXT://10.1.2.3:9092,CONTROLLER://10.1.2.3:9093"
+    assert node.properties["advertised.listeners"] == "PLAINTEXT://10.1.2.3:9092"
+    assert node.bootstrap_servers == "10.1.2.3:9092"

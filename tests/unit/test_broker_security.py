@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from weir.testing.broker import KafkaNode, remembered_secure_port
+from weir.testing.cluster import EmbeddedKafkaCluster
 from weir.testing.errors import BrokerStartError
 from weir.testing.security import (
     AUTHORIZER,
@@ -118,22 +119,27 @@ def test_scram_users_are_formatted_salted(tmp_path: Path) -> None:
     assert salted == hashlib.pbkdf2_hmac("sha512", SECRET.encode(), salt, iterations)
 
 
-def test_a_secured_node_adds_a_sasl_ssl_listener(tmp_path: Path) -> None:
-    security = BrokerSecurity(
-        users={"admin": None, "alice": SECRET}, super_users=["admin"], authorizer=True, mtls=True
-    )
-    prepared = prepare_security(security, tmp_path, formatted=False)
-    node = KafkaNode(
+def secured_node(workdir: Path, secure: SecureListener) -> KafkaNode:
+    """A node (never started) on ports 9092 and 9091, with `secure`'s listeners."""
+    return KafkaNode(
         node_id=1,
-        workdir=tmp_path,
+        workdir=workdir,
         port=9092,
         controller_port=9091,
         quorum={},
         properties={},
         java="java",
-        jars=tmp_path,
-        secure=SecureListener(prepared, 9093),
+        jars=workdir,
+        secure=secure,
     )
+
+
+def test_a_secured_node_adds_a_sasl_ssl_listener(tmp_path: Path) -> None:
+    security = BrokerSecurity(
+        users={"admin": None, "alice": SECRET}, super_users=["admin"], authorizer=True, mtls=True
+    )
+    prepared = prepare_security(security, tmp_path, formatted=False)
+    node = secured_node(tmp_path, SecureListener(prepared, 9093))
     props = node.properties
     assert props["listeners"] == (
         "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9091,SASL_SSL://127.0.0.1:9093"
@@ -220,3 +226,74 @@ def test_oauthbearer_takes_unsecured_tokens_of_any_principal(tmp_path: Path) -> 
         plain.client_settings("x:1", "a", "OAUTHBEARER")
     with pytest.raises(ValueError, match="a token provider needs mechanism 'OAUTHBEARER'"):
         prepared.client_settings("x:1", "alice").token_config(tokens)
+
+
+def test_an_ssl_listener_takes_client_certificates_as_logins(tmp_path: Path) -> None:
+    security = BrokerSecurity(users=["admin", "alice"], authorizer=True, ssl_listener=True)
+    prepared = prepare_security(security, tmp_path, formatted=False)
+    node = secured_node(tmp_path, SecureListener(prepared, 9093, 9094))
+    props = node.properties
+    assert props["listeners"].endswith(",SASL_SSL://127.0.0.1:9093,SSL://127.0.0.1:9094")
+    assert props["advertised.listeners"].endswith(",SSL://127.0.0.1:9094")
+    assert props["listener.security.protocol.map"].endswith(",SASL_SSL:SASL_SSL,SSL:SSL")
+    prefix = "listener.name.ssl."
+    assert props[prefix + "ssl.client.auth"] == "required"
+    assert props[prefix + "ssl.truststore.location"] == str(prepared.tls.ca_file)
+    assert props["listener.name.sasl_ssl.ssl.client.auth"] == "none"  # no mtls asked
+    # Kafka reads a subject as RFC 2253 (cryptography's RFC 4514 string, the same here) and
+    # maps it by the first rule that matches: the common name, as ACLs name the principal.
+    rule, default = props[prefix + "ssl.principal.mapping.rules"].split("/,")
+    pattern, replacement = rule.removeprefix("RULE:").split("/")
+    assert (default, replacement) == ("DEFAULT", "$1")
+    node.write_config()
+    assert remembered_secure_port(tmp_path, "SSL") == 9094
+    assert node.ssl_bootstrap_servers == "127.0.0.1:9094"
+
+    ca = x509.load_pem_x509_certificate(prepared.tls.ca_file.read_bytes())
+    for name in ("alice", "p-1234"):  # a user, and any other principal: issued on demand
+        settings = prepared.client_settings("x:1", name, "SSL", node.ssl_bootstrap_servers)
+        conf = settings.config()
+        assert conf == {
+            "bootstrap.servers": "127.0.0.1:9094",
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(prepared.tls.ca_file),
+            "ssl.certificate.location": str(prepared.tls.client_cert_file(name)),
+            "ssl.key.location": str(prepared.tls.client_key_file(name)),
+        }
+        cert = x509.load_pem_x509_certificate(prepared.tls.client_cert_file(name).read_bytes())
+        cert.verify_directly_issued_by(ca)
+        subject = cert.subject.rfc4514_string()
+        mapped = re.fullmatch(pattern, subject)
+        assert mapped is not None and mapped.group(1) == name, subject
+        key = prepared.tls.client_key_file(name)
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(prepared.tls.ca_key_file.stat().st_mode) == 0o600
+    with pytest.raises(ValueError, match="user name 'a,b'"):
+        prepared.client_settings("x:1", "a,b", "SSL", "127.0.0.1:9094")
+
+
+def test_an_ssl_login_needs_the_ssl_listener(tmp_path: Path) -> None:
+    prepared = prepare_security(BrokerSecurity(users=["alice"]), tmp_path, formatted=False)
+    with pytest.raises(ValueError, match=r"needs a broker started with .*ssl_listener=True"):
+        prepared.client_settings("x:1", "alice", "SSL", None)
+    with pytest.raises(ValueError, match=r"ssl_listener=\.\.\.\) must be True or False"):
+        BrokerSecurity(ssl_listener="yes")  # type: ignore[arg-type]
+
+
+def test_each_node_of_a_secured_cluster_gets_its_ssl_listener(tmp_path: Path) -> None:
+    """Nodes made as `start()` makes them (never started): 4 ports each, the SSL listeners
+    last, and `client_settings(mechanism="SSL")` bootstraps from every one."""
+    security = BrokerSecurity(users=["alice"], ssl_listener=True)
+    cluster = EmbeddedKafkaCluster(3, security=security)
+    cluster._workdir = tmp_path
+    cluster._prepared = prepare_security(security, tmp_path, formatted=False)
+    cluster.nodes = cluster._make_nodes("java", tmp_path, list(range(9000, 9012)))
+    assert [node.ssl_bootstrap_servers for node in cluster.nodes] == [
+        "127.0.0.1:9009",
+        "127.0.0.1:9010",
+        "127.0.0.1:9011",
+    ]
+    assert cluster.nodes[2].secure_bootstrap_servers == "127.0.0.1:9008"
+    settings = cluster.client_settings("alice", mechanism="SSL")
+    assert settings.bootstrap_servers == "127.0.0.1:9009,127.0.0.1:9010,127.0.0.1:9011"
+    assert cluster.client_settings("alice").bootstrap_servers.endswith(",127.0.0.1:9008")

@@ -1540,6 +1540,67 @@ def test_resume_wakes_with_a_metadata_request_when_no_position_is_known() -> Non
     assert names[-1] == "list_topics"
 
 
+P2 = (TOPIC, 2)
+
+
+@pytest.mark.parametrize("kind", ["revoke", "lost", "assign"])
+def test_partitions_kept_through_an_incremental_rebalance_wake_their_fetcher(
+    launch: Launch, kind: str
+) -> None:
+    """librdkafka pauses every assigned partition while an incremental rebalance waits for its
+    callback, and its resume does not wake a broker thread that went idle meanwhile (up to 1 s
+    of silence for the partitions the member keeps). After each rebalance callback the kept
+    partitions are sought to the client's position, outside the callback; a moved or new one
+    is not. The fake honours the offset given: a wrong one would replay or skip records."""
+    fake = FakeConsumer()
+    for _, p in (P0, P1, P2):
+        fake.produce_many(TOPIC, p, range(10))
+    fake.script_assign([P0, P1])
+    probe = Probe()
+    gc = launch(probe, fake)  # cooperative-sticky: incremental
+    wait_until(lambda: probe.finished_count() == 20, "P0 and P1 processed")
+    mark: list[int] = []
+    before = lambda: mark.append(len(fake.calls))  # noqa: E731
+    if kind == "assign":
+        event, kept = fake.script_assign([P2], before=before), [P0, P1]
+    elif kind == "revoke":
+        event, kept = fake.script_revoke([P1], before=before), [P0]
+    else:
+        event, kept = fake.script_lost([P1], before=before), [P0]
+    assert event.done.wait(WAIT)
+    settle(fake, 3)
+    sought = [detail for name, detail in fake.calls[mark[0] :] if name == "seek"]
+    assert sorted(sought) == sorted((tp, 10) for tp in kept)
+    for tp in kept:
+        fake.produce_many(TOPIC, tp[1], range(10, 15))
+    wait_until(
+        lambda: all(probe.started_offsets(tp)[-1:] == [14] for tp in kept), "kept ones flowing"
+    )
+    for tp in kept:
+        assert fake.delivered_offsets(tp) == list(range(15)), f"{tp} replayed or skipped"
+    gc.stop()
+    gc.join(WAIT)
+    assert gc.failure is None
+
+
+def test_an_eager_assignment_seeks_nothing(launch: Launch) -> None:
+    """An eager assignment places every partition at an explicit offset itself, also one it
+    hands again to a member that owns it: no partition is woken by a seek after it."""
+    fake = FakeConsumer()
+    for _, p in (P0, P1):
+        fake.produce_many(TOPIC, p, range(10))
+    fake.script_assign([P0, P1])
+    probe = Probe()
+    gc = launch(probe, fake, assignment_strategy="range")
+    wait_until(lambda: probe.finished_count() == 20, "P0 and P1 processed")
+    assert fake.script_assign([P0, P1]).done.wait(WAIT)
+    settle(fake, 3)
+    assert not fake.seeks
+    gc.stop()
+    gc.join(WAIT)
+    assert gc.failure is None
+
+
 def _over_four_partitions(
     launch: Launch, ordering: Ordering, key: Callable[[int, int], bytes] | None = None
 ) -> tuple[GroupConsumer, FakeConsumer, Probe]:

@@ -7,8 +7,13 @@ tests/integration/test_security_broker.py; these drive the member's start with a
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
+import ssl
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +21,7 @@ from confluent_kafka import KafkaError, KafkaException
 from tests.waiting import wait_until
 
 from weir import AuthenticationError, BrokerUnreachableError, GroupConsumer, TlsError
-from weir._engine.refusals import Refusal, explain, refusal_of, startup_refusal
+from weir._engine.refusals import Refusal, explain, refusal_of, sasl_expected, startup_refusal
 from weir.testing.fake import FakeConsumer
 
 AUTH = (
@@ -167,3 +172,48 @@ def test_a_refusal_while_running_is_logged_as_an_error(caplog: pytest.LogCapture
     assert events.count(("ERROR", "kafka_tls_failed")) == 1, events
     assert ("WARNING", "error_repeated") in events
     assert not [e for e in events if e[1] == "kafka_error"], events
+
+
+def test_a_certificate_login_at_a_sasl_listener_is_told_so(tmp_path: Path) -> None:
+    """What a SASL_SSL listener does to a client of security.protocol SSL: accept its TLS, then
+    close the connection at its first request, which librdkafka only logs. A listener that
+    answers, or a client of another protocol, is not this refusal."""
+    pytest.importorskip("cryptography")
+    from weir.testing.security import BrokerSecurity, prepare_security
+
+    tls = prepare_security(BrokerSecurity(users=["alice"]), tmp_path, formatted=False).tls
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(tls.broker_file)
+
+    def conf_of(answer: bytes) -> dict[str, str]:
+        server = socket.create_server(("127.0.0.1", 0))
+        server.settimeout(5)  # a client that never comes
+
+        def serve() -> None:
+            with server, server.accept()[0] as sock, server_context.wrap_socket(sock, True) as s:
+                s.recv(1024)  # the request
+                s.sendall(answer)  # nothing: closed unanswered
+
+        def serving() -> None:
+            with contextlib.suppress(OSError):
+                serve()
+
+        threading.Thread(target=serving, daemon=True).start()
+        return {
+            "bootstrap.servers": f"127.0.0.1:{server.getsockname()[1]}",
+            "security.protocol": "ssl",
+            "ssl.ca.location": str(tls.ca_file),
+            "ssl.certificate.location": str(tls.client_cert_file("alice")),
+            "ssl.key.location": str(tls.client_key_file("alice")),
+        }
+
+    conf = conf_of(b"")
+    error = sasl_expected(conf)
+    assert isinstance(error, AuthenticationError), error
+    assert str(error).startswith(
+        f"authentication failed: the broker at {conf['bootstrap.servers']!r} closed the "
+        "connection at the client's first request after the TLS handshake"
+    )
+    assert sasl_expected(conf_of(b"\x00\x00\x00\x10")) is None  # an answer
+    assert sasl_expected({**conf_of(b""), "security.protocol": "SASL_SSL"}) is None
+    assert sasl_expected({**conf, "bootstrap.servers": "nonsense"}) is None

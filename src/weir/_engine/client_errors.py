@@ -31,6 +31,7 @@ from weir._engine.refusals import (
     denied_topics,
     refusal_error,
     refusal_of,
+    sasl_expected,
     startup_refusal,
     topics_denied_error,
 )
@@ -44,7 +45,7 @@ from weir.logs import (
     timestamp,
     without_retry_details,
 )
-from weir.records import Partition
+from weir.records import CommitEvent, Partition
 
 __all__ = ["ClientErrors"]
 
@@ -110,8 +111,13 @@ class ClientErrors:
             ][:_CAUSES]
         finally:
             self._causes = None
+        conf = self._cfg.librdkafka_config()
         if refusal is not None:
-            raise refusal_error(refusal, self._cfg.librdkafka_config()) from None
+            raise refusal_error(refusal, conf) from None
+        # The client said nothing: a broker that closed the connection unasked is only logged.
+        sasl = None if causes else sasl_expected(conf)
+        if sasl is not None:
+            raise sasl from None
         # One error, not a chain: the metadata request's own ("Broker transport failure") is
         # only the fallback, for when the client said nothing more.
         error = failed.args[0] if failed.args else failed
@@ -176,6 +182,23 @@ class ClientErrors:
         key = ("kafka_authorization_failed", denied.code, str(denied))
         if self._repeats.seen(key, self._repeated):
             _log_refused(denied, error, running=True)
+
+    def fetched(self, topic: str) -> None:
+        """A record of `topic` was fetched: a refusal to read it has ended."""
+        if self._life.refusals:
+            self.allowed(_reading(topic))
+
+    def commit_result(self, event: CommitEvent) -> None:
+        """A commit's result: refused by the ACLs (the group's READ, or the topic's), or done,
+        which ends a refusal of the group and of reading its topic."""
+        if event.status == "failed" and event.code is not None:
+            group = self._cfg.group_id
+            denied = denied_of(event.code, "READ", topic=event.tp.topic, group=group)
+            if denied is not None:
+                self.refused(denied, event.error or event.code)
+        elif event.status == "committed" and self._life.refusals:
+            reading = _reading(event.tp.topic)
+            self.allowed(lambda d: d.resource_type == "group" or reading(d))
 
     def allowed(self, match: Callable[[Denied], bool], *, asked: bool = True) -> None:
         """What the broker refused and `match` names was done since: the refusal has ended
@@ -258,3 +281,8 @@ def _log_refused(denied: Denied, error: str, *, running: bool) -> None:
         error=error,
         running=running,
     )
+
+
+def _reading(topic: str) -> Callable[[Denied], bool]:
+    """Whether a refusal is of reading `topic` (ended by a record of it fetched, or committed)."""
+    return lambda d: d.resource_type == "topic" and d.operation == "READ" and d.resource == topic

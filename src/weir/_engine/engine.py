@@ -43,7 +43,7 @@ from weir._engine.lifecycle import Lifecycle
 from weir._engine.metrics import Metrics
 from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
 from weir._engine.protocols import ProtocolProbe, choose_protocol, warn_commit_blackout
-from weir._engine.refusals import Denied, denied_of, first_token_refusal, token_refusal
+from weir._engine.refusals import first_token_refusal, token_refusal
 from weir._engine.replay import ReplayMaps
 from weir._engine.scheduling import Scheduler, lane_of
 from weir._engine.settlement import Settlement
@@ -571,8 +571,7 @@ class Engine:
         full = []
         now = self.clock.monotonic()
         for run in runs_of(msgs, self.errors.on_message_error):
-            if self.life.refusals:  # a record fetched: the topic may be read again
-                self.errors.allowed(_reading(run.topic))
+            self.errors.fetched(run.topic)
             tp = Partition(run.topic, run.partition)
             if self._register_run(partitions.get(tp), run, now):
                 full.append(tp)
@@ -694,14 +693,7 @@ class Engine:
 
     def _emit_commit(self, event: CommitEvent) -> None:
         self.metrics.commit_result(event)
-        if event.status == "failed" and event.code is not None:
-            group = self.cfg.group_id
-            denied = denied_of(event.code, "READ", topic=event.tp.topic, group=group)
-            if denied is not None:
-                self.errors.refused(denied, event.error or event.code)
-        elif event.status == "committed" and self.life.refusals:
-            topic = event.tp.topic
-            self.errors.allowed(lambda d: d.resource_type == "group" or _reading(topic)(d))
+        self.errors.commit_result(event)
         # Read at every event: a listener added after start() is called from then on.
         for listener in self.life.listeners:
             self.callbacks.call(callback_name(listener), listener, event, tp=str(event.tp))
@@ -735,6 +727,7 @@ class Engine:
         rebalance's first callback (a revoke or lost before it), however many callbacks."""
         began = self.clock.monotonic()
         m = self.metrics
+        self._rebalancing()
         try:
             self._assign(client, tps, began)
             if self.eos is None:
@@ -795,6 +788,7 @@ class Engine:
 
     def _on_revoke(self, client: Any, tps: list[TopicPartition]) -> None:
         self.metrics.rebalance_began(self.clock.monotonic())
+        self._rebalancing()
         parts = [Partition(t.topic, t.partition) for t in tps]
         self.own.revoke(parts, self._drain_until, self._commit_sync)
         self.fetch.forget(parts)  # a fenced one was held until the group took it
@@ -802,6 +796,7 @@ class Engine:
 
     def _on_lost(self, client: Any, tps: list[TopicPartition]) -> None:
         self.metrics.rebalance_began(self.clock.monotonic())
+        self._rebalancing()
         self.life.joined = False
         gone = self._assignments_of(tps)
         parts = [Partition(t.topic, t.partition) for t in tps]
@@ -812,6 +807,12 @@ class Engine:
             # The open transaction holds outputs of the lost partitions, whose offsets this
             # member may no longer commit: abort it, and start the others over.
             self.eos.abort_all()
+
+    def _rebalancing(self) -> None:
+        """Inside a rebalance callback: under an incremental protocol librdkafka paused every
+        assigned partition for it, and the ones kept must be woken after (`FetchControl`)."""
+        if self.cfg.incremental:
+            self.fetch.rebalanced(self.own.partitions)
 
     def _owned_changed(self) -> None:
         if self._watermarks is not None:
@@ -831,11 +832,6 @@ class Engine:
         now = self.clock.monotonic()
         self._next_publish = now + _PUBLISH_EVERY
         self.life.publish(self.snapshot.take(running=running, now=now))
-
-
-def _reading(topic: str) -> Callable[[Denied], bool]:
-    """Whether a refusal is of reading `topic` (ended by a record of it fetched, or committed)."""
-    return lambda d: d.resource_type == "topic" and d.operation == "READ" and d.resource == topic
 
 
 def _producer(conf: dict[str, Any]) -> ProducerClient:

@@ -20,6 +20,10 @@ wakes the partition's fetcher, and confluent-kafka aborts the process on a neste
 
 librdkafka keeps a partition's pause flag across unassign and assign: new partitions get weir's
 state stated explicitly (`assigned`), whichever way the client left them.
+
+librdkafka also pauses every assigned partition while an incremental rebalance (cooperative-sticky
+or KIP-848) waits for its callback, and resumes them when the callback returns; the partitions
+the member keeps are woken at the next `turn` (`rebalanced`), as after weir's own resumes.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class FetchControl:
         self._why: dict[Partition, set[Reason]] = {}
         self.paused: set[Partition] = set()  # paused in the client, as weir asked it
         self._releasing: set[Partition] = set()  # to resume at the next turn
+        self._waking: set[Partition] = set()  # resumed by the client in a rebalance: to wake
 
     def reason(self, tp: Partition) -> Reason | None:
         """Why `tp` is not fetched (the first reason that holds it), or None."""
@@ -123,15 +128,32 @@ class FetchControl:
             self._why.pop(tp, None)
             self.paused.discard(tp)
             self._releasing.discard(tp)
+            self._waking.discard(tp)
+
+    def rebalanced(self, owned: Iterable[Partition]) -> None:
+        """A rebalance callback is being served. Under an incremental protocol librdkafka paused
+        every assigned partition when it queued the callback and resumes them when it returns;
+        its fetcher may have gone to sleep meanwhile (`_wake`). The partitions owned now that
+        the member keeps are woken at the next `turn`; those it gives up are forgotten first."""
+        self._waking.update(owned)
 
     def turn(self) -> None:
-        """Owner loop, never inside a rebalance callback: resume what was released."""
-        if not self._releasing:
-            return
-        tps = [tp for tp in self._releasing if tp in self.paused and not self._why.get(tp)]
-        self._releasing.clear()
-        if tps:
-            self._resume(tps)
+        """Owner loop, never inside a rebalance callback: resume what was released, and wake
+        the fetchers of what a rebalance paused and resumed."""
+        resumed: list[Partition] = []
+        if self._releasing:
+            resumed = [tp for tp in self._releasing if tp in self.paused and not self._why.get(tp)]
+            self._releasing.clear()
+            if resumed:
+                self._resume(resumed)
+        if self._waking:
+            # One weir holds stays paused in the client: it is woken when released.
+            skip = self.paused.union(resumed)
+            waking = [tp for tp in self._waking if tp not in skip]
+            self._waking.clear()
+            if waking:
+                log.debug("fetchers_woken", partitions=[str(tp) for tp in waking])
+                self._wake(waking)
 
     def _set(self, tps: Sequence[Partition], paused: bool, reason: str) -> None:
         if not tps:
@@ -152,17 +174,21 @@ class FetchControl:
             log.warning("pause_resume_failed", paused=paused, error=str(exc))
 
     def _resume(self, tps: list[Partition]) -> None:
-        """Resume and get the fetches going at once.
+        """Resume and get the fetches going at once (`_wake`)."""
+        self._set(tps, False, "released")
+        self._wake(tps)
+
+    def _wake(self, tps: list[Partition]) -> None:
+        """Get the fetches of these fetchable partitions going at once.
 
         librdkafka's resume only clears a flag: a broker thread that went idle because all its
         partitions were paused sleeps on (up to 1 s, `rd_kafka_max_block_ms`). A seek restarts
-        the partition's fetch state, which wakes the broker thread of its leader. Each resumed
-        partition is sought to where the resume would fetch from anyway, the client's position
-        (its last handed-out offset + 1; after an earlier seek, before anything new was handed
-        out, the read position weir tracked): no request, no skip, no replay. Only when no
-        partition has a position yet (nothing consumed) does a metadata request wake the broker
-        that answers it."""
-        self._set(tps, False, "released")
+        the partition's fetch state, which wakes the broker thread of its leader. Each partition
+        is sought to where the resume would fetch from anyway, the client's position (its last
+        handed-out offset + 1; after an earlier seek, before anything new was handed out, the
+        read position weir tracked): no request, no skip, no replay. Only when no partition has
+        a position yet (nothing consumed) does a metadata request wake the broker that answers
+        it."""
         client = self._client()
         woken = 0
         try:

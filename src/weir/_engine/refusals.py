@@ -7,6 +7,9 @@ request that needed a broker only times out, so a client that looks at its reque
 person. A certificate that fails verification is always "certificate verify failed" in
 librdkafka's words, whether its CA is unknown or it names another host: `explain` asks the
 broker once more with Python's own TLS (same CA settings, no credentials sent) to tell which.
+A client whose certificate is its only login (``SSL``) at a listener that expects SASL is not
+refused in any error: the broker closes the connection, which librdkafka only logs;
+`sasl_expected` asks the broker once more to tell that from no answer.
 
 Nothing here ever weakens verification: it only reads the settings the client was given.
 
@@ -18,11 +21,13 @@ the request the operation, which only the caller knows (a fetch reads, a produce
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+import struct
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -43,6 +48,7 @@ __all__ = [
     "first_token_refusal",
     "refusal_error",
     "refusal_of",
+    "sasl_expected",
     "startup_refusal",
     "token_refusal",
     "topics_denied_error",
@@ -287,26 +293,80 @@ def explain(refusal: Refusal, conf: Mapping[str, Any]) -> str:
 def _verify(broker: str | None, conf: Mapping[str, Any]) -> tuple[int, str] | None:
     """OpenSSL's verify code and message for the broker's certificate, checked the way
     librdkafka is configured to; None if it verifies or the broker cannot be asked."""
-    if broker is None:
-        return None
-    host, _, port = broker.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit():
+    address = _host_port(broker)
+    if address is None:
         return None
     try:
         context = _context(conf)
     except (OSError, ssl.SSLError, ValueError):
         return None  # a CA setting Python cannot read: librdkafka's words stand
     try:
-        with (
-            socket.create_connection((host, int(port)), timeout=_DIAGNOSE_TIMEOUT_S) as sock,
-            context.wrap_socket(sock, server_hostname=host),
-        ):
+        with _tls_to(address, context):
             return None
     except ssl.SSLCertVerificationError as exc:
         return int(exc.verify_code), str(exc.verify_message)
     except (OSError, ValueError):
         return None
+
+
+@contextlib.contextmanager
+def _tls_to(address: tuple[str, int], context: ssl.SSLContext) -> Iterator[ssl.SSLSocket]:
+    """A TLS connection to a broker, its handshake done, for one question."""
+    with (
+        socket.create_connection(address, timeout=_DIAGNOSE_TIMEOUT_S) as sock,
+        context.wrap_socket(sock, server_hostname=address[0]) as tls,
+    ):
+        yield tls
+
+
+def _host_port(broker: str | None) -> tuple[str, int] | None:
+    """``host:port`` (``[v6]:port``) as its parts; None if it is not that."""
+    host, _, port = (broker or "").rpartition(":")
+    host = host.strip("[]")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
+def _metadata_request() -> bytes:
+    """A Kafka Metadata request (v0, every topic): what a listener that expects a SASL login
+    refuses before one (only ApiVersions and SaslHandshake may come first), by closing the
+    connection."""
+    client_id = b"weir-diagnosis"
+    body = struct.pack(">hhih", 3, 0, 1, len(client_id)) + client_id + struct.pack(">i", 0)
+    return struct.pack(">i", len(body)) + body
+
+
+def sasl_expected(conf: Mapping[str, Any]) -> AuthenticationError | None:
+    """For a client of ``security.protocol`` SSL that no broker answered and that said why in
+    no error: `AuthenticationError` if its first bootstrap broker accepts its TLS and then
+    closes the connection at a Metadata request, as a SASL_SSL listener does before a SASL
+    login; else None (no broker there, a refused certificate, an answer)."""
+    if str(conf.get("security.protocol", "")).upper() != "SSL":
+        return None
+    first = str(conf.get("bootstrap.servers", "")).split(",")[0].strip()
+    broker = first.partition("://")[2] or first
+    address = _host_port(broker)
+    try:
+        context = _context(conf)
+        certificate = conf.get("ssl.certificate.location")
+        if certificate:
+            context.load_cert_chain(
+                str(certificate), conf.get("ssl.key.location"), conf.get("ssl.key.password")
+            )
+        if address is None:
+            return None
+        with _tls_to(address, context) as tls:
+            tls.sendall(_metadata_request())
+            if tls.recv(4):
+                return None
+    except (OSError, ValueError):  # ssl.SSLError included: not this diagnosis
+        return None
+    return AuthenticationError(
+        f"authentication failed: the broker at {broker!r} closed the connection at the "
+        "client's first request after the TLS handshake, as a listener that expects a SASL "
+        "login does (security.protocol SSL: the client certificate is the only login "
+        "offered): connect to the broker's SSL listener, or log in with SASL "
+        "(security.protocol SASL_SSL and sasl.*)"
+    )
 
 
 def _context(conf: Mapping[str, Any]) -> ssl.SSLContext:

@@ -11,6 +11,7 @@ import base64
 import contextlib
 import ctypes
 import fcntl
+import ipaddress
 import json
 import os
 import shutil
@@ -41,6 +42,7 @@ from weir.testing.jars import KAFKA_VERSION, ensure_kafka_jars, require_java
 from weir.testing.security import (
     LISTENER,
     SCRAM,
+    SSL_LISTENER,
     BrokerSecurity,
     ClientSettings,
     PreparedSecurity,
@@ -94,6 +96,18 @@ TEST_BROKER_DEFAULTS: Mapping[str, str] = {
 }
 
 
+def check_host(host: str) -> str:
+    """``host`` if it is an IPv4 address literal (where a broker's listeners bind and what they
+    advertise), else a ValueError saying so."""
+    try:
+        ipaddress.IPv4Address(host)
+    except (ipaddress.AddressValueError, TypeError):
+        raise ValueError(
+            f"host must be an IPv4 address of this machine such as {LOOPBACK!r}, got {host!r}"
+        ) from None
+    return host
+
+
 def pick_free_port() -> int:
     """A loopback port nobody listens on right now (the kernel's choice for port 0).
 
@@ -144,7 +158,7 @@ def port_accepts(port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def kafka_answers(port: int, timeout: float = 1.0) -> bool:
+def kafka_answers(port: int, timeout: float = 1.0, host: str = LOOPBACK) -> bool:
     """Whether a Kafka broker answers an ApiVersions request on the port.
 
     A bare TCP connect is not proof: whoever took a port between our pick and Java's bind would
@@ -155,7 +169,7 @@ def kafka_answers(port: int, timeout: float = 1.0) -> bool:
     # Request header v1 (api_key 18 = ApiVersions, version 0), empty v0 body.
     body = struct.pack(">hhih", 18, 0, correlation_id, len(client_id)) + client_id
     try:
-        with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.sendall(struct.pack(">i", len(body)) + body)
             reply = b""
             while len(reply) < 10:  # size, correlation id, error code
@@ -340,6 +354,9 @@ class KafkaNode:
 
     The node knows its peers only through ``quorum`` (the controller.quorum.* properties).
     Restarting a stopped node reuses its storage and ports, as a real broker restart would.
+    Its listeners bind and advertise ``host`` (loopback by default); with ``netns`` the JVM runs
+    in that Linux network namespace (``ip netns exec``, as root), where ``host`` must be one of
+    its addresses.
     """
 
     def __init__(
@@ -358,9 +375,13 @@ class KafkaNode:
         die_with_parent: bool = True,
         lock: WorkdirLock | None = None,
         secure: SecureListener | None = None,
+        host: str = LOOPBACK,
+        netns: str | None = None,
     ) -> None:
         self.node_id = node_id
         self.secure = secure
+        self.host = host
+        self.netns = netns
         self.workdir = workdir
         self.port = port
         self.controller_port = controller_port
@@ -387,25 +408,31 @@ class KafkaNode:
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
             "listeners": (
-                f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.controller_port}"
+                f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}"
             ),
-            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self.port}",
+            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.data_dir),
         }
-        return {**own, **secure_listener_properties(self.secure, own)}
+        return {**own, **secure_listener_properties(self.secure, own, self.host)}
 
     @property
     def bootstrap_servers(self) -> str:
         """The PLAINTEXT listener: the harness's (on a secured node a super user's)."""
-        return f"{LOOPBACK}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def secure_bootstrap_servers(self) -> str | None:
         """The SASL_SSL listener of a secured node, else None."""
-        return None if self.secure is None else f"{LOOPBACK}:{self.secure.port}"
+        return None if self.secure is None else f"{self.host}:{self.secure.port}"
+
+    @property
+    def ssl_bootstrap_servers(self) -> str | None:
+        """The SSL listener (client certificates as logins) of a node that has one, else None."""
+        port = None if self.secure is None else self.secure.ssl_port
+        return None if port is None else f"{LOOPBACK}:{port}"
 
     @property
     def pid(self) -> int | None:
@@ -489,7 +516,10 @@ class KafkaNode:
         """Start the JVM without waiting for it; see ``wait_ready``."""
         if self.running:
             return
+        # `ip netns exec` enters the namespace and execs Java: the same process, so signals and
+        # PR_SET_PDEATHSIG still reach the broker.
         command = [
+            *(["ip", "netns", "exec", self.netns] if self.netns is not None else []),
             self.java,
             f"-Xmx{self.heap}",
             "-Xms128m",
@@ -539,7 +569,9 @@ class KafkaNode:
                     f"(log: {self.log_path})",
                     self.log_tail(since=self._log_offset),
                 )
-            if _STARTED in self._read_log(self._log_offset) and kafka_answers(self.port):
+            if _STARTED in self._read_log(self._log_offset) and kafka_answers(
+                self.port, host=self.host
+            ):
                 return
             if time.monotonic() > deadline:
                 self.kill()
@@ -611,32 +643,40 @@ class KafkaNode:
 
 
 def secure_listener_properties(
-    secure: SecureListener | None, own: Mapping[str, str]
+    secure: SecureListener | None, own: Mapping[str, str], host: str = LOOPBACK
 ) -> dict[str, str]:
     """A node's settings for its secured listener, added to its PLAINTEXT and CONTROLLER ones
     (``own``), which stay for the broker itself and the harness."""
     if secure is None:
         return {}
-    listener = f"{LISTENER}://{LOOPBACK}:{secure.port}"
+    added = {LISTENER: secure.port}
+    if secure.ssl_port is not None:
+        added[SSL_LISTENER] = secure.ssl_port
+    listeners = "".join(f",{name}://{host}:{port}" for name, port in added.items())
+    protocols = "".join(f",{name}:{name}" for name in added)
     return {
-        "listeners": f"{own['listeners']},{listener}",
-        "advertised.listeners": f"{own['advertised.listeners']},{listener}",
-        "listener.security.protocol.map": (
-            f"{own['listener.security.protocol.map']},{LISTENER}:{LISTENER}"
-        ),
+        "listeners": own["listeners"] + listeners,
+        "advertised.listeners": own["advertised.listeners"] + listeners,
+        "listener.security.protocol.map": own["listener.security.protocol.map"] + protocols,
         **secure.properties(),
     }
 
 
-def remembered_secure_port(workdir: Path) -> int | None:
-    """The secured listener's port in the ``server.properties`` an earlier start wrote."""
+def remembered_secure_port(workdir: Path, listener: str = LISTENER) -> int | None:
+    """A secured listener's port in the ``server.properties`` an earlier start wrote."""
+    return _listener_ports(workdir).get(listener)
+
+
+def _listener_ports(workdir: Path) -> dict[str, int]:
+    """The port of each listener in the ``server.properties`` an earlier start wrote."""
     listeners = _read_properties(workdir / "server.properties").get("listeners", "")
+    ports: dict[str, int] = {}
     for listener in listeners.split(","):
         name, sep, address = listener.strip().partition("://")
         port = address.rpartition(":")[2]
-        if sep and name == LISTENER and port.isdigit():
-            return int(port)
-    return None
+        if sep and port.isdigit():
+            ports[name] = int(port)
+    return ports
 
 
 def stop_nodes(nodes: Sequence[KafkaNode], timeout: float) -> None:
@@ -689,13 +729,7 @@ def read_previous_run(workdir: Path) -> PreviousRun | None:
     cluster_id = meta.get("cluster.id")
     if not cluster_id:
         return None
-    listeners = _read_properties(workdir / "server.properties").get("listeners", "")
-    ports: dict[str, int] = {}
-    for listener in listeners.split(","):
-        name, sep, address = listener.strip().partition("://")
-        port = address.rpartition(":")[2]
-        if sep and port.isdigit():
-            ports[name] = int(port)
+    ports = _listener_ports(workdir)
     return PreviousRun(cluster_id, ports.get("PLAINTEXT"), ports.get("CONTROLLER"))
 
 
@@ -737,6 +771,9 @@ class EmbeddedKafka:
 
     A ``workdir`` that already holds formatted storage is started again as it is: topics, records
     and committed offsets survive, and the ports of the last run are reused while they are free.
+    ``host`` (an IPv4 address of this machine, loopback by default) is where the listeners bind
+    and what they advertise: another address lets clients in other network namespaces reach the
+    broker.
     """
 
     def __init__(
@@ -755,7 +792,9 @@ class EmbeddedKafka:
         die_with_parent: bool = True,
         security: BrokerSecurity | None = None,
         secure_port: int | None = None,
+        host: str = LOOPBACK,
     ) -> None:
+        self._host = check_host(host)
         self._overrides = dict(overrides or {})
         self._security = security
         self._secure_port = secure_port
@@ -826,7 +865,7 @@ class EmbeddedKafka:
         if previous is not None:
             self.cluster_id = previous.cluster_id
         for attempt in range(1, _PORT_ATTEMPTS + 1):
-            picked = iter(pick_free_ports(3))
+            picked = iter(pick_free_ports(4))
             remembered = (
                 (previous.port, previous.controller_port)
                 if previous is not None and attempt == 1
@@ -841,7 +880,7 @@ class EmbeddedKafka:
                 workdir=self._workdir,
                 port=port,
                 controller_port=controller_port,
-                quorum={"controller.quorum.bootstrap.servers": f"{LOOPBACK}:{controller_port}"},
+                quorum={"controller.quorum.bootstrap.servers": f"{self._host}:{controller_port}"},
                 properties={**TEST_BROKER_DEFAULTS, **self._overrides},
                 java=java,
                 jars=jars,
@@ -850,6 +889,7 @@ class EmbeddedKafka:
                 die_with_parent=self._die_with_parent,
                 lock=self._lock,
                 secure=self._secure_listener(picked, remember=attempt == 1),
+                host=self._host,
             )
             node.write_config()
             if previous is None:
@@ -890,7 +930,10 @@ class EmbeddedKafka:
             require_free_port(self._secure_port, "Secured client")
         remembered = remembered_secure_port(workdir) if remember else None
         port = _choose_port(self._secure_port, remembered, picked)
-        return SecureListener(self._prepared, port)
+        if not self._security.ssl_listener:
+            return SecureListener(self._prepared, port)
+        remembered = remembered_secure_port(workdir, SSL_LISTENER) if remember else None
+        return SecureListener(self._prepared, port, _choose_port(None, remembered, picked))
 
     def stop(self) -> None:
         unregister_at_exit(self)
@@ -953,9 +996,24 @@ class EmbeddedKafka:
         """A secured broker's users (with their passwords) and TLS files, once started."""
         return self._prepared
 
+    @property
+    def ssl_bootstrap_servers(self) -> str | None:
+        """The SSL listener of a broker secured with ``ssl_listener=True``, where the client
+        certificate is the login; else None."""
+        return self.node.ssl_bootstrap_servers
+
     def client_settings(self, user: str | None = None, mechanism: str = SCRAM) -> ClientSettings:
-        """How a client logs in to the secured listener as ``user`` (default: the first)."""
-        return client_settings_of(self._prepared, "broker", self.bootstrap_servers, user, mechanism)
+        """How a client logs in to the secured listener as ``user`` (default: the first);
+        ``mechanism="SSL"``: to the SSL listener, with ``user``'s certificate as its login
+        (issued for any principal)."""
+        return client_settings_of(
+            self._prepared,
+            "broker",
+            self.bootstrap_servers,
+            user,
+            mechanism,
+            self.node.ssl_bootstrap_servers,
+        )
 
     @property
     def port(self) -> int:

@@ -17,6 +17,7 @@ from weir.testing.broker import (
     TEST_BROKER_DEFAULTS,
     KafkaNode,
     WorkdirLock,
+    check_host,
     new_cluster_id,
     pick_free_ports,
     register_at_exit,
@@ -77,6 +78,11 @@ class EmbeddedKafkaCluster:
     controllers elected a leader. So a node cannot start while fewer than a majority of the
     others run: ``start_broker`` refuses that at once, and ``start_brokers`` starts several
     stopped nodes together (``start()`` does the same for a stopped cluster).
+
+    ``hosts`` (one IPv4 address per node, loopback by default) is where each node's listeners
+    bind and what they advertise; ``netns`` (one Linux network namespace name or None per node)
+    runs a node's JVM in that namespace (``ip netns exec``, as root), which must have the node's
+    host address and reach the others': the network-fault tests cut one node off that way.
     """
 
     def __init__(
@@ -92,9 +98,16 @@ class EmbeddedKafkaCluster:
         jvm_args: Sequence[str] = FAST_START_JVM_ARGS,
         kafka_version: str = KAFKA_VERSION,
         security: BrokerSecurity | None = None,
+        hosts: Sequence[str] | None = None,
+        netns: Sequence[str | None] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster needs at least one node")
+        self._hosts = [check_host(h) for h in hosts] if hosts is not None else [LOOPBACK] * size
+        self._netns = list(netns) if netns is not None else [None] * size
+        for name, given in (("hosts", self._hosts), ("netns", self._netns)):
+            if len(given) != size:
+                raise ValueError(f"{name} needs one entry per node ({size}), got {len(given)}")
         self.size = size
         self._security = security
         self._prepared: PreparedSecurity | None = None
@@ -159,7 +172,7 @@ class EmbeddedKafkaCluster:
         if self._security is not None:
             # Every node is formatted anew, with the users of this start.
             self._prepared = prepare_security(self._security, self._workdir, formatted=False)
-        per_node = 2 if self._prepared is None else 3
+        per_node = 2 if self._security is None else 4 if self._security.ssl_listener else 3
         for attempt in range(1, _PORT_ATTEMPTS + 1):
             self.nodes = self._make_nodes(java, jars, pick_free_ports(per_node * self.size))
             for node in self.nodes:
@@ -184,9 +197,11 @@ class EmbeddedKafkaCluster:
     def _make_nodes(self, java: str, jars: Path, ports: list[int]) -> list[KafkaNode]:
         assert self._workdir is not None
         client_ports, controller_ports = ports[: self.size], ports[self.size : 2 * self.size]
-        secure_ports = ports[2 * self.size :]
+        secure_ports = ports[2 * self.size : 3 * self.size]
+        ssl_ports: list[int | None] = [*ports[3 * self.size :]] or [None] * self.size
         voters = ",".join(
-            f"{index + 1}@{LOOPBACK}:{port}" for index, port in enumerate(controller_ports)
+            f"{index + 1}@{self._hosts[index]}:{port}"
+            for index, port in enumerate(controller_ports)
         )
         properties = {**cluster_defaults(self.size), **self._overrides}
         nodes = []
@@ -208,7 +223,9 @@ class EmbeddedKafkaCluster:
                     lock=self._lock,
                     secure=None
                     if self._prepared is None
-                    else SecureListener(self._prepared, secure_ports[index]),
+                    else SecureListener(self._prepared, secure_ports[index], ssl_ports[index]),
+                    host=self._hosts[index],
+                    netns=self._netns[index],
                 )
             )
         return nodes
@@ -360,10 +377,24 @@ class EmbeddedKafkaCluster:
         """A secured cluster's users (with their passwords) and TLS files, once started."""
         return self._prepared
 
+    @property
+    def ssl_bootstrap_servers(self) -> str | None:
+        """Every node's SSL listener (client certificates as logins) of a cluster secured with
+        ``ssl_listener=True``; else None."""
+        found = [node.ssl_bootstrap_servers for node in self.nodes]
+        addresses = [address for address in found if address is not None]
+        return ",".join(addresses) if found and len(addresses) == len(found) else None
+
     def client_settings(self, user: str | None = None, mechanism: str = SCRAM) -> ClientSettings:
-        """How a client logs in to the secured listeners as ``user`` (default: the first)."""
+        """How a client logs in to the secured listeners as ``user`` (default: the first);
+        ``mechanism="SSL"``: to the SSL listeners, with ``user``'s certificate as its login."""
         return client_settings_of(
-            self._prepared, "cluster", self.bootstrap_servers, user, mechanism
+            self._prepared,
+            "cluster",
+            self.bootstrap_servers,
+            user,
+            mechanism,
+            self.ssl_bootstrap_servers,
         )
 
     @property

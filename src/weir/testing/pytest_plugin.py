@@ -18,7 +18,9 @@ Fixtures:
                           PLAIN users ``admin``, a super user, and ``alice``, who may do nothing
                           without ACLs; OAUTHBEARER with unsecured tokens, any principal; a CA
                           made at start; client certificates required; the
-                          ``StandardAuthorizer``)
+                          ``StandardAuthorizer``; and an SSL listener where the client
+                          certificate is the login: ``client_settings(name,
+                          mechanism="SSL")``, any principal)
     kafka_secure_client   session; ``ClientSettings`` of ``admin`` on it: bootstrap servers, CA
                           file, user, password, and ``.config()`` for a client
     kafka_secure_admin    session; an AdminClient on its PLAINTEXT listener (a super user there),
@@ -175,7 +177,8 @@ def kafka_cluster_session() -> Iterator[EmbeddedKafkaCluster]:
 def kafka_secure_broker() -> Iterator[EmbeddedKafka]:
     """A broker that clients reach as in production: TLS with a CA made at start and client
     certificates, SASL users (SCRAM-SHA-512 and PLAIN) and OAUTHBEARER (unsecured tokens: any
-    principal), the ``StandardAuthorizer``.
+    principal), the ``StandardAuthorizer``; and an SSL listener where the client certificate
+    is the login (``client_settings(name, mechanism="SSL")``: any principal).
     ``client_settings(user)`` says how to connect; ``internal_bootstrap_servers`` is the
     harness's own way in."""
     from weir.testing.broker import EmbeddedKafka
@@ -188,6 +191,7 @@ def kafka_secure_broker() -> Iterator[EmbeddedKafka]:
             authorizer=True,
             mtls=True,
             oauthbearer=True,
+            ssl_listener=True,
         )
     )
     try:

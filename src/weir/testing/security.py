@@ -3,9 +3,11 @@
 A secured broker (``EmbeddedKafka(security=BrokerSecurity())``, the cluster likewise) gets one
 more listener, ``SASL_SSL``, for clients: TLS with a certificate from a CA made at start, SASL
 with SCRAM-SHA-512 and PLAIN users, optionally client certificates (mTLS) and KRaft's
-``StandardAuthorizer``. The ``PLAINTEXT`` listener stays, for the broker itself and the harness:
-its principal (``User:ANONYMOUS``) is a super user. Hand clients under test the settings of
-``client_settings()``, never the plaintext address.
+``StandardAuthorizer``. With ``ssl_listener=True`` it gets a second one, ``SSL``, where the
+client's certificate is its login (mutual TLS as MSK and Aiven offer it). The ``PLAINTEXT``
+listener stays, for the broker itself and the harness: its principal (``User:ANONYMOUS``) is a
+super user. Hand clients under test the settings of ``client_settings()``, never the plaintext
+address.
 
 Needs the ``cryptography`` package (in kafka-weir's ``test`` extra).
 """
@@ -33,6 +35,8 @@ __all__ = [
     "LISTENER",
     "MECHANISMS",
     "OAUTHBEARER",
+    "SSL",
+    "SSL_LISTENER",
     "BrokerSecurity",
     "ClientSettings",
     "KafkaUser",
@@ -50,6 +54,12 @@ SCRAM = "SCRAM-SHA-512"
 PLAIN = "PLAIN"
 MECHANISMS = (SCRAM, PLAIN)
 OAUTHBEARER = "OAUTHBEARER"
+# The listener (and `client_settings` mechanism) where the client certificate is the login.
+SSL = "SSL"
+SSL_LISTENER = SSL
+# A certificate's subject as Kafka reads it (RFC 2253, most specific first: "CN=alice,O=weir
+# test") to the principal ACLs name: `User:alice`, as production maps its certificates.
+SSL_PRINCIPAL_RULES = "RULE:^CN=([^,]+),.*$/$1/,DEFAULT"
 # The broker's own check of unsecured JWS tokens (`alg: none`): any principal the token names
 # logs in. Kafka's default for OAUTHBEARER, named so that the listener says what it accepts.
 _UNSECURED_VALIDATOR = (
@@ -121,6 +131,11 @@ class BrokerSecurity:
     to stay connected. Tokens come from librdkafka
     (``enable.sasl.oauthbearer.unsecure.jwt``) or from a token provider (``oauth_cb``,
     `UnsecuredTokens`).
+    ``ssl_listener``: a second listener, ``SSL``, where the client's certificate is its login
+    (client certificates required, no SASL): the principal is the certificate subject's
+    common name, ``User:<name>`` (``ssl.principal.mapping.rules``), held to the ACLs as a SASL
+    user of that name. Each user has a certificate with ``CN=<user>``; ``client_settings(name,
+    mechanism="SSL")`` issues one for any other principal.
     """
 
     users: Mapping[str, str | None] | Iterable[str] = ("weir",)
@@ -129,8 +144,13 @@ class BrokerSecurity:
     authorizer: bool = False
     super_users: Iterable[str] = ()
     hostnames: Iterable[str] = ("127.0.0.1",)
+    ssl_listener: bool = False
 
     def __post_init__(self) -> None:
+        for flag in ("mtls", "oauthbearer", "authorizer", "ssl_listener"):
+            value = getattr(self, flag)
+            if not isinstance(value, bool):
+                raise ValueError(f"BrokerSecurity({flag}=...) must be True or False, not {value!r}")
         users = (
             dict(self.users)
             if isinstance(self.users, Mapping)
@@ -158,7 +178,8 @@ class BrokerSecurity:
         return (
             f"BrokerSecurity(users={users!r}, mtls={self.mtls!r}, "
             f"oauthbearer={self.oauthbearer!r}, authorizer={self.authorizer!r}, "
-            f"super_users={list(self.super_users)!r}, hostnames={list(self.hostnames)!r})"
+            f"super_users={list(self.super_users)!r}, hostnames={list(self.hostnames)!r}, "
+            f"ssl_listener={self.ssl_listener!r})"
         )
 
     @property
@@ -177,14 +198,19 @@ class BrokerSecurity:
 
 @dataclass(frozen=True)
 class TlsFiles:
-    """PEM files in the work directory: the CA certificate (what clients trust), the broker's
-    key and certificate chain in one file, and a key and certificate per user for mTLS."""
+    """PEM files in the work directory: the CA certificate (what clients trust) and its key
+    (to issue a client certificate for any principal), the broker's key and certificate chain
+    in one file, and a key and certificate per user for mTLS."""
 
     directory: Path
 
     @property
     def ca_file(self) -> Path:
         return self.directory / "ca.pem"
+
+    @property
+    def ca_key_file(self) -> Path:
+        return self.directory / "ca.key"
 
     @property
     def broker_file(self) -> Path:
@@ -202,7 +228,7 @@ class TlsFiles:
             same_names = json.loads(names.read_text()) == list(hostnames)
         except (OSError, ValueError):
             return False
-        files = [self.ca_file, self.broker_file]
+        files = [self.ca_file, self.ca_key_file, self.broker_file]
         for user in users:
             files += [self.client_cert_file(user), self.client_key_file(user)]
         return same_names and all(path.is_file() for path in files)
@@ -212,7 +238,8 @@ class TlsFiles:
 class ClientSettings:
     """How a client connects to the secured listener as one user: what a test hands to the
     application under test, as production would hand it its own. With OAUTHBEARER the user is
-    the token's principal and there is no password."""
+    the token's principal and there is no password; with ``SSL`` (no SASL) the client
+    certificate is the login and ``username`` the common name it holds."""
 
     bootstrap_servers: str
     ca_file: str | None
@@ -227,15 +254,16 @@ class ClientSettings:
         """librdkafka settings (confluent-kafka's configuration dict, weir's ``kafka=``). For
         OAUTHBEARER, librdkafka makes the unsecured tokens itself (`token_config` hands them
         from a token provider instead)."""
-        conf = {
-            "bootstrap.servers": self.bootstrap_servers,
-            "security.protocol": "SASL_SSL",
-            "sasl.mechanism": self.mechanism,
-        }
+        conf = {"bootstrap.servers": self.bootstrap_servers}
+        if self.mechanism == SSL:
+            conf["security.protocol"] = SSL
+        else:
+            conf["security.protocol"] = LISTENER
+            conf["sasl.mechanism"] = self.mechanism
         if self.mechanism == OAUTHBEARER:
             conf["enable.sasl.oauthbearer.unsecure.jwt"] = "true"
             conf["sasl.oauthbearer.config"] = f"principal={self.username}"
-        else:
+        elif self.mechanism != SSL:
             conf["sasl.username"] = self.username
             conf["sasl.password"] = self.password
         if self.ca_file is not None:
@@ -274,6 +302,8 @@ class PreparedSecurity:
     security: BrokerSecurity
     users: tuple[KafkaUser, ...]
     tls: TlsFiles
+    # Certificates issued on demand (`client_settings(name, mechanism="SSL")`) from any thread.
+    _issuing: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def user(self, name: str | None) -> KafkaUser:
         if name is None:
@@ -284,10 +314,19 @@ class PreparedSecurity:
         raise ValueError(f"no user {name!r}; the broker has {[u.name for u in self.users]}")
 
     def client_settings(
-        self, bootstrap_servers: str, user: str | None = None, mechanism: str = SCRAM
+        self,
+        bootstrap_servers: str,
+        user: str | None = None,
+        mechanism: str = SCRAM,
+        ssl_bootstrap_servers: str | None = None,
     ) -> ClientSettings:
         """A user's settings; with OAUTHBEARER ``user`` is any principal (the first user's if
-        None), and for mTLS the client certificate is the first user's unless it is a user."""
+        None), and for mTLS the client certificate is the first user's unless it is a user.
+        With ``SSL`` the certificate is the login, on the SSL listener
+        (``ssl_bootstrap_servers``): ``user`` is any principal, a certificate is issued for
+        one that has none."""
+        if mechanism == SSL:
+            return self._ssl_settings(ssl_bootstrap_servers, user)
         oauth = mechanism == OAUTHBEARER
         if oauth and not self.security.oauthbearer:
             raise ValueError(
@@ -295,7 +334,9 @@ class PreparedSecurity:
                 "BrokerSecurity(oauthbearer=True)"
             )
         if not oauth and mechanism not in MECHANISMS:
-            raise ValueError(f"mechanism {mechanism!r} is not one of {[*MECHANISMS, OAUTHBEARER]}")
+            raise ValueError(
+                f"mechanism {mechanism!r} is not one of {[*MECHANISMS, OAUTHBEARER, SSL]}"
+            )
         if oauth and user is not None:
             _check_user(user, None)
             known = [u for u in self.users if u.name == user]
@@ -317,6 +358,28 @@ class PreparedSecurity:
             key_file=key,
         )
 
+    def _ssl_settings(self, bootstrap_servers: str | None, user: str | None) -> ClientSettings:
+        if not self.security.ssl_listener or bootstrap_servers is None:
+            raise ValueError(
+                f"mechanism {SSL!r} (the client certificate as the login) needs a broker "
+                "started with BrokerSecurity(ssl_listener=True)"
+            )
+        name = self.users[0].name if user is None else user
+        _check_user(name, None)
+        cert, key = self.tls.client_cert_file(name), self.tls.client_key_file(name)
+        with self._issuing:
+            if not (cert.is_file() and key.is_file()):
+                _issue_client_files(self.tls, name)
+        return ClientSettings(
+            bootstrap_servers=bootstrap_servers,
+            ca_file=str(self.tls.ca_file),
+            username=name,
+            password="",
+            mechanism=SSL,
+            cert_file=str(cert),
+            key_file=str(key),
+        )
+
 
 def client_settings_of(
     prepared: PreparedSecurity | None,
@@ -324,21 +387,24 @@ def client_settings_of(
     bootstrap_servers: str,
     user: str | None,
     mechanism: str,
+    ssl_bootstrap_servers: str | None = None,
 ) -> ClientSettings:
     """``client_settings()`` of a broker or cluster (``what``)."""
     if prepared is None:
         raise RuntimeError(
             f"client_settings() needs a started {what} made with security=BrokerSecurity(...)"
         )
-    return prepared.client_settings(bootstrap_servers, user, mechanism)
+    return prepared.client_settings(bootstrap_servers, user, mechanism, ssl_bootstrap_servers)
 
 
 @dataclass(frozen=True)
 class SecureListener:
-    """The secured listener of one node: its port and what it is configured with."""
+    """The secured listeners of one node: their ports and what they are configured with."""
 
     prepared: PreparedSecurity
     port: int
+    ssl_port: int | None = None
+    """The SSL listener's (client certificates as logins), None without ``ssl_listener``."""
 
     def properties(self) -> dict[str, str]:
         """Broker settings of the listener (the listener itself is in ``listeners``)."""
@@ -353,11 +419,7 @@ class SecureListener:
             f"{prefix}{PLAIN.lower()}.sasl.jaas.config": (
                 f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};"
             ),
-            f"{prefix}ssl.keystore.type": "PEM",
-            f"{prefix}ssl.keystore.location": str(tls.broker_file),
-            f"{prefix}ssl.truststore.type": "PEM",
-            f"{prefix}ssl.truststore.location": str(tls.ca_file),
-            f"{prefix}ssl.client.auth": "required" if security.mtls else "none",
+            **_tls_properties(prefix, tls, "required" if security.mtls else "none"),
         }
         if security.oauthbearer:
             oauth = f"{prefix}{OAUTHBEARER.lower()}."
@@ -374,6 +436,10 @@ class SecureListener:
                     f"{oauth}connections.max.reauth.ms": str(_OAUTHBEARER_REAUTH_MS),
                 }
             )
+        if self.ssl_port is not None:
+            ssl = f"listener.name.{SSL_LISTENER.lower()}."
+            props.update(_tls_properties(ssl, tls, "required"))
+            props[f"{ssl}ssl.principal.mapping.rules"] = SSL_PRINCIPAL_RULES
         if security.authorizer:
             props["authorizer.class.name"] = AUTHORIZER
             props["super.users"] = ";".join(
@@ -394,6 +460,17 @@ class SecureListener:
                 f'salt="{_b64(salt)}",saltedpassword="{_b64(salted)}"]',
             ]
         return arguments
+
+
+def _tls_properties(prefix: str, tls: TlsFiles, client_auth: str) -> dict[str, str]:
+    """A TLS listener's key store (the broker's certificate) and trust store (the CA)."""
+    return {
+        f"{prefix}ssl.keystore.type": "PEM",
+        f"{prefix}ssl.keystore.location": str(tls.broker_file),
+        f"{prefix}ssl.truststore.type": "PEM",
+        f"{prefix}ssl.truststore.location": str(tls.ca_file),
+        f"{prefix}ssl.client.auth": client_auth,
+    }
 
 
 def unsecured_jws(principal: str, lifetime_s: float, now: float | None = None) -> tuple[str, float]:
@@ -526,23 +603,13 @@ def _make_tls_files(tls: TlsFiles, users: list[str], hostnames: tuple[str, ...])
     """A new CA, a broker certificate for ``hostnames`` and a client certificate per user.
     EC P-256 keys: generated in a millisecond, and both Java and OpenSSL take them."""
     x509 = _cryptography()
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.x509.oid import ExtendedKeyUsageOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
-    start, end = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=CERT_VALID_DAYS)
-
-    def name(common: str) -> Any:
-        return x509.Name(
-            [
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "weir test"),
-                x509.NameAttribute(NameOID.COMMON_NAME, common),
-            ]
-        )
-
+    start, end = _validity()
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = name("weir test CA")
+    ca_name = _name("weir test CA")
     ca_cert = (
         x509.CertificateBuilder()
         .subject_name(ca_name)
@@ -569,46 +636,102 @@ def _make_tls_files(tls: TlsFiles, users: list[str], hostnames: tuple[str, ...])
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
         .sign(ca_key, hashes.SHA256())
     )
-
-    def issue(common: str, usage: Any, alt_names: list[Any] | None) -> tuple[bytes, bytes]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(name(common))
-            .issuer_name(ca_name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start)
-            .not_valid_after(end)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-            )
-        )
-        if alt_names:
-            builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), False)
-        cert = builder.sign(ca_key, hashes.SHA256())
-        # PKCS#8, unencrypted: the form Kafka's PEM key store reads without a key password.
-        key_pem = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        return key_pem, cert.public_bytes(serialization.Encoding.PEM)
-
     alt: list[Any] = []
     for host in hostnames:
         try:
             alt.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             alt.append(x509.DNSName(host))
-    ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
-    key_pem, cert_pem = issue(hostnames[0], ExtendedKeyUsageOID.SERVER_AUTH, alt)
-    _write_private(tls.broker_file, (key_pem + cert_pem + ca_pem).decode("ascii"))
+    key_pem, cert_pem = _issue(ca_key, ca_cert, hostnames[0], ExtendedKeyUsageOID.SERVER_AUTH, alt)
+    _write_private(tls.broker_file, (key_pem + cert_pem + _pem(ca_cert)).decode("ascii"))
+    _write_private(tls.ca_key_file, _key_pem(ca_key).decode("ascii"))
     for user in users:
-        key_pem, cert_pem = issue(user, ExtendedKeyUsageOID.CLIENT_AUTH, None)
-        _write_private(tls.client_key_file(user), key_pem.decode("ascii"))
-        tls.client_cert_file(user).write_text((cert_pem + ca_pem).decode("ascii"))
-    tls.ca_file.write_text(ca_pem.decode("ascii"))
+        _write_client_files(tls, user, ca_key, ca_cert)
+    tls.ca_file.write_text(_pem(ca_cert).decode("ascii"))
     (tls.directory / "hostnames.json").write_text(json.dumps(list(hostnames)))
+
+
+def _issue_client_files(tls: TlsFiles, common: str) -> None:
+    """A client certificate for ``common`` from the CA in ``tls`` (an SSL principal of a
+    test's own)."""
+    x509 = _cryptography()
+    from cryptography.hazmat.primitives import serialization
+
+    ca_key = serialization.load_pem_private_key(tls.ca_key_file.read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate(tls.ca_file.read_bytes())
+    _write_client_files(tls, common, ca_key, ca_cert)
+
+
+def _write_client_files(tls: TlsFiles, common: str, ca_key: Any, ca_cert: Any) -> None:
+    """``CN=<common>``'s key (only its owner may read it) and certificate chain."""
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    key_pem, cert_pem = _issue(ca_key, ca_cert, common, ExtendedKeyUsageOID.CLIENT_AUTH, None)
+    _write_private(tls.client_key_file(common), key_pem.decode("ascii"))
+    tls.client_cert_file(common).write_text((cert_pem + _pem(ca_cert)).decode("ascii"))
+
+
+def _validity() -> tuple[datetime.datetime, datetime.datetime]:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return now - datetime.timedelta(hours=1), now + datetime.timedelta(days=CERT_VALID_DAYS)
+
+
+def _name(common: str) -> Any:
+    x509 = _cryptography()
+    from cryptography.x509.oid import NameOID
+
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "weir test"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common),
+        ]
+    )
+
+
+def _issue(
+    ca_key: Any, ca_cert: Any, common: str, usage: Any, alt_names: list[Any] | None
+) -> tuple[bytes, bytes]:
+    """A new key and a certificate for ``CN=<common>`` the CA signed, as PEM."""
+    x509 = _cryptography()
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    start, end = _validity()
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+    )
+    if alt_names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    return _key_pem(key), _pem(cert)
+
+
+def _key_pem(key: Any) -> bytes:
+    """PKCS#8, unencrypted: the form Kafka's PEM key store reads without a key password."""
+    from cryptography.hazmat.primitives import serialization
+
+    pem: bytes = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return pem
+
+
+def _pem(cert: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    pem: bytes = cert.public_bytes(serialization.Encoding.PEM)
+    return pem
