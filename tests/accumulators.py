@@ -15,7 +15,7 @@ class SinkDown(Exception):
 
 
 class Accumulator(Handler):
-    """Keeps records in a buffer of its own; `flush` writes what it may (`durable`) and drops
+    """Keeps records in a buffer of its own; `on_flush` writes what it may (`durable`) and drops
     the rest (`dropped`). `fail_flushes` flushes raise first, keeping the buffer."""
 
     def __init__(self, fail_flushes: int = 0) -> None:
@@ -32,7 +32,7 @@ class Accumulator(Handler):
             self.handled.append((record.partition, record.offset))
             self.buffer.append((record.topic, record.partition, record.offset, ctx.token))
 
-    def flush(self, ctx: FlushContext) -> None:
+    def on_flush(self, ctx: FlushContext) -> None:
         with self.lock:
             self.flushes += 1
             if self.fail_flushes:

@@ -62,7 +62,7 @@ def _check_batch_settings(
     deserializers. A flush hook does not join a transaction yet."""
     if handler._flush_hook() is not None and config.transactional_id is not None:
         raise ValueError(
-            f"{type(handler).__qualname__} defines flush(): a handler's own buffer with "
+            f"{type(handler).__qualname__} defines on_flush(): a handler's own buffer with "
             "transactional_id (exactly-once outputs) is not supported yet"
         )
     if not isinstance(handler, BatchHandler):

@@ -395,10 +395,10 @@ class Handler(ABC):
         `on_revoked` for the final hand-off has run) and the client was closed."""
         return None
 
-    def flush(self, ctx: FlushContext) -> Awaitable[None] | None:
+    def on_flush(self, ctx: FlushContext) -> Awaitable[None] | None:
         """Optional: define it when `handle` (or `handle_batch`) keeps records in a buffer of
         the handler's own instead of writing them before it returns. weir then counts a record
-        finished only once a `flush` that began after its call returned has returned, so no
+        finished only once an `on_flush` that began after its call returned has returned, so no
         commit passes a record that is only in memory. It runs on the owner thread before each
         commit, before a revoked partition's commit and before the final commit, whenever
         records were returned since the last one: write the buffer (the records of the
@@ -409,7 +409,7 @@ class Handler(ABC):
 
     def _flush_hook(self) -> Callable[[FlushContext], Awaitable[None] | None] | None:
         """The flush hook, if this handler defines one."""
-        return self.flush if type(self).flush is not Handler.flush else None
+        return self.on_flush if type(self).on_flush is not Handler.on_flush else None
 
 
 class BatchContext:
@@ -497,7 +497,7 @@ class _PartContext(NamedTuple):
 
 
 class FlushContext:
-    """What `Handler.flush` is handed: which assignments this member still owns. A handler
+    """What `Handler.on_flush` is handed: which assignments this member still owns. A handler
     that buffers keeps each record's `ctx.token` with it, writes the records `owns` says yes to,
     and drops the others: their partition was lost or started over, and they will run again
     where it is owned now."""
@@ -578,7 +578,7 @@ class _AsyncFunctionHandler(Handler):
         return f"AsyncFunctionHandler({getattr(self._fn, '__qualname__', self._fn)!r})"
 
 
-HOOKS = ("on_assigned", "on_revoked", "on_lost", "on_shutdown", "flush")
+HOOKS = ("on_assigned", "on_revoked", "on_lost", "on_shutdown", "on_flush")
 
 
 def is_async_handler(handler: Handler | Callable[[Record], object]) -> bool:
@@ -623,8 +623,8 @@ def as_handler(handler: Handler | Callable[[Record], object]) -> Handler:
 
 
 def _check_flush(handler: Handler) -> None:
-    """A `flush` method is weir's flush hook: one written for something else (no argument, or
-    more) would fail at every commit, and the records it was to cover would never count."""
+    """An `on_flush` that cannot take the `FlushContext` would fail at every commit, and the
+    records it was to cover would never count."""
     hook = handler._flush_hook()
     if hook is None:
         return
@@ -636,11 +636,11 @@ def _check_flush(handler: Handler) -> None:
         sig.bind(None)
     except TypeError:
         params = ", ".join(["self", *sig.parameters])
-        name = f"{type(handler).__qualname__}.flush({params})"
+        name = f"{type(handler).__qualname__}.on_flush({params})"
         raise TypeError(
-            f"{name}: a handler's flush method is weir's flush hook, called as flush(ctx) "
-            "before each commit, and records count finished only after it "
-            "(docs/handlers.md#the-flush-hook): take the FlushContext, or rename the method"
+            f"{name}: weir's flush hook is called as on_flush(ctx) before each commit, and "
+            "records count finished only after it (docs/handlers.md#the-flush-hook): take the "
+            "FlushContext"
         ) from None
 
 

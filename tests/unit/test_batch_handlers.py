@@ -741,7 +741,7 @@ class BufferingRows(BatchHandler):
         with self.lock:
             self.rows += [(r.partition, r.offset, ctx.token(r)) for r in records]
 
-    def flush(self, ctx: FlushContext) -> None:
+    def on_flush(self, ctx: FlushContext) -> None:
         with self.lock:
             rows, self.rows = self.rows, []
             self.written.update((p, o) for p, o, t in rows if ctx.owns((TOPIC, p), t))
@@ -780,7 +780,7 @@ def test_an_async_flush_runs_on_the_async_handlers_loop(start: Start) -> None:
             loops.append(asyncio.get_running_loop())
             buffer.append(record.offset)
 
-        async def flush(self, ctx: FlushContext) -> None:
+        async def on_flush(self, ctx: FlushContext) -> None:
             loops.append(asyncio.get_running_loop())
             durable.extend(buffer)
             buffer.clear()
@@ -796,28 +796,55 @@ def test_an_async_flush_on_a_thread_handler_is_refused() -> None:
         def handle(self, record: Record, ctx: Context) -> None:
             pass
 
-        async def flush(self, ctx: FlushContext) -> None:
+        async def on_flush(self, ctx: FlushContext) -> None:
             pass
 
-    with pytest.raises(TypeError, match=r"Mixed\.flush is async def"):
+    with pytest.raises(TypeError, match=r"Mixed\.on_flush is async def"):
         GroupConsumer(Mixed(), **SETTINGS)
 
 
-def test_a_flush_method_that_is_not_a_flush_hook_is_refused() -> None:
+def test_a_handlers_own_flush_method_is_left_alone(start: Start) -> None:
+    """`flush` is a common method name (a client's, a buffer's): weir's hook is `on_flush`, so
+    a handler's own `flush`, whatever it takes, is neither refused nor called at a commit."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(5))
+    fake.script_assign([P0])
+    calls: list[str] = []
+
     class Own(Handler):
         def handle(self, record: Record, ctx: Context) -> None:
             pass
 
+        def flush(self, timeout: float | None = None) -> None:
+            calls.append("flush")
+
+    class OwnNoArgs(Own):
         def flush(self) -> None:  # type: ignore[override]
+            calls.append("flush()")
+
+    gc = start(Own(), fake)
+    wait_until(lambda: committed(fake, P0) == 5, "committed without a flush hook")
+    gc.stop()
+    gc.join(WAIT)
+    assert not calls
+    GroupConsumer(OwnNoArgs(), **SETTINGS)  # not refused
+
+
+def test_an_on_flush_that_does_not_take_the_context_is_refused() -> None:
+    class Own(Handler):
+        def handle(self, record: Record, ctx: Context) -> None:
             pass
 
-    with pytest.raises(TypeError, match=r"Own\.flush\(self\): a handler's flush method is weir's"):
+        def on_flush(self) -> None:  # type: ignore[override]
+            pass
+
+    with pytest.raises(TypeError, match=r"Own\.on_flush\(self\): weir's flush hook is called"):
         GroupConsumer(Own(), **SETTINGS)
 
 
 def test_a_flush_hook_with_a_transaction_is_refused() -> None:
     settings: ConsumerSettings = {**SETTINGS, "transactional_id": "tx"}
-    with pytest.raises(ValueError, match=r"defines flush.*transactional_id"):
+    with pytest.raises(ValueError, match=r"defines on_flush.*transactional_id"):
         GroupConsumer(Accumulator(), **settings)
 
 

@@ -241,7 +241,7 @@ class Engine:
         if flush is not None:
             run, name = self._hook(flush), callback_name(flush)
             self.settle.flush_with(
-                lambda ctx: self.callbacks.call(name, run, ctx, hook_name="flush")
+                lambda ctx: self.callbacks.call(name, run, ctx, hook_name="on_flush")
             )
         # Everything that keeps state per partition: opened and closed by Ownership alone, for
         # the whole time the member owns the partition or for one assignment of it.
