@@ -393,6 +393,16 @@ class ConsumerConfig(BaseModel):
         description="Batch handlers only: how long a batch that is not full waits for more "
         "records before it runs (0: it runs with what is there).",
     )
+    flush_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        description="Handlers with an `on_flush` hook only: how long the owner waits for one "
+        "flush (at shutdown, at most what is left of `shutdown_timeout_s`); past it the flush "
+        "counts as failed and is left running on its thread. At most half of "
+        "`max_poll_interval_s` ([handlers.md](handlers.md#the-flush-hook)).",
+    )
     poll_timeout_s: float = Field(
         0.1,
         gt=0,
@@ -740,15 +750,20 @@ class ConsumerConfig(BaseModel):
             )
         return v
 
-    @field_validator("revoke_timeout_s")
+    @field_validator("revoke_timeout_s", "flush_timeout_s")
     @classmethod
-    def _revoke_timeout(cls, v: float, info: ValidationInfo) -> float:
+    def _owner_waits(cls, v: float, info: ValidationInfo) -> float:
         max_poll = info.data.get("max_poll_interval_s")
         if max_poll is not None and v > max_poll / 2:
+            where = {
+                "revoke_timeout_s": "the drain runs inside the rebalance callback, where the "
+                "member does not poll",
+                "flush_timeout_s": "the owner thread waits for the flush, and does not poll "
+                "while it waits",
+            }[str(info.field_name)]
             raise ValueError(
-                f"revoke_timeout_s ({v:g} s) must stay below half of max_poll_interval_s "
-                f"({max_poll:g} s): the drain runs inside the rebalance callback, where the "
-                "member does not poll"
+                f"{info.field_name} ({v:g} s) must stay below half of max_poll_interval_s "
+                f"({max_poll:g} s): {where}"
             )
         return v
 
@@ -943,6 +958,7 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "max_batch_records": int,
         "batch_max_records": int,
         "batch_max_wait_s": float,
+        "flush_timeout_s": float,
         "poll_timeout_s": float,
         "commit_interval_s": float,
         "commit_every_records": int,

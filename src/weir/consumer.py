@@ -60,6 +60,11 @@ def _check_batch_settings(
     """The batch settings belong to a `BatchHandler`, and a `BatchHandler` to what this release
     runs in batches: plain `handle_batch` methods on worker threads, without a transaction or
     deserializers. A flush hook does not join a transaction yet."""
+    if handler._flush_hook() is None and "flush_timeout_s" in config.model_fields_set:
+        raise ValueError(
+            f"flush_timeout_s bounds a handler's on_flush hook, and {type(handler).__qualname__} "
+            "defines none: drop the setting, or define on_flush(ctx)"
+        )
     if handler._flush_hook() is not None and config.transactional_id is not None:
         raise ValueError(
             f"{type(handler).__qualname__} defines on_flush(): a handler's own buffer with "

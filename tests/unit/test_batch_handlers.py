@@ -842,6 +842,92 @@ def test_an_on_flush_that_does_not_take_the_context_is_refused() -> None:
         GroupConsumer(Own(), **SETTINGS)
 
 
+class Hangs(Accumulator):
+    """An accumulator whose flushes from the `hang_from`-th on (1: the first) hang until
+    `release` is set, `hang` of them (the others write as `Accumulator` does)."""
+
+    def __init__(self, hang_from: int = 1, hang: int = 1) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.calls = 0
+        self.hanging = 0
+        self.hang_from, self.hang = hang_from, hang
+
+    def on_flush(self, ctx: FlushContext) -> None:
+        with self.lock:
+            self.calls += 1
+            hang = self.hang_from <= self.calls < self.hang_from + self.hang
+            self.hanging += hang
+        if hang:
+            self.release.wait(60)
+            with self.lock:
+                self.hanging -= 1
+            return
+        super().on_flush(ctx)
+
+
+@pytest.fixture
+def hangs() -> Iterator[list[Hangs]]:
+    handlers: list[Hangs] = []
+    yield handlers
+    for h in handlers:  # a flush left on its thread returns at the end of the test
+        h.release.set()
+
+
+def test_a_flush_that_hangs_is_abandoned_and_the_commits_go_on(
+    start: Start, hangs: list[Hangs], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The owner waits for a plain on_flush at most flush_timeout_s: the hung flush counts as
+    failed (its records start over and run again), and the next flushes and commits go on
+    while it still hangs."""
+    fake = two_partitions(40, 30)
+    h = Hangs()
+    hangs.append(h)
+    with caplog.at_level(logging.INFO, logger="weir"):
+        gc = start(h, fake, commit_every_records=20, flush_timeout_s=0.3)
+        passed = watch_commits(gc, h)
+        wait_until(lambda: committed(fake, P0) == 40 and committed(fake, P1) == 30, "committed")
+        assert h.hanging == 1  # the first flush still hangs
+    assert not passed, passed[:3]
+    assert h.durable == {(0, o) for o in range(40)} | {(1, o) for o in range(30)}
+    assert "flush_abandoned" in caplog.text and "partitions_reset" in caplog.text
+
+
+def test_a_flush_that_hangs_at_shutdown_is_bounded_by_the_shutdown_budget(
+    start: Start, hangs: list[Hangs]
+) -> None:
+    """The final flush hangs: the shutdown still ends within shutdown_timeout_s, and its final
+    commit does not pass the records the flush was to cover."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(10))
+    fake.script_assign([P0])
+    h = Hangs()
+    hangs.append(h)
+    gc = start(
+        h, fake, commit_interval_s=60.0, commit_every_records=1_000_000, shutdown_timeout_s=1.0
+    )
+    wait_until(lambda: len(h.handled) == 10, "all ten in the buffer")
+    began = time.monotonic()
+    gc.stop()
+    gc.join(WAIT)
+    took = time.monotonic() - began
+    assert h.hanging == 1
+    assert took < 1.0 + 1.0, f"the shutdown took {took:.1f} s"
+    assert committed(fake, P0) <= 0 and not h.durable
+
+
+def test_flush_timeout_s_stays_below_half_of_max_poll_interval() -> None:
+    settings: ConsumerSettings = {**SETTINGS, "max_poll_interval_s": 60.0, "flush_timeout_s": 31.0}
+    with pytest.raises(ValueError, match=r"flush_timeout_s \(31 s\) must stay below half of"):
+        GroupConsumer(Accumulator(), **settings)
+
+
+def test_flush_timeout_s_without_a_flush_hook_is_refused() -> None:
+    settings: ConsumerSettings = {**SETTINGS, "flush_timeout_s": 5.0}
+    with pytest.raises(ValueError, match=r"flush_timeout_s bounds a handler's on_flush hook"):
+        GroupConsumer(Collector(), **settings)
+
+
 def test_a_flush_hook_with_a_transaction_is_refused() -> None:
     settings: ConsumerSettings = {**SETTINGS, "transactional_id": "tx"}
     with pytest.raises(ValueError, match=r"defines on_flush.*transactional_id"):

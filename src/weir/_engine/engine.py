@@ -212,8 +212,9 @@ class Engine:
             clock=clock,
         )
         self.flushing = Flushing(
-            handler, workers, self.settle, self.own, self.starts, self.callbacks, self._hook
-        )
+            handler, workers, self.settle, self.own, self.starts, self.callbacks, self._hook,
+            timeout_s=cfg.flush_timeout_s, interrupt=life.hurry,
+        )  # fmt: skip
         # Everything that keeps state per partition: opened and closed by Ownership alone, for
         # the whole time the member owns the partition or for one assignment of it.
         trackers: tuple[tuple[Tracker, Scope], ...] = (
@@ -388,7 +389,7 @@ class Engine:
                 dead_letters.flush(deadline - self.clock.monotonic())
                 self.settle.drain(0)
             self.settle.settle_started(self.own.assignments())
-            self.flushing.flush(leaving=self.own.partitions)
+            self.flushing.flush(self.own.partitions, deadline - self.clock.monotonic())
             left = self.scheduler.running(self.own.assignments())
             if left:
                 self.own.cancel_all()
@@ -598,7 +599,7 @@ class Engine:
             if failures.dead_letters is not None:
                 failures.dead_letters.poll()
         self.settle.settle_started(assignments)
-        self.flushing.flush(leaving={a.tp for a in assignments})
+        self.flushing.flush({a.tp for a in assignments}, deadline - self.clock.monotonic())
 
     def _fenced(self, a: Assignment, error: FencedError) -> None:
         """A handler's fenced write was refused: another member owns the partition in the

@@ -9,9 +9,12 @@ a failed flush starts over.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Collection
+from functools import partial
 
 from weir._engine.aio import AsyncWorkers
+from weir._engine.bounded import CallAbandoned, call_within
 from weir._engine.callbacks import Callbacks, callback_name
 from weir._engine.ownership import Ownership
 from weir._engine.scheduling import lane_of
@@ -20,7 +23,7 @@ from weir._engine.starts import Starts
 from weir._engine.workers import BatchWorkers, ThreadWorkers, Workers
 from weir.config import ConsumerConfig
 from weir.logs import get_logger
-from weir.records import BatchHandler, Handler, Partition, is_async_handler
+from weir.records import BatchHandler, FlushContext, Handler, Partition, is_async_handler
 
 __all__ = ["Flushing", "batch_records", "workers_for"]
 
@@ -65,28 +68,61 @@ class Flushing:
         own: Ownership,
         starts: Starts,
         callbacks: Callbacks,
-        hook: Callable[[Hook], Hook],
+        hook: Callable[[Hook, float], Hook],
+        *,
+        timeout_s: float,
+        interrupt: threading.Event,
     ) -> None:
         self._batch = workers if isinstance(workers, BatchWorkers) else None
         self._settle = settle
         self._own = own
         self._starts = starts
+        self._hook = hook
+        self._timeout = timeout_s
+        self._limit = timeout_s  # this flush's: less at the end of a revoke or a shutdown
+        self._interrupt = interrupt
         flush = handler._flush_hook()
         if flush is not None:
-            run, name = hook(flush), callback_name(flush)
-            settle.flush_with(lambda ctx: callbacks.call(name, run, ctx, hook_name="on_flush"))
+            name = callback_name(flush)
+            settle.flush_with(
+                lambda ctx: callbacks.call(name, self._call, flush, name, ctx, hook_name="on_flush")
+            )
 
     def run_gathered(self) -> None:
         """Batch workers: the batch being gathered runs now, not at the end of its wait."""
         if self._batch is not None:
             self._batch.run_now()
 
-    def flush(self, leaving: Collection[Partition] = ()) -> None:
-        """Before a commit: the handler's flush hook, if it has one (`Settlement.flush`). The
-        partitions whose records a failed flush was to cover start over from their committed
-        offset (their records run again), but those `leaving` (a hand-off): they are committed
+    def flush(self, leaving: Collection[Partition] = (), within: float | None = None) -> None:
+        """Before a commit: the handler's flush hook, if it has one (`Settlement.flush`), for at
+        most `flush_timeout_s` and `within` (what is left of a drain's budget). The partitions
+        whose records a failed flush was to cover start over from their committed offset
+        (their records run again), but those `leaving` (a hand-off): they are committed
         without them."""
+        self._limit = self._timeout if within is None else max(0.0, min(self._timeout, within))
         unflushed = [tp for tp in self._settle.flush() if tp not in leaving]
         if unflushed:
             for a in self._own.reset(unflushed):
                 self._starts.rewind(a.tp, reread=True)
+
+    def _call(self, flush: Hook, name: str, ctx: FlushContext) -> None:
+        """The hook under weir's deadline: a hook that hangs must not hold the owner (no
+        commit, no poll past max.poll, no shutdown). An async one is cancelled on its loop at
+        the deadline (`AsyncWorkers.call`); a plain one cannot be, and is left on its thread."""
+        limit, run = self._limit, self._hook(flush, self._limit)
+        if run is not flush:
+            run(ctx)
+            return
+        try:
+            call_within(partial(run, ctx), limit, "on_flush", interrupt=self._interrupt)
+        except CallAbandoned as exc:
+            log.warning(
+                "flush_abandoned",
+                callback=name,
+                waited_s=round(exc.waited_s, 3),
+                limit_s=limit,
+                interrupted=exc.interrupted,
+                reason="on_flush did not return within its deadline: it goes on alone on its "
+                "thread, and none of the records it was to cover count (they run again)",
+            )
+            raise
