@@ -33,6 +33,9 @@ class Overrides(TypedDict, total=False):
     topic_refresh_s: float
     flow: FlowConfig
     max_batch_records: int
+    batch_max_records: int
+    batch_max_wait_s: float
+    flush_timeout_s: float
     poll_timeout_s: float
     commit_interval_s: float
     commit_every_records: int

@@ -23,12 +23,23 @@ from weir.errors import (
 )
 from weir.health import Health
 from weir.policy import FailurePolicy, RetryPolicy
-from weir.records import CommitEvent, Context, Handler, Partition, Record
+from weir.records import (
+    BatchContext,
+    BatchHandler,
+    CommitEvent,
+    Context,
+    FlushContext,
+    Handler,
+    Partition,
+    Record,
+)
 from weir.stats import ConsumerStats, LatencyHistogram, PartitionStats
 
 __all__ = [
     "AuthenticationError",
     "AuthorizationError",
+    "BatchContext",
+    "BatchHandler",
     "BatchProgress",
     "BrokerRefusedError",
     "BrokerUnreachableError",
@@ -43,6 +54,7 @@ __all__ = [
     "FailurePolicy",
     "FencedError",
     "FlowConfig",
+    "FlushContext",
     "GroupConsumer",
     "Handler",
     "HandlerError",

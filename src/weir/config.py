@@ -162,7 +162,20 @@ def async_flow(max_in_flight: int) -> FlowConfig:
     With 1 ms coroutines 256 at a time drain the thread default of 1000 in a few
     milliseconds, and the loop then waited on fetching at every throttle (benchmarks/README.md
     has the figures)."""
-    pause = max(FlowConfig.model_fields["pause_records"].default, 16 * max_in_flight)
+    return _scaled_flow(16 * max_in_flight)
+
+
+def batch_flow(batch_max_records: int) -> FlowConfig:
+    """The record marks of batch handlers when `flow` is not given: 8 batches of budget (at
+    least the thread defaults), shaped as `async_flow`. A batch that is gathered holds its
+    records, and in key mode the records behind its keys wait in the budget too: with the
+    thread default of 1000, batches of 500 paused fetching at every batch (a no-op batch
+    handler ran at a quarter of the rate it has with 8 batches)."""
+    return _scaled_flow(8 * batch_max_records)
+
+
+def _scaled_flow(pause: int) -> FlowConfig:
+    pause = max(FlowConfig.model_fields["pause_records"].default, pause)
     return FlowConfig(
         pause_records=pause, resume_records=pause * 2 // 5, capacity_records=pause * 6 // 5
     )
@@ -175,15 +188,40 @@ def for_async_handler(config: ConsumerConfig) -> ConsumerConfig:
     if "flow" in config.model_fields_set:
         return config
     flow = async_flow(config.max_in_flight)
+    return _with_flow(
+        config,
+        flow,
+        f"flow was not given, and an async handler's is async_flow(max_in_flight="
+        f"{config.max_in_flight}) = {flow!r}: pass flow=FlowConfig(...) to choose it",
+    )
+
+
+def for_batch_handler(config: ConsumerConfig) -> ConsumerConfig:
+    """`config` as a batch handler's member runs it: `batch_flow` in place of the default
+    `flow`, as `for_async_handler` does; a `flow` given must hold a whole batch."""
+    if "flow" in config.model_fields_set:
+        if config.batch_max_records > config.flow.pause_records:
+            raise ValueError(
+                f"batch_max_records ({config.batch_max_records}) is larger than "
+                f"flow.pause_records ({config.flow.pause_records}): fetching pauses before a "
+                "batch could fill, so every batch would wait batch_max_wait_s"
+            )
+        return config
+    flow = batch_flow(config.batch_max_records)
+    return _with_flow(
+        config,
+        flow,
+        f"flow was not given, and a batch handler's is batch_flow(batch_max_records="
+        f"{config.batch_max_records}) = {flow!r}: pass flow=FlowConfig(...) to choose it",
+    )
+
+
+def _with_flow(config: ConsumerConfig, flow: FlowConfig, note: str) -> ConsumerConfig:
     given = {name: getattr(config, name) for name in config.model_fields_set}
     try:
         return ConsumerConfig(**given, flow=flow)
     except ValidationError as exc:
-        raise _noted(
-            exc,
-            f"flow was not given, and an async handler's is async_flow(max_in_flight="
-            f"{config.max_in_flight}) = {flow!r}: pass flow=FlowConfig(...) to choose it",
-        ) from None
+        raise _noted(exc, note) from None
 
 
 def _noted(error: ValidationError, note: str) -> ValidationError:
@@ -334,6 +372,36 @@ class ConsumerConfig(BaseModel):
         json_schema_extra={"unit": "records"},
         description="Records fetched at most per poll; at most `flow.capacity_records - "
         "flow.pause_records`.",
+    )
+    # Batch handlers only (`weir.BatchHandler`); a per-record handler refuses them when given.
+    batch_max_records: int = Field(
+        500,
+        ge=1,
+        le=100_000,
+        strict=True,
+        json_schema_extra={"unit": "records"},
+        description="Batch handlers only: records per `handle_batch` call at most; at most "
+        "`flow.pause_records` of a `flow` given (without one, a batch handler's budget is 8 "
+        "batches) ([handlers.md](handlers.md#batch-handlers)).",
+    )
+    batch_max_wait_s: float = Field(
+        0.05,
+        ge=0,
+        le=60,
+        strict=True,
+        allow_inf_nan=False,
+        description="Batch handlers only: how long a batch that is not full waits for more "
+        "records before it runs (0: it runs with what is there).",
+    )
+    flush_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        description="Handlers with an `on_flush` hook only: how long the owner waits for one "
+        "flush (at shutdown, at most what is left of `shutdown_timeout_s`); past it the flush "
+        "counts as failed and is left running on its thread. At most half of "
+        "`max_poll_interval_s` ([handlers.md](handlers.md#the-flush-hook)).",
     )
     poll_timeout_s: float = Field(
         0.1,
@@ -682,15 +750,20 @@ class ConsumerConfig(BaseModel):
             )
         return v
 
-    @field_validator("revoke_timeout_s")
+    @field_validator("revoke_timeout_s", "flush_timeout_s")
     @classmethod
-    def _revoke_timeout(cls, v: float, info: ValidationInfo) -> float:
+    def _owner_waits(cls, v: float, info: ValidationInfo) -> float:
         max_poll = info.data.get("max_poll_interval_s")
         if max_poll is not None and v > max_poll / 2:
+            where = {
+                "revoke_timeout_s": "the drain runs inside the rebalance callback, where the "
+                "member does not poll",
+                "flush_timeout_s": "the owner thread waits for the flush, and does not poll "
+                "while it waits",
+            }[str(info.field_name)]
             raise ValueError(
-                f"revoke_timeout_s ({v:g} s) must stay below half of max_poll_interval_s "
-                f"({max_poll:g} s): the drain runs inside the rebalance callback, where the "
-                "member does not poll"
+                f"{info.field_name} ({v:g} s) must stay below half of max_poll_interval_s "
+                f"({max_poll:g} s): {where}"
             )
         return v
 
@@ -883,6 +956,9 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "topic_refresh_s": float,
         "flow": FlowConfig,
         "max_batch_records": int,
+        "batch_max_records": int,
+        "batch_max_wait_s": float,
+        "flush_timeout_s": float,
         "poll_timeout_s": float,
         "commit_interval_s": float,
         "commit_every_records": int,

@@ -23,11 +23,19 @@ from weir._engine.client import ClientFactory, ProducerFactory
 from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle, State
 from weir._engine.protocols import offers_consumer_protocol
-from weir.config import ConsumerConfig, ConsumerSettings, for_async_handler
+from weir.config import ConsumerConfig, ConsumerSettings, for_async_handler, for_batch_handler
 from weir.fencing.base import Fence
 from weir.health import Health, check
 from weir.logs import get_logger
-from weir.records import CommitEvent, Handler, Partition, Record, as_handler, is_async_handler
+from weir.records import (
+    BatchHandler,
+    CommitEvent,
+    Handler,
+    Partition,
+    Record,
+    as_handler,
+    is_async_handler,
+)
 from weir.serde import AsyncDeserializingHandler, Deserializers, DeserializingHandler
 from weir.stats import ConsumerStats
 
@@ -38,6 +46,57 @@ log = get_logger(__name__)
 # How long run() waits on the owner thread at a time: signal handlers run between the waits as
 # well as inside them, so this only bounds how late a missed wake-up could be noticed.
 _JOIN_SLICE = 0.5
+
+
+_BATCH_SETTINGS = ("batch_max_records", "batch_max_wait_s")
+
+
+def _check_batch_settings(
+    handler: Handler,
+    config: ConsumerConfig,
+    key_deserializer: object,
+    value_deserializer: object,
+) -> None:
+    """The batch settings belong to a `BatchHandler`, and a `BatchHandler` to what this release
+    runs in batches: plain `handle_batch` methods on worker threads, without a transaction or
+    deserializers. A flush hook does not join a transaction yet."""
+    if handler._flush_hook() is None and "flush_timeout_s" in config.model_fields_set:
+        raise ValueError(
+            f"flush_timeout_s bounds a handler's on_flush hook, and {type(handler).__qualname__} "
+            "defines none: drop the setting, or define on_flush(ctx)"
+        )
+    if handler._flush_hook() is not None and config.transactional_id is not None:
+        raise ValueError(
+            f"{type(handler).__qualname__} defines on_flush(): a handler's own buffer with "
+            "transactional_id (exactly-once outputs) is not supported yet"
+        )
+    if not isinstance(handler, BatchHandler):
+        given = [name for name in _BATCH_SETTINGS if name in config.model_fields_set]
+        if given:
+            raise ValueError(
+                f"{' and '.join(given)} {'configures' if len(given) == 1 else 'configure'} a "
+                "batch handler (weir.BatchHandler with "
+                "handle_batch), and this handler takes one record at a time: drop the setting, "
+                "or subclass weir.BatchHandler"
+            )
+        return
+    name = type(handler).__qualname__
+    if is_async_handler(handler):
+        raise TypeError(
+            f"{name}.handle_batch is async def: batch handlers run on worker threads in this "
+            "release; define handle_batch as a plain method"
+        )
+    if key_deserializer is not None or value_deserializer is not None:
+        raise TypeError(
+            f"{name} is a BatchHandler: key_deserializer and value_deserializer are not run for "
+            "batch handlers yet; deserialize in handle_batch (ctx.fail(record, error) fails a "
+            "record that does not deserialize)"
+        )
+    if config.transactional_id is not None:
+        raise ValueError(
+            f"{name} is a BatchHandler: transactional_id (exactly-once outputs) is not "
+            "supported for batch handlers yet"
+        )
 
 
 class GroupConsumer:
@@ -102,6 +161,7 @@ class GroupConsumer:
         elif settings:
             raise TypeError("pass either a ConsumerConfig or keyword settings, not both")
         self._handler = as_handler(handler)
+        _check_batch_settings(self._handler, config, key_deserializer, value_deserializer)
         if is_async_handler(self._handler):
             if "workers" in config.model_fields_set:
                 log.warning(
@@ -113,6 +173,8 @@ class GroupConsumer:
                 )
             # Coroutines finish many records at once: the record budget scales with them.
             config = for_async_handler(config)
+        elif isinstance(self._handler, BatchHandler):
+            config = for_batch_handler(config)  # the budget scales with the batches
         self.config = config
         if loop is not None:
             if not isinstance(loop, asyncio.AbstractEventLoop):

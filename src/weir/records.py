@@ -13,7 +13,18 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_ch
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 from typing_extensions import Self
 
-__all__ = ["CommitEvent", "Context", "Handler", "HandlerFunc", "Ordering", "Partition", "Record"]
+__all__ = [
+    "BatchContext",
+    "BatchHandler",
+    "CommitEvent",
+    "Context",
+    "FlushContext",
+    "Handler",
+    "HandlerFunc",
+    "Ordering",
+    "Partition",
+    "Record",
+]
 
 Ordering = Literal["key", "partition", "unordered"]
 """What may run at once within a partition (docs/workers-and-ordering.md)."""
@@ -384,6 +395,160 @@ class Handler(ABC):
         `on_revoked` for the final hand-off has run) and the client was closed."""
         return None
 
+    def on_flush(self, ctx: FlushContext) -> Awaitable[None] | None:
+        """Optional: define it when `handle` (or `handle_batch`) keeps records in a buffer of
+        the handler's own instead of writing them before it returns. weir then counts a record
+        finished only once an `on_flush` that began after its call returned has returned, so no
+        commit passes a record that is only in memory. It runs on the owner thread before each
+        commit, before a revoked partition's commit and before the final commit, whenever
+        records were returned since the last one: write the buffer (the records of the
+        assignments `ctx.owns`) and return once it is durable (docs/handlers.md#the-flush-hook).
+        If it raises, none of the records it was to cover count: their partitions start over
+        from their last commit (new tokens), and they run again."""
+        return None
+
+    def _flush_hook(self) -> Callable[[FlushContext], Awaitable[None] | None] | None:
+        """The flush hook, if this handler defines one."""
+        return self.on_flush if type(self).on_flush is not Handler.on_flush else None
+
+
+class BatchContext:
+    """Per-call context handed to `BatchHandler.handle_batch`: the batch's records may come from
+    several partitions, so what differs per partition is asked per record.
+
+    Partial success: `done(record)` and `fail(record, error)` mark single records, whatever the
+    call then does. A call that returns finishes every record not marked failed; a call that
+    raises fails every record not marked done, as one batch failure (docs/handlers.md).
+    """
+
+    __slots__ = ("_index", "_marks", "_parts", "_records")
+
+    def __init__(self, records: Sequence[Record], parts: Mapping[Partition, _PartContext]) -> None:
+        self._records = records
+        self._index = {id(r): i for i, r in enumerate(records)}
+        self._parts = parts
+        # Index into the batch -> None (done) or the record's own error (failed).
+        self._marks: dict[int, BaseException | None] = {}
+
+    def _position(self, record: Record) -> int:
+        i = self._index.get(id(record))
+        if i is None or self._records[i] is not record:
+            raise ValueError(
+                f"{record!r} is not a record of this batch: mark only the records "
+                "handle_batch was given"
+            )
+        return i
+
+    def _mark(self, record: Record, error: BaseException | None) -> None:
+        i = self._position(record)
+        before = self._marks.get(i, error)
+        if (before is None) != (error is None):
+            raise ValueError(
+                f"{record!r} is marked both done and failed in this batch: mark it once"
+            )
+        self._marks[i] = error
+
+    def done(self, record: Record) -> None:
+        """`record` is finished, even if the call raises afterwards."""
+        self._mark(record, None)
+
+    def fail(self, record: Record, error: BaseException) -> None:
+        """`record` failed with `error`, even if the call returns: it goes to the failure policy
+        alone. In key and partition mode the records after it in its lane (its key's, its
+        partition's) are not finished either: they run again after it, in offset order."""
+        if not isinstance(error, BaseException):
+            raise TypeError(f"error must be an exception instance, got {error!r}")
+        self._mark(record, error)
+
+    def attempt(self, record: Record) -> int:
+        """The attempt `record` is on: 1 the first time, more when it is retried."""
+        part = self._parts[Partition(record.topic, record.partition)]
+        return part.attempts.get(record.offset, 1) if part.attempts else 1
+
+    def token(self, record: Record) -> int:
+        """weir's assignment token of `record`'s partition (`Context.token`): what a handler
+        that buffers keeps with the record, for `FlushContext.owns`."""
+        return self._parts[Partition(record.topic, record.partition)].token
+
+    def epoch(self, record: Record) -> int | None:
+        """The ownership epoch of `record`'s partition from the member's fence (`Context.epoch`);
+        None without a fence."""
+        return self._parts[Partition(record.topic, record.partition)].epoch
+
+    @property
+    def cancelled(self) -> bool:
+        """True once every partition of the batch was lost, or revoked past its drain budget,
+        or weir is stopping past its budget: nothing of the batch will count, so long work may
+        give up early. While some partition is still owned, returning early would finish its
+        records unprocessed: raise instead."""
+        return all(p.cancel.is_set() for p in self._parts.values())
+
+    def __repr__(self) -> str:
+        return f"BatchContext(records={len(self._records)}, partitions={len(self._parts)})"
+
+
+class _PartContext(NamedTuple):
+    """What a batch's records of one partition share: its assignment's state."""
+
+    token: int
+    cancel: threading.Event
+    attempts: dict[int, int]
+    epoch: int | None
+
+
+class FlushContext:
+    """What `Handler.on_flush` is handed: which assignments this member still owns. A handler
+    that buffers keeps each record's `ctx.token` with it, writes the records `owns` says yes to,
+    and drops the others: their partition was lost or started over, and they will run again
+    where it is owned now."""
+
+    __slots__ = ("_owned",)
+
+    def __init__(self, owned: Mapping[Partition, int]) -> None:
+        self._owned = owned
+
+    def owns(self, partition: tuple[str, int], token: int) -> bool:
+        """True while the assignment `token` of `partition` (topic, partition) is this
+        member's: its buffered records may be written."""
+        return self._owned.get(Partition(*partition)) == token
+
+    @property
+    def partitions(self) -> list[Partition]:
+        """The partitions owned now."""
+        return sorted(self._owned)
+
+    def __repr__(self) -> str:
+        return f"FlushContext(partitions={len(self._owned)})"
+
+
+class BatchHandler(Handler):
+    """Subclass and define `handle_batch`: records arrive in lists, not one by one (a bulk
+    write: a multi-row insert, a COPY, an HTTP batch API). The lifecycle hooks are `Handler`'s.
+
+    A batch holds up to `batch_max_records` records (and `batch_max_bytes`), gathered for at
+    most `batch_max_wait_s`; it may span partitions. What it may hold follows the ordering
+    mode: in key mode a key's records are in one batch at a time, in offset order; in partition
+    mode a partition's; unordered, any (docs/handlers.md#batch-handlers).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        if "handle_batch" in cls.__abstractmethods__:
+            raise TypeError(
+                f"{cls.__qualname__} does not define handle_batch(): a BatchHandler subclass "
+                "must, as def handle_batch(self, records, ctx) (run on worker threads)"
+            )
+        return super().__new__(cls)
+
+    @abstractmethod
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> Awaitable[None] | None:
+        """Process the records; return once they are done. Raising fails the batch (but the
+        records marked `ctx.done`); `ctx.fail` fails single records."""
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        raise TypeError(
+            f"{type(self).__qualname__} is a BatchHandler: weir calls handle_batch, not handle"
+        )
+
 
 class _FunctionHandler(Handler):
     __slots__ = ("_fn",)
@@ -413,12 +578,14 @@ class _AsyncFunctionHandler(Handler):
         return f"AsyncFunctionHandler({getattr(self._fn, '__qualname__', self._fn)!r})"
 
 
-HOOKS = ("on_assigned", "on_revoked", "on_lost", "on_shutdown")
+HOOKS = ("on_assigned", "on_revoked", "on_lost", "on_shutdown", "on_flush")
 
 
 def is_async_handler(handler: Handler | Callable[[Record], object]) -> bool:
     """An `async def` function, a callable object with `async def __call__`, or a `Handler` whose
     `handle` is `async def`."""
+    if isinstance(handler, BatchHandler):
+        return inspect.iscoroutinefunction(handler.handle_batch)
     if isinstance(handler, Handler):
         return inspect.iscoroutinefunction(handler.handle)
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
@@ -433,6 +600,7 @@ def as_handler(handler: Handler | Callable[[Record], object]) -> Handler:
             f"{handler.__qualname__}: pass an instance, {handler.__qualname__}()"
         )
     if isinstance(handler, Handler):
+        _check_flush(handler)
         if not is_async_handler(handler):
             # A coroutine hook of a thread handler would be called from the owner thread and
             # never run: there is no event loop of weir's to run it on.
@@ -452,6 +620,28 @@ def as_handler(handler: Handler | Callable[[Record], object]) -> Handler:
     if callable(handler):
         return _FunctionHandler(handler)
     raise TypeError(f"handler must be a Handler or a callable taking a Record, got {handler!r}")
+
+
+def _check_flush(handler: Handler) -> None:
+    """An `on_flush` that cannot take the `FlushContext` would fail at every commit, and the
+    records it was to cover would never count."""
+    hook = handler._flush_hook()
+    if hook is None:
+        return
+    try:
+        sig = inspect.signature(hook)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(None)
+    except TypeError:
+        params = ", ".join(["self", *sig.parameters])
+        name = f"{type(handler).__qualname__}.on_flush({params})"
+        raise TypeError(
+            f"{name}: weir's flush hook is called as on_flush(ctx) before each commit, and "
+            "records count finished only after it (docs/handlers.md#the-flush-hook): take the "
+            "FlushContext"
+        ) from None
 
 
 def _check_takes_a_record(fn: Callable[..., object]) -> None:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from weir.errors import DeserializationError
-from weir.records import Context, Handler, Partition, Record
+from weir.records import Context, FlushContext, Handler, Partition, Record
 
 __all__ = [
     "AsyncDeserializingHandler",
@@ -131,6 +131,9 @@ class DeserializingHandler(Handler):
 
     def on_shutdown(self) -> None:
         self.inner.on_shutdown()
+
+    def _flush_hook(self) -> Callable[[FlushContext], Awaitable[None] | None] | None:
+        return self.inner._flush_hook()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.inner!r})"

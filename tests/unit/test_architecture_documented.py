@@ -28,3 +28,10 @@ def test_every_module_is_in_the_architecture_table() -> None:
     names = documented()
     assert modules | packages <= names, sorted((modules | packages) - names)
     assert names <= modules | packages, f"documented but gone: {sorted(names - modules - packages)}"
+
+
+def test_the_engine_module_stays_a_wiring() -> None:
+    """engine.py wires the parts and runs the turn; each decision lives in the module that owns
+    it. Past 800 lines it has started to hold decisions of its own: move them out."""
+    lines = len((SRC / "_engine" / "engine.py").read_text().splitlines())
+    assert lines < 800, f"src/weir/_engine/engine.py has {lines} lines"

@@ -38,6 +38,7 @@ from weir._engine.deadletter import DeadLetters
 from weir._engine.exactly_once import ExactlyOnce
 from weir._engine.failures import Failures
 from weir._engine.fetching import FetchControl
+from weir._engine.flushing import Flushing, batch_records, workers_for
 from weir._engine.intake import Run, runs_of
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.metrics import Metrics
@@ -45,7 +46,7 @@ from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
 from weir._engine.protocols import ProtocolProbe, choose_protocol, warn_commit_blackout
 from weir._engine.refusals import first_token_refusal, token_refusal
 from weir._engine.replay import ReplayMaps
-from weir._engine.scheduling import Scheduler, lane_of
+from weir._engine.scheduling import Scheduler
 from weir._engine.settlement import Settlement
 from weir._engine.snapshot import Snapshot
 from weir._engine.stalls import Stalls
@@ -53,7 +54,7 @@ from weir._engine.starts import Starts
 from weir._engine.tasks import Assignment
 from weir._engine.transactions import TransactionError, Transactions
 from weir._engine.watermarks import WatermarkRefresher
-from weir._engine.workers import ThreadWorkers, Workers
+from weir._engine.workers import Workers
 from weir.config import ConsumerConfig
 from weir.errors import FencedError
 from weir.fencing.base import Fence
@@ -62,7 +63,7 @@ from weir.logs import (
     Repeats,
     get_logger,
 )
-from weir.records import CommitEvent, Handler, Partition, is_async_handler, size_of
+from weir.records import CommitEvent, Handler, Partition, size_of
 
 __all__ = ["Engine"]
 
@@ -113,16 +114,9 @@ class Engine:
         self.errors = ClientErrors(cfg, life, self._repeats)
         transactional = cfg.transactional_id is not None
         if workers is None:
-            if is_async_handler(handler):
-                workers = AsyncWorkers(
-                    handler, cfg.max_in_flight, lane_of(cfg.ordering), loop, outputs=transactional
-                )
-            else:
-                workers = ThreadWorkers(
-                    handler, cfg.workers, lane_of(cfg.ordering), outputs=transactional
-                )
+            workers = workers_for(handler, cfg, loop)
         self.workers = workers
-        self.scheduler = Scheduler(self.workers, cfg.ordering)
+        self.scheduler = Scheduler(workers, cfg.ordering, batch_records=batch_records(workers, cfg))
         self.committer = Committer(
             cfg.commit_interval_s, cfg.commit_every_records, self._emit_commit, clock=clock
         )
@@ -217,6 +211,10 @@ class Engine:
             self._fenced,
             clock=clock,
         )
+        self.flushing = Flushing(
+            handler, workers, self.settle, self.own, self.starts, self.callbacks, self._hook,
+            timeout_s=cfg.flush_timeout_s, interrupt=life.hurry,
+        )  # fmt: skip
         # Everything that keeps state per partition: opened and closed by Ownership alone, for
         # the whole time the member owns the partition or for one assignment of it.
         trackers: tuple[tuple[Tracker, Scope], ...] = (
@@ -373,6 +371,7 @@ class Engine:
         try:
             self.own.deadline_cap = deadline
             self.own.stop_dispatch()
+            self.flushing.run_gathered()
             self.fetch.hold(list(self.own.partitions), "shutdown")
             while (
                 self.scheduler.running(self.own.assignments())
@@ -390,6 +389,7 @@ class Engine:
                 dead_letters.flush(deadline - self.clock.monotonic())
                 self.settle.drain(0)
             self.settle.settle_started(self.own.assignments())
+            self.flushing.flush(self.own.partitions, deadline - self.clock.monotonic())
             left = self.scheduler.running(self.own.assignments())
             if left:
                 self.own.cancel_all()
@@ -483,6 +483,7 @@ class Engine:
             if self.eos.turn(now):
                 self._publish(running=True)
         elif self.committer.due(now) and self.commits.ready(now):
+            self.flushing.flush()
             self.commits.send_async(now)
             self._publish(running=True)
         if now >= self._next_publish:
@@ -491,6 +492,8 @@ class Engine:
             self._publish(running=True)
         was_paused = budget.paused
         pause, resume = budget.end_turn()
+        if budget.throttled:
+            self.flushing.run_gathered()  # no more records may come for the batch gathered
         if pause or resume or budget.paused != was_paused:
             # The budget decides capacity (every partition) and share (one partition holding
             # its reserve); fetch control follows its state.
@@ -585,6 +588,7 @@ class Engine:
         """A revoke's drain: wait for running handlers, and for dead-letter writes of these
         partitions, within the budget."""
         failures = self.failures
+        self.flushing.run_gathered()  # a revoked partition's records may be in it
         while (
             self.scheduler.running(assignments) or failures.pending(assignments)
         ) and not self.life.hurry.is_set():
@@ -595,6 +599,7 @@ class Engine:
             if failures.dead_letters is not None:
                 failures.dead_letters.poll()
         self.settle.settle_started(assignments)
+        self.flushing.flush({a.tp for a in assignments}, deadline - self.clock.monotonic())
 
     def _fenced(self, a: Assignment, error: FencedError) -> None:
         """A handler's fenced write was refused: another member owns the partition in the

@@ -32,7 +32,7 @@ from weir._engine.fetching import FetchControl
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.refusals import Denied, RefusalSink
 from weir._engine.scheduling import Scheduler
-from weir._engine.tasks import Assignment, Lane, LaneKey, Task
+from weir._engine.tasks import HELD, Assignment, Lane, LaneKey, Task
 from weir._engine.tracking import BatchProgress
 from weir._engine.workers import AwaitableReturned
 from weir.config import ConsumerConfig
@@ -139,6 +139,27 @@ class Failures:
             self._block(f, policy, now, reason="still failing")
             return
         delay = self._retry_delay(policy, f, now)
+        behind: list[int] = []
+        if task.shared is not None and index in task.shared:
+            # Its whole batch failed: the error is not known to be this record's, nor to be
+            # none of its lane's records behind it (a batch handler ran them too): they were
+            # attempted as often as it was.
+            behind = self._held_behind(task, index, f.lane)
+            for off in behind:
+                a.attempts[off] = attempt + 1
+        if delay is None and task.shared is not None and index in task.shared:
+            # Before any final policy, its next batch is split until what fails alone is found.
+            delay = 0.0
+            a.isolate.add(rec.offset)
+            a.isolate.update(behind)
+            log.info(
+                "batch_split",
+                event_id=rec.event_id,
+                attempt=attempt + 1,
+                error=_describe(error),
+                reason="its batch failed through its retries: the next failure is split to "
+                "find the records that fail alone",
+            )
         if delay is not None:
             f.state = "retry"
             a.attempts[rec.offset] = attempt + 1
@@ -156,12 +177,24 @@ class Failures:
             return
         self._final(policy, f, now)
 
+    def _held_behind(self, task: Task, index: int, lane: LaneKey) -> list[int]:
+        """Offsets of the records of `task` held behind its failed record `index` in its lane."""
+        if task.outcomes is None or lane is _UNORDERED:
+            return []
+        lane_key = self._scheduler.lane_key
+        return [
+            r.offset
+            for r, code in zip(task.records[index + 1 :], task.outcomes[index + 1 :], strict=True)
+            if code == HELD and lane_key(r) == lane
+        ]
+
     def settled(self, a: Assignment, records: Collection[Record]) -> None:
         """Records of `a` finished (only called while some record of `a` is being retried):
         their failure state ends, and a partition blocked by one of them runs again."""
         for rec in records:
             if a.attempts.pop(rec.offset, None) is None:
                 continue
+            a.isolate.discard(rec.offset)
             f = self._failed.pop((a, rec.offset), None)
             if f is not None:
                 log.info("retry_succeeded", event_id=rec.event_id, attempt=f.attempt + 1)
@@ -263,6 +296,7 @@ class Failures:
         a = f.assignment
         del self._failed[(a, offset)]
         a.attempts.pop(offset, None)
+        a.isolate.discard(offset)
         self.skipped += 1
         self._still_refused()
         log.warning(
@@ -321,6 +355,7 @@ class Failures:
             if failure is None:
                 del self._failed[(f.assignment, f.record.offset)]
                 f.assignment.attempts.pop(f.record.offset, None)
+                f.assignment.isolate.discard(f.record.offset)
                 self.dead_lettered += 1
                 f.denied = None
                 self._still_refused(written=topic)

@@ -302,12 +302,22 @@ class Scheduler:
     `reporting` count their finished records (`Task.finished`) while they run.
     """
 
-    def __init__(self, workers: Workers, ordering: Ordering, *, whole: bool = True) -> None:
+    def __init__(
+        self,
+        workers: Workers,
+        ordering: Ordering,
+        *,
+        whole: bool = True,
+        batch_records: int | None = None,
+    ) -> None:
         self.workers = workers
         self._submit_task = workers.submit
         # Concurrent workers run a task's lanes at once: a whole-partition lane would serialise
         # the partition, and the handler time says nothing of the cost of a hand-off.
         self._concurrent = workers.concurrent
+        # Batch workers (`BatchWorkers`) join whole tasks into one handler call: a task is as
+        # large as a batch may be, and its records run in one call: none moves.
+        self._batch = batch_records
         rule = self._rule = RULES[ordering](self)
         self._whole = whole and rule.whole and not self._concurrent
         self._workers = workers.slots
@@ -376,7 +386,11 @@ class Scheduler:
         if _WHOLE in lanes:
             return True
         size = self.task_size()
-        return not lanes and n <= size and size >= _WHOLE_TASK
+        # Batch workers: a task is a batch's size whatever the handler time, which alone says
+        # whether the handler is fast (a slow bulk write wants a partition's keys in several
+        # batches at once, not one batch per partition).
+        fast = size if self._batch is None else self.turn_size()
+        return not lanes and n <= size and fast >= _WHOLE_TASK
 
     def _submit_keys(
         self,
@@ -519,7 +533,7 @@ class Scheduler:
         """Tasks a worker took at or before `since` (`time.perf_counter()`) that still hold
         records it has not reached, and whose records could go elsewhere. Concurrent workers
         start every lane of a task at once and free each as it ends: nothing to move."""
-        if self._concurrent:
+        if self._concurrent or self._batch is not None:
             return []
         out = []
         for tasks in self._outstanding.values():
@@ -698,6 +712,8 @@ class Scheduler:
 
     def lane_task_size(self) -> int:
         """Records per task of a single lane: about `_LANE_SECONDS` of measured handler time."""
+        if self._batch is not None:
+            return self._batch
         if self._concurrent:
             return _MAX_TASK
         return min(_MAX_TASK, int(_LANE_SECONDS / self._per_record) + 1)
@@ -705,6 +721,8 @@ class Scheduler:
     def task_size(self) -> int:
         """Records per task: about `_TASK_SECONDS` of measured handler time (concurrent workers:
         as many as a task may hold, as their lanes run at once and are freed one by one)."""
+        if self._batch is not None:
+            return self._batch
         if self._concurrent:
             return _MAX_TASK
         return self.turn_size()

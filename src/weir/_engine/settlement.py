@@ -46,13 +46,18 @@ from weir._engine.transactions import Transactions
 from weir._engine.workers import Progress, Workers
 from weir.errors import FencedError
 from weir.logs import get_logger
-from weir.records import Record, offset_of, size_of
+from weir.records import FlushContext, Partition, Record, offset_of, size_of
 
 __all__ = ["Settlement"]
 
 log = get_logger(__name__)
 
-How = Literal["handled", "given_up", "replayed"]
+How = Literal["handled", "flushed", "given_up", "replayed"]
+# Records a handler returned, waiting for the flush hook: their assignment, the records, their
+# batches, what writes their outputs.
+_Buffered = tuple[
+    Assignment, Sequence[Record], Sequence[BatchProgress] | BatchProgress, Callable[[], None] | None
+]
 
 # The longest the owner sleeps while long tasks run: their finished records are read, not sent
 # (`Task.report`), and leave the budget and move the watermark when the owner looks.
@@ -102,6 +107,11 @@ class Settlement:
         self.failed = 0  # handler calls that failed
         self._next_report = 0.0
         self._next_move = 0.0
+        # The handler's flush hook (None: a handler's return finishes its records), called
+        # through the engine's hook runner; False when it raised.
+        self._flush: Callable[[FlushContext], bool] | None = None
+        self._buffered: list[_Buffered] = []
+        self.buffered = 0  # records returned and waiting for a flush
 
     # -- the one path -----------------------------------------------------------------------
 
@@ -118,6 +128,13 @@ class Settlement:
         partition's current assignment, and released the budget (`_released`)."""
         if a.cancel.is_set() or not recs:
             return 0
+        if how == "handled" and self._flush is not None:
+            # Returned, not yet durable: finished by the flush that covers it (`flush`). It
+            # counts toward the next commit, whose flush will cover it.
+            self._buffered.append((a, recs, batches, outputs))
+            self.buffered += len(recs)
+            self._committer.finished(len(recs))
+            return 0
         offsets = list(map(offset_of, recs))
         if isinstance(batches, BatchProgress):
             done = batches.completed_many(offsets, batches.token)
@@ -131,16 +148,48 @@ class Settlement:
                 i += n
         if how != "replayed":
             self.processed += done
-        self._committer.finished(done)
+        if how != "flushed":  # counted when buffered
+            self._committer.finished(done)
         if self._txn is not None:
             self._txn.records += done
-        if how == "handled":
+        if how in ("handled", "flushed"):
             if outputs is not None:
                 outputs()
             self._metrics.settled(a.tp, recs[0])
             if a.attempts:  # some record of this assignment is being retried
                 self._failures().settled(a, list(recs))
         return done
+
+    # -- the flush hook ------------------------------------------------------------------------
+
+    def flush_with(self, flush: Callable[[FlushContext], bool]) -> None:
+        """The handler keeps a buffer: records count finished only after `flush` returns True
+        for them."""
+        self._flush = flush
+
+    def flush(self) -> list[Partition]:
+        """Before a commit: the flush hook makes durable what handlers returned since the last
+        flush, then those records are finished (the watermark and the offset map take them).
+        Records of an assignment that is gone (lost, revoked, reset) are dropped unflushed: the
+        hook is told whose records it may write (`FlushContext.owns`). Returns the partitions
+        whose records it was to cover if it raised: none of them count."""
+        if self._flush is None or not self._buffered:
+            return []
+        pending, self._buffered = self._buffered, []
+        self.buffered = 0
+        live = [b for b in pending if self._owner_of(b[0]) is not None]
+        if not live:
+            return []
+        owned = {
+            tp: st.assignment.token
+            for tp, st in self._own.partitions.items()
+            if not st.assignment.cancel.is_set()
+        }
+        if not self._flush(FlushContext(owned)):
+            return sorted({b[0].tp for b in live})
+        for a, recs, batches, outputs in live:
+            self._finished(a, recs, batches, "flushed", outputs)
+        return []
 
     def _released(self, a: Assignment, count: int, nbytes: int) -> None:
         self._budget.finished(a.tp, count, nbytes)

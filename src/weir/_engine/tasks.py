@@ -52,7 +52,7 @@ class Assignment:
     by the owner before it hands the record out again, read by the worker that runs it.
     """
 
-    __slots__ = ("attempts", "cancel", "dispatching", "epoch", "token", "tp")
+    __slots__ = ("attempts", "cancel", "dispatching", "epoch", "isolate", "token", "tp")
 
     def __init__(self, tp: Partition, token: int) -> None:
         self.tp = tp
@@ -60,6 +60,10 @@ class Assignment:
         self.dispatching = True
         self.cancel = threading.Event()
         self.attempts: dict[int, int] = {}
+        # Batch handlers: offsets of records whose batch failed until their retries ran out. A
+        # batch that holds one and fails again is split to find the record that fails alone
+        # (`weir._engine.workers.BatchWorkers`). Written by the owner before the record runs.
+        self.isolate: set[int] = set()
         self.epoch: int | None = None  # from the member's fence, set before the first dispatch
 
     def __repr__(self) -> str:
@@ -89,6 +93,7 @@ class Task:
         "reported",
         "reported_bytes",
         "seconds",
+        "shared",
         "started",
     )
 
@@ -115,6 +120,9 @@ class Task:
         self.started = 0.0
         self.outcomes: bytearray | None = None
         self.errors: dict[int, BaseException] | None = None
+        # Batch handlers: the failed records whose error is their whole batch's (a call over
+        # several records raised): not known to be theirs, so never given to the final policy.
+        self.shared: set[int] | None = None
         self.seconds = 0.0
         self.advanced = False
         # Progress: the worker counts its finished records in `finished` as it goes. The owner

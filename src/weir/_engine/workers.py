@@ -13,15 +13,32 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Hashable
+from collections.abc import Callable, Collection, Hashable, Iterable
 from typing import Protocol
 
-from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Task
+from weir._engine.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
 from weir.errors import AwaitableReturned, FencedError
 from weir.logs import get_logger
-from weir.records import Context, Handler, Output, Record, _FunctionHandler
+from weir.records import (
+    BatchContext,
+    BatchHandler,
+    Context,
+    Handler,
+    Output,
+    Partition,
+    Record,
+    _FunctionHandler,
+    _PartContext,
+)
 
-__all__ = ["AwaitableReturned", "Completions", "Progress", "ThreadWorkers", "Workers"]
+__all__ = [
+    "AwaitableReturned",
+    "BatchWorkers",
+    "Completions",
+    "Progress",
+    "ThreadWorkers",
+    "Workers",
+]
 
 log = get_logger(__name__)
 
@@ -99,10 +116,11 @@ def _refuse_awaitable(fn: Callable[..., object], result: object) -> None:
 class _Slot:
     """One worker thread: the task it runs now, and whether it leaves after that task."""
 
-    __slots__ = ("retired", "since", "task", "thread")
+    __slots__ = ("batch", "retired", "since", "task", "thread")
 
     def __init__(self) -> None:
         self.task: Task | None = None
+        self.batch: list[Task] = []  # batch workers: every task of the batch it runs
         self.since = 0.0
         self.retired = False
         self.thread: threading.Thread | None = None
@@ -156,7 +174,9 @@ class ThreadWorkers:
         now = time.perf_counter()
         for slot in list(self._slots):
             task = slot.task
-            if slot.retired or task is None or task.assignment not in assignments:
+            if slot.retired or task is None:
+                continue
+            if not any(t.assignment in assignments for t in slot.batch or (task,)):
                 continue
             slot.retired = True
             self._slots.remove(slot)
@@ -308,3 +328,250 @@ class ThreadWorkers:
                     held.add(lane_of(rec))
             else:
                 out[j] = DONE
+
+
+# On the ready queue of batch workers: the batch being gathered runs now (`run_now`).
+_RUN_NOW = Task(Assignment(Partition("", -1), -1), [], [], None)
+
+
+class BatchWorkers(ThreadWorkers):
+    """Worker threads that run a `BatchHandler`: a worker gathers tasks from the ready queue
+    into one batch (up to `max_records` records, for at most `max_wait` seconds after its first
+    task) and calls `handle_batch` once for all of them; then every task
+    goes back on the completion queue with its outcomes, to be settled as any task is.
+
+    The batch is made of whole tasks, and a task holds its lanes until it comes back
+    (`weir._engine.scheduling`), so the ordering mode holds across batches as across tasks:
+    a key (key mode) or a partition (partition mode) is in one batch at a time, its records in
+    offset order. One worker gathers at a time, so batches fill one after another rather than
+    all workers sharing the records thinly. A task that does not fit waits for the next batch.
+    """
+
+    def __init__(
+        self,
+        handler: BatchHandler,
+        count: int,
+        lane_of: LaneOf | None,
+        *,
+        max_records: int,
+        max_wait: float,
+    ) -> None:
+        super().__init__(handler, count, lane_of)
+        self._handle_batch = handler.handle_batch
+        self._max_records = max_records
+        self._max_wait = max_wait
+        self._gather = threading.Lock()
+        self._carry: Task | None = None  # taken from the queue, did not fit the last batch
+        # A worker is gathering a batch, and whether the owner told it to run what it has.
+        self._gathering = False
+        self._nudged = False
+
+    def run_now(self) -> None:
+        """The owner can add nothing to the batch being gathered until records come back (its
+        budget is at the pause mark: in key mode the rest wait behind the batch's own keys):
+        it runs now rather than at the end of its wait."""
+        if self._gathering and not self._nudged:
+            self._nudged = True
+            self._ready.put(_RUN_NOW)
+
+    def _work(self, slot: _Slot) -> None:
+        done = self._done.put
+        stop = False
+        while not slot.retired and not stop:
+            tasks, stop = self._take()
+            if not tasks:
+                return
+            slot.batch = tasks
+            slot.task = tasks[0]
+            slot.since = t0 = time.perf_counter()
+            self._run(tasks)
+            # Each task's share of the call, by its records: what tunes `Scheduler` and stats.
+            per_record = (time.perf_counter() - t0) / max(1, sum(len(t.records) for t in tasks))
+            slot.task, slot.batch = None, []
+            for t in tasks:
+                t.seconds = per_record * len(t.records)
+                done(t)
+
+    def _take(self) -> tuple[list[Task], bool]:
+        """The tasks of the next batch, and whether the pool is stopping (this worker leaves
+        after the batch)."""
+        clock = time.perf_counter
+        ready = self._ready
+        with self._gather:
+            first, self._carry = self._carry, None
+            while first is None or first is _RUN_NOW:
+                if first is _RUN_NOW:
+                    self._nudged = False  # late: no batch was gathering
+                first = ready.get()
+                if first is None:
+                    return [], True
+            # Taken before the fence check (`_run`): a revoke waits for the tasks some worker
+            # holds, and this one may run once its fence is read.
+            first.started = clock()
+            tasks = [first]
+            n = len(first.records)
+            deadline = first.started + self._max_wait
+            limit = self._max_records
+            self._gathering = True
+            try:
+                while n < limit:
+                    left = deadline - clock()
+                    try:
+                        t = ready.get(timeout=left) if left > 0 else ready.get_nowait()
+                    except queue.Empty:
+                        break
+                    if t is _RUN_NOW:
+                        self._nudged = False
+                        break
+                    if t is None:
+                        return tasks, True
+                    if n + len(t.records) > limit:
+                        self._carry = t
+                        break
+                    t.started = clock()
+                    tasks.append(t)
+                    n += len(t.records)
+            finally:
+                self._gathering = False
+        return tasks, False
+
+    def _run(self, tasks: list[Task]) -> None:
+        """One `handle_batch` call for the records of `tasks` whose assignment still
+        dispatches (the others come back FENCED without running), then each record's outcome:
+        done, failed (alone, or with its whole batch), or held behind a failed record of its
+        lane."""
+        live: list[Task] = []
+        for t in tasks:
+            if t.assignment.dispatching:
+                live.append(t)
+            else:
+                t.outcomes = bytearray(len(t.records))  # FENCED
+        if not live:
+            return
+        records: list[Record] = []
+        parts: dict[Partition, _PartContext] = {}
+        for t in live:
+            a = t.assignment
+            records += t.records
+            parts[a.tp] = _PartContext(a.token, a.cancel, a.attempts, a.epoch)
+        error, marks = self._call(records, parts)
+        if error is None and not marks:
+            for t in live:
+                t.finished = len(t.records)
+            return
+        results: list[BaseException | None] = [marks.get(i, error) for i in range(len(records))]
+        shared: set[int] = set()
+        if error is not None:
+            rest = [i for i in range(len(records)) if i not in marks]
+            if len(rest) > 1:
+                owners = [t.assignment for t in live for _ in t.records]
+                if any(records[i].offset in owners[i].isolate for i in rest):
+                    held: dict[tuple[Partition, Hashable], int] = {}
+                    alone = (i for i, e in marks.items() if e is not None)
+                    self._hold(held, records, owners, alone)
+                    self._split(records, owners, parts, rest, results, held)
+                else:
+                    shared.update(rest)
+        at = 0
+        for t in live:
+            self._outcomes(t, results, shared, at)
+            at += len(t.records)
+
+    def _call(
+        self, records: list[Record], parts: dict[Partition, _PartContext]
+    ) -> tuple[BaseException | None, dict[int, BaseException | None]]:
+        """One `handle_batch` call: what it raised (None: it returned), and its marks."""
+        ctx = BatchContext(records, parts)
+        try:
+            result = self._handle_batch(records, ctx)
+            if result is not None:
+                _refuse_awaitable(self._handle_batch, result)
+        except BaseException as exc:
+            return exc, ctx._marks
+        return None, ctx._marks
+
+    def _hold(
+        self,
+        held: dict[tuple[Partition, Hashable], int],
+        records: list[Record],
+        owners: list[Assignment],
+        failed: Iterable[int],
+    ) -> None:
+        """Records `failed` failed on their own: in key and partition mode the later records
+        of their lanes must not run before them (`held`: lane -> its first such record)."""
+        lane_of = self._lane_of
+        if lane_of is not None:
+            for i in sorted(failed):
+                held.setdefault((owners[i].tp, lane_of(records[i])), i)
+
+    def _split(
+        self,
+        records: list[Record],
+        owners: list[Assignment],
+        parts: dict[Partition, _PartContext],
+        failed: list[int],
+        results: list[BaseException | None],
+        held: dict[tuple[Partition, Hashable], int],
+    ) -> None:
+        """The records `failed` (indices into `records`, in batch order) failed together, and
+        one of them has run out of retries as part of a batch: run each half again, and halve
+        what fails again, until the records that fail alone are found. Each of those gets its
+        own error; the others finish. A record behind one that failed alone in its lane is not
+        run again (`held`): it is held behind it."""
+        lane_of = self._lane_of
+        mid = len(failed) // 2
+        for half in (failed[:mid], failed[mid:]):
+            if lane_of is not None and held:
+                half = [i for i in half if held.get((owners[i].tp, lane_of(records[i])), i) >= i]
+            if not half:
+                continue
+            error, marks = self._call([records[i] for i in half], parts)
+            for j, i in enumerate(half):
+                results[i] = marks.get(j, error)
+            self._hold(held, records, owners, (half[j] for j, e in marks.items() if e is not None))
+            rest = [i for j, i in enumerate(half) if j not in marks]
+            if error is None or not rest:
+                continue
+            if len(rest) == 1:
+                self._hold(held, records, owners, rest)
+            else:
+                self._split(records, owners, parts, rest, results, held)
+
+    def _outcomes(
+        self, t: Task, results: list[BaseException | None], shared: set[int], at: int
+    ) -> None:
+        """Outcomes of `t`, whose records start at `at` in the batch. In key and partition mode
+        a failed record holds its lane: its lane's later records in the task are HELD (they run
+        again after it, in order), even if the handler finished them."""
+        n = len(t.records)
+        out = bytearray(n)
+        errors: dict[int, BaseException] = {}
+        lane_of = self._lane_of
+        held: set[object] = set()
+        a = t.assignment
+        for i, rec in enumerate(t.records):
+            error = results[at + i]
+            if lane_of is not None and held and lane_of(rec) in held:
+                out[i] = HELD
+            elif error is None:
+                out[i] = DONE
+            else:
+                out[i] = FAILED
+                errors[i] = error
+                if at + i in shared:
+                    if t.shared is None:
+                        t.shared = set()
+                    t.shared.add(i)
+                if isinstance(error, FencedError):
+                    # Another member owns the partition: nothing more of it runs here.
+                    a.dispatching = False
+                if lane_of is not None:
+                    held.add(lane_of(rec))
+        if a.dispatching is False and any(isinstance(e, FencedError) for e in errors.values()):
+            for i in range(n):
+                if out[i] != DONE and i not in errors:
+                    out[i] = FENCED
+        if errors:
+            t.outcomes, t.errors = out, errors
+        else:
+            t.finished = n  # HELD only ever follows a failure: every record is DONE
