@@ -525,8 +525,8 @@ class BatchHandler(Handler):
     """Subclass and define `handle_batch`: records arrive in lists, not one by one (a bulk
     write: a multi-row insert, a COPY, an HTTP batch API). The lifecycle hooks are `Handler`'s.
 
-    A batch holds up to `batch_max_records` records (and `batch_max_bytes`), gathered for at
-    most `batch_max_wait_s`; it may span partitions. What it may hold follows the ordering
+    A batch holds up to `batch_max_records` records, gathered for at most `batch_max_wait_s`;
+    it may span partitions. What it may hold follows the ordering
     mode: in key mode a key's records are in one batch at a time, in offset order; in partition
     mode a partition's; unordered, any (docs/handlers.md#batch-handlers).
     """
