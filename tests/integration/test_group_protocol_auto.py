@@ -53,3 +53,21 @@ def test_an_auto_member_runs_the_consumer_protocol_and_says_so(
     [started] = events(caplog, "consumer_started")
     assert started["protocol"] == "consumer"
     assert not events(caplog, "classic_protocol_without_static_membership")
+
+
+def test_a_classic_dynamic_member_on_the_real_client_is_warned(
+    kafka_bootstrap: str, make_topic: TopicFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning of commits held behind a classic JoinGroup reaches a member weir builds the
+    real client of (a member on the fake is not warned: tests/unit/test_join_commits.py)."""
+    topic = make_topic(1)
+    gc = member(lambda record: None, kafka_bootstrap, f"warn-{uuid.uuid4().hex[:8]}", [topic])
+    with caplog.at_level(logging.WARNING, logger="weir"):
+        gc.start()
+        try:
+            assert gc.wait_started(30)
+        finally:
+            gc.stop()
+            gc.join(30)
+    [warned] = events(caplog, "classic_protocol_without_static_membership")
+    assert warned["commit_interval_s"] == 0.2

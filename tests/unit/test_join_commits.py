@@ -286,3 +286,23 @@ def test_a_classic_dynamic_member_with_a_long_session_is_warned_at_start(
     assert bool(found) is warned
     if warned:
         assert "group_instance_id" in found[0]["remedy"]
+
+
+def test_a_member_on_a_fake_client_is_not_warned_of_a_classic_join(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression: every member a test ran on the fake broker warned of commits held behind a
+    classic JoinGroup, which the fake does not have: noise in every test of an application's
+    handler. The warning is for a member weir builds the real client of."""
+    fake = FakeConsumer()
+    fake.script_assign([("t", 0)])
+    gc = GroupConsumer(lambda record: None, consumer_factory=fake.factory, **SETTINGS)
+    with caplog.at_level(logging.WARNING, logger="weir"):
+        gc.start()
+        try:
+            assert gc.wait_started(5.0)
+        finally:
+            gc.stop()
+            gc.join(5.0)
+    assert ConsumerConfig(**SETTINGS).group_protocol == "classic"  # the warning's case
+    assert not events(caplog, "classic_protocol_without_static_membership")
