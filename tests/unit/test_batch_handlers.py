@@ -916,6 +916,45 @@ def test_a_flush_that_hangs_at_shutdown_is_bounded_by_the_shutdown_budget(
     assert committed(fake, P0) <= 0 and not h.durable
 
 
+def test_an_async_flush_that_hangs_is_cancelled_at_flush_timeout_s(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An async on_flush is cancelled on its loop at flush_timeout_s (it used to get
+    revoke_timeout_s): the flush counts as failed, its records run again, and the next flush,
+    which returns, lets the commit reach the end."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(6))
+    fake.script_assign([P0])
+    buffer: list[int] = []
+    durable: list[int] = []
+    cancelled: list[float] = []
+
+    class SlowFirst(Handler):
+        calls = 0
+
+        async def handle(self, record: Record, ctx: Context) -> None:
+            buffer.append(record.offset)
+
+        async def on_flush(self, ctx: FlushContext) -> None:
+            type(self).calls += 1
+            if type(self).calls == 1:
+                began = time.monotonic()
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    cancelled.append(time.monotonic() - began)
+                    raise
+            durable.extend(buffer)
+            buffer.clear()
+
+    with caplog.at_level(logging.INFO, logger="weir"):
+        start(SlowFirst(), fake, flush_timeout_s=0.3, revoke_timeout_s=5.0)
+        wait_until(lambda: committed(fake, P0) == 6, "committed")
+    assert len(cancelled) == 1 and cancelled[0] < 2.0, cancelled
+    assert set(durable) == set(range(6))
+    assert "partitions_reset" in caplog.text
+
+
 def test_flush_timeout_s_stays_below_half_of_max_poll_interval() -> None:
     settings: ConsumerSettings = {**SETTINGS, "max_poll_interval_s": 60.0, "flush_timeout_s": 31.0}
     with pytest.raises(ValueError, match=r"flush_timeout_s \(31 s\) must stay below half of"):
