@@ -49,6 +49,7 @@ def test_jvm_dying_during_start_is_reported_not_waited_for(tmp_path: Path) -> No
     assert "Unrecognized VM option" in info.value.log_tail
 
 
+@pytest.mark.slow  # the launcher's fault runs wait out its retries: make integration
 def test_bind_race_is_retried_with_new_ports(
     occupied_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -84,7 +85,14 @@ def temp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.parametrize(
-    "failure", ["invalid override", "jvm dies", "timeout", "bind retries exhausted", "no java"]
+    "failure",
+    [
+        "invalid override",
+        "jvm dies",
+        "timeout",
+        pytest.param("bind retries exhausted", marks=pytest.mark.slow),  # make integration
+        "no java",
+    ],
 )
 def test_failed_start_leaves_no_temp_dir(
     failure: str, temp_root: Path, occupied_port: int, monkeypatch: pytest.MonkeyPatch
