@@ -70,6 +70,7 @@ def test_one_node_down_then_back(kafka_cluster: EmbeddedKafkaCluster) -> None:
     assert sorted(everything) == sorted(expected)  # nothing lost, nothing duplicated
 
 
+@pytest.mark.slow  # the launcher's fault runs: make integration
 def test_a_stopped_cluster_restarts_together_with_its_data(
     kafka_cluster: EmbeddedKafkaCluster,
 ) -> None:

@@ -48,6 +48,7 @@ def wait_gone(pid: int, timeout: float) -> bool:
     return True
 
 
+@pytest.mark.slow  # the launcher's fault runs: make integration
 def test_broker_dies_with_a_sigkilled_parent(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
@@ -150,6 +151,7 @@ def controller_port(workdir: Path) -> int:
     return int(listeners.split("CONTROLLER://", 1)[1].split(",")[0].rsplit(":", 1)[1])
 
 
+@pytest.mark.slow  # the launcher's fault runs: make integration
 def test_cli_restart_on_the_same_dir_keeps_data_and_port(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -209,6 +211,7 @@ def weir(*argv: str) -> subprocess.CompletedProcess[str]:
     return run_weir(*argv, timeout=150)
 
 
+@pytest.mark.slow  # the launcher's fault runs: make integration
 def test_a_second_start_on_a_running_dir_is_refused_until_the_broker_dies(
     tmp_path: Path,
 ) -> None:
