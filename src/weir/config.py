@@ -288,7 +288,8 @@ class ConsumerConfig(BaseModel):
         strict=True,
         json_schema_extra={"unit": "records"},
         description="Async handlers only (`async def`): records running at once on the event "
-        "loop, in place of worker threads ([handlers.md](handlers.md)).",
+        "loop, in place of worker threads; for an `async def handle_batch`, its calls "
+        "([handlers.md](handlers.md)).",
     )
 
     group_protocol: Literal["classic", "consumer", "auto"] = Field(
