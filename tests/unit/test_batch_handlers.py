@@ -33,6 +33,7 @@ from weir import (
 )
 from weir.config import ConsumerSettings
 from weir.records import FlushContext, Ordering, Partition, is_async_handler
+from weir.testing import capture_events
 from weir.testing.fake import FakeConsumer
 from weir.testing.fake_broker import FakeBroker
 
@@ -1291,3 +1292,21 @@ def test_a_batch_never_holds_more_than_batch_max_bytes(
     if ordering != "unordered":
         assert all(offsets == sorted(offsets) for offsets in order.values())
     assert sorted(h.handled()) == [(p, o) for p in (0, 1) for o in range(300)]
+
+
+def test_an_async_batch_handler_that_blocks_the_loop_is_reported_by_name(start: Start) -> None:
+    """The watchdog names the handle_batch coroutine that blocks the loop, as it names an async
+    handle (the batch runner's frame is one of those it looks under)."""
+
+    class Blocking(BatchHandler):
+        async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+            if records[0].offset == 0:
+                time.sleep(0.6)  # the mistake: a blocking call on the loop
+
+    fake = one_partition(5)
+    with capture_events() as logs:
+        gc = start(Blocking(), fake)
+        wait_until(lambda: committed(fake, P0) == 5, "committed")
+        wait_until(lambda: gc.stats().loop_blocked >= 1, "stats published")
+    blocked = [e for e in logs if e["event"] == "event_loop_blocked"]
+    assert blocked and str(blocked[0]["handler"]).endswith("Blocking.handle_batch"), blocked
