@@ -35,6 +35,7 @@ class Overrides(TypedDict, total=False):
     max_batch_records: int
     batch_max_records: int
     batch_max_wait_s: float
+    batch_max_bytes: int | None
     flush_timeout_s: float
     poll_timeout_s: float
     commit_interval_s: float

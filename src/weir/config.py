@@ -288,7 +288,8 @@ class ConsumerConfig(BaseModel):
         strict=True,
         json_schema_extra={"unit": "records"},
         description="Async handlers only (`async def`): records running at once on the event "
-        "loop, in place of worker threads ([handlers.md](handlers.md)).",
+        "loop, in place of worker threads; for an `async def handle_batch`, its calls "
+        "([handlers.md](handlers.md)).",
     )
 
     group_protocol: Literal["classic", "consumer", "auto"] = Field(
@@ -392,6 +393,15 @@ class ConsumerConfig(BaseModel):
         allow_inf_nan=False,
         description="Batch handlers only: how long a batch that is not full waits for more "
         "records before it runs (0: it runs with what is there).",
+    )
+    batch_max_bytes: int | None = Field(
+        None,
+        ge=1,
+        strict=True,
+        json_schema_extra={"unit": "bytes"},
+        description="Batch handlers only: bytes (`Record.size`: key, value and headers) per "
+        "`handle_batch` call at most; a record larger than that is a batch alone (None: no "
+        "bound) ([handlers.md](handlers.md#batch-handlers)).",
     )
     flush_timeout_s: float = Field(
         30.0,
@@ -958,6 +968,7 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "max_batch_records": int,
         "batch_max_records": int,
         "batch_max_wait_s": float,
+        "batch_max_bytes": int | None,
         "flush_timeout_s": float,
         "poll_timeout_s": float,
         "commit_interval_s": float,

@@ -48,7 +48,7 @@ log = get_logger(__name__)
 _JOIN_SLICE = 0.5
 
 
-_BATCH_SETTINGS = ("batch_max_records", "batch_max_wait_s")
+_BATCH_SETTINGS = ("batch_max_records", "batch_max_wait_s", "batch_max_bytes")
 
 
 def _check_batch_settings(
@@ -58,8 +58,9 @@ def _check_batch_settings(
     value_deserializer: object,
 ) -> None:
     """The batch settings belong to a `BatchHandler`, and a `BatchHandler` to what this release
-    runs in batches: plain `handle_batch` methods on worker threads, without a transaction or
-    deserializers. A flush hook does not join a transaction yet."""
+    runs in batches: `handle_batch` (plain, on worker threads, or `async def`, on the event
+    loop), without a transaction or deserializers. A flush hook does not join a transaction
+    yet."""
     if handler._flush_hook() is None and "flush_timeout_s" in config.model_fields_set:
         raise ValueError(
             f"flush_timeout_s bounds a handler's on_flush hook, and {type(handler).__qualname__} "
@@ -81,11 +82,6 @@ def _check_batch_settings(
             )
         return
     name = type(handler).__qualname__
-    if is_async_handler(handler):
-        raise TypeError(
-            f"{name}.handle_batch is async def: batch handlers run on worker threads in this "
-            "release; define handle_batch as a plain method"
-        )
     if key_deserializer is not None or value_deserializer is not None:
         raise TypeError(
             f"{name} is a BatchHandler: key_deserializer and value_deserializer are not run for "
@@ -162,19 +158,21 @@ class GroupConsumer:
             raise TypeError("pass either a ConsumerConfig or keyword settings, not both")
         self._handler = as_handler(handler)
         _check_batch_settings(self._handler, config, key_deserializer, value_deserializer)
-        if is_async_handler(self._handler):
-            if "workers" in config.model_fields_set:
-                log.warning(
-                    "workers_unused",
-                    workers=config.workers,
-                    max_in_flight=config.max_in_flight,
-                    reason="an async handler runs on an event loop, not on worker threads: "
-                    "max_in_flight bounds the records running at once",
-                )
+        batch = isinstance(self._handler, BatchHandler)
+        if is_async_handler(self._handler) and "workers" in config.model_fields_set:
+            log.warning(
+                "workers_unused",
+                workers=config.workers,
+                max_in_flight=config.max_in_flight,
+                reason="an async handler runs on an event loop, not on worker threads: "
+                f"max_in_flight bounds the {'handle_batch calls' if batch else 'records'} "
+                "running at once",
+            )
+        if batch:
+            config = for_batch_handler(config)  # the budget scales with the batches
+        elif is_async_handler(self._handler):
             # Coroutines finish many records at once: the record budget scales with them.
             config = for_async_handler(config)
-        elif isinstance(self._handler, BatchHandler):
-            config = for_batch_handler(config)  # the budget scales with the batches
         self.config = config
         if loop is not None:
             if not isinstance(loop, asyncio.AbstractEventLoop):

@@ -528,14 +528,17 @@ class BatchHandler(Handler):
     A batch holds up to `batch_max_records` records, gathered for at most `batch_max_wait_s`;
     it may span partitions. What it may hold follows the ordering
     mode: in key mode a key's records are in one batch at a time, in offset order; in partition
-    mode a partition's; unordered, any (docs/handlers.md#batch-handlers).
+    mode a partition's; unordered, any (docs/handlers.md#batch-handlers). `batch_max_bytes`
+    bounds its bytes too. A plain `handle_batch` runs on worker threads, an `async def` one on
+    the event loop (at most `max_in_flight` calls at once).
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         if "handle_batch" in cls.__abstractmethods__:
             raise TypeError(
                 f"{cls.__qualname__} does not define handle_batch(): a BatchHandler subclass "
-                "must, as def handle_batch(self, records, ctx) (run on worker threads)"
+                "must, as def handle_batch(self, records, ctx) (run on worker threads) or async "
+                "def handle_batch(self, records, ctx) (run on the event loop)"
             )
         return super().__new__(cls)
 

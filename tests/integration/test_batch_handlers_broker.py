@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+
+import pytest
 
 from tests.accumulators import Accumulator
 from tests.consumer_overrides import Overrides
@@ -21,7 +24,11 @@ class Collect(BatchHandler):
         self.sizes: list[int] = []
         self.seen: dict[tuple[int, bytes | None], list[int]] = defaultdict(list)
 
-    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> Awaitable[None] | None:
+        self.collect(records)
+        return None
+
+    def collect(self, records: list[Record]) -> None:
         with self.lock:
             self.sizes.append(len(records))
             for r in records:
@@ -32,15 +39,26 @@ class Collect(BatchHandler):
             return sum(map(len, self.seen.values()))
 
 
+class AsyncCollect(Collect):
+    """`async def handle_batch`: a bulk write awaited on the event loop."""
+
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        await asyncio.sleep(0.001)
+        self.collect(records)
+
+
+@pytest.mark.parametrize("handler", [Collect, AsyncCollect], ids=["threads", "async"])
 def test_a_batch_handler_consumes_in_key_order_and_commits_every_partition(
-    kafka_bootstrap: str, make_topic: TopicFactory
+    kafka_bootstrap: str, make_topic: TopicFactory, handler: type[Collect]
 ) -> None:
     topic = make_topic(3)
     produce(kafka_bootstrap, topic, keyed_orders(1500, 40))
     group = f"g-{uuid.uuid4().hex[:10]}"
     ends = end_offsets(kafka_bootstrap, topic, 3)
-    h = Collect()
-    gc = member(h, kafka_bootstrap, group, [topic], batch_max_records=200, workers=4)
+    h = handler()
+    settings: Overrides = {"batch_max_records": 200}
+    settings.update({"workers": 4} if handler is Collect else {"max_in_flight": 4})
+    gc = member(h, kafka_bootstrap, group, [topic], **settings)
     with gc:
         wait_for(lambda: h.count() >= 1500, 60, "every record handled")
         wait_for(

@@ -8,8 +8,8 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Literal
 
 import pytest
 from tests.accumulators import Accumulator
@@ -32,7 +32,8 @@ from weir import (
     RetryPolicy,
 )
 from weir.config import ConsumerSettings
-from weir.records import FlushContext, Ordering, Partition
+from weir.records import FlushContext, Ordering, Partition, is_async_handler
+from weir.testing import capture_events
 from weir.testing.fake import FakeConsumer
 from weir.testing.fake_broker import FakeBroker
 
@@ -50,6 +51,14 @@ def committed(fake: FakeConsumer, tp: tuple[str, int]) -> int:
     return max((off for off, _ in fake.commits_for(tp)), default=-1)
 
 
+def one_partition(n: int) -> FakeConsumer:
+    """A fake with `n` records in P0, to be assigned."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(n))
+    fake.script_assign([P0])
+    return fake
+
+
 def two_partitions(n0: int, n1: int) -> FakeConsumer:
     """A fake with `n0` records in P0 and `n1` in P1, both to be assigned."""
     fake = FakeConsumer()
@@ -60,7 +69,8 @@ def two_partitions(n0: int, n1: int) -> FakeConsumer:
 
 
 class Collector(BatchHandler):
-    """Records every batch it is given; `action(records, ctx)` runs inside the call."""
+    """Records every batch it is given; `action(records, ctx)` runs inside the call (on a
+    worker thread)."""
 
     def __init__(self, action: Callable[[list[Record], BatchContext], None] | None = None) -> None:
         self.lock = threading.Lock()
@@ -69,7 +79,11 @@ class Collector(BatchHandler):
         self.running = 0
         self.max_running = 0
 
-    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> Awaitable[None] | None:
+        self.collect(records, ctx)
+        return None
+
+    def collect(self, records: list[Record], ctx: BatchContext) -> None:
         with self.lock:
             self.batches.append([(r.partition, r.offset) for r in records])
             self.running += 1
@@ -86,13 +100,49 @@ class Collector(BatchHandler):
             return [k for b in self.batches for k in b]
 
 
+class AsyncCollector(Collector):
+    """`Collector` with an `async def handle_batch` (run on the event loop): the action, which
+    may block (a gate, a sleep), runs on a thread the coroutine awaits."""
+
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        await asyncio.to_thread(self.collect, records, ctx)
+
+
+Kind = Literal["threads", "async"]
+Make = Callable[..., Collector]
+
+
+@pytest.fixture(params=["threads", "async"])
+def kind(request: pytest.FixtureRequest) -> Kind:
+    """The batch handler's kind: `def handle_batch` on worker threads, or `async def` on the
+    event loop. The tests that take it hold for both."""
+    k: Kind = request.param
+    return k
+
+
+@pytest.fixture
+def collector(kind: Kind) -> Make:
+    return Collector if kind == "threads" else AsyncCollector
+
+
 Start = Callable[..., GroupConsumer]
+
+
+def settings_for(handler: Handler, kw: Overrides) -> ConsumerSettings:
+    """SETTINGS with `kw`; for an async handler the `workers` asked for are its `max_in_flight`
+    (the calls at once), and the thread default is left out."""
+    settings: ConsumerSettings = {**SETTINGS, **kw}
+    if is_async_handler(handler):
+        del settings["workers"]
+        if "workers" in kw:
+            settings["max_in_flight"] = kw["workers"]
+    return settings
 
 
 @pytest.fixture
 def start(members: list[GroupConsumer]) -> Iterator[Start]:
     def go(handler: Handler, fake: FakeConsumer, **kw: Unpack[Overrides]) -> GroupConsumer:
-        settings: ConsumerSettings = {**SETTINGS, **kw}
+        settings = settings_for(handler, kw)
         fake.given_committed()
         gc = GroupConsumer(handler, consumer_factory=fake.factory, **settings)
         members.append(gc)
@@ -107,13 +157,13 @@ def start(members: list[GroupConsumer]) -> Iterator[Start]:
 
 
 def test_records_arrive_in_batches_of_at_most_batch_max_records_and_are_committed(
-    start: Start,
+    start: Start, collector: Make
 ) -> None:
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(300), key=lambda o: b"k%d" % (o % 7))
     fake.produce_many(TOPIC, 1, range(300), key=lambda o: b"k%d" % (o % 5))
     fake.script_assign([P0, P1])
-    h = Collector()
+    h = collector()
     start(h, fake, batch_max_records=100, max_batch_records=200)
     wait_until(lambda: committed(fake, P0) == 300 and committed(fake, P1) == 300, "all committed")
     handled = h.handled()
@@ -123,13 +173,16 @@ def test_records_arrive_in_batches_of_at_most_batch_max_records_and_are_committe
     assert len(h.batches) < 60, [len(b) for b in h.batches]
 
 
+@pytest.mark.parametrize("max_bytes", [None, 40], ids=["", "max-bytes"])
 @pytest.mark.parametrize("delay", [0.005, 0.0], ids=["slow", "fast"])
 def test_key_mode_never_has_one_key_in_two_batches_at_once_and_keeps_offset_order(
-    start: Start, delay: float
+    start: Start, delay: float, collector: Make, max_bytes: int | None
 ) -> None:
     """Key mode under parallelism (4 workers): a key's records are in one batch at a time, in
     offset order inside it and across batches. Slow batches: different keys of a partition run
-    side by side; fast ones go out a partition at a time (its whole lane)."""
+    side by side; fast ones go out a partition at a time (its whole lane). With
+    `batch_max_bytes` (about ten records) the groups of several keys are cut, and the records
+    of a key cut off wait behind its batch."""
     fake = FakeConsumer()
     for p in (0, 1):
         fake.produce_many(TOPIC, p, range(400), key=lambda o: b"k%d" % (o % 13))
@@ -152,10 +205,12 @@ def test_key_mode_never_has_one_key_in_two_batches_at_once_and_keeps_offset_orde
             for lane in lanes:
                 running[lane] -= 1
 
-    h = Collector(action)
-    start(h, fake, batch_max_records=20, batch_max_wait_s=0.0, workers=4)
+    h = collector(action)
+    start(h, fake, batch_max_records=20, batch_max_wait_s=0.0, workers=4, batch_max_bytes=max_bytes)
     wait_until(lambda: committed(fake, P0) == 400 and committed(fake, P1) == 400, "committed")
     assert not overlaps, overlaps[:5]
+    if max_bytes is not None:
+        assert max(map(len, h.batches)) <= max_bytes // 3  # "k%d" and "v": 3 or 4 bytes
     for lane, offsets in seen.items():
         assert offsets == sorted(offsets), lane
         assert len(offsets) == len(set(offsets)), lane
@@ -163,19 +218,23 @@ def test_key_mode_never_has_one_key_in_two_batches_at_once_and_keeps_offset_orde
         assert h.max_running > 1  # batches really ran side by side
 
 
-def test_slow_batches_of_one_partition_run_side_by_side_in_key_mode(start: Start) -> None:
+def test_slow_batches_of_one_partition_run_side_by_side_in_key_mode(
+    start: Start, collector: Make
+) -> None:
     """A slow bulk write (20 ms a batch) on one partition: its keys go out in several batches at
     once, not one batch for the whole partition at a time."""
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(200), key=lambda o: b"k%d" % (o % 40))
     fake.script_assign([P0])
-    h = Collector(lambda records, ctx: time.sleep(0.02))
+    h = collector(lambda records, ctx: time.sleep(0.02))
     start(h, fake, batch_max_records=10, batch_max_wait_s=0.0, workers=4, max_batch_records=10)
     wait_until(lambda: committed(fake, P0) == 200, "committed")
     assert h.max_running > 1
 
 
-def test_partition_mode_runs_one_batch_per_partition_at_a_time(start: Start) -> None:
+def test_partition_mode_runs_one_batch_per_partition_at_a_time(
+    start: Start, collector: Make
+) -> None:
     fake = FakeConsumer()
     for p in (0, 1):
         fake.produce_many(TOPIC, p, range(200), key=lambda o: b"k%d" % (o % 9))
@@ -198,7 +257,7 @@ def test_partition_mode_runs_one_batch_per_partition_at_a_time(start: Start) -> 
             for p in parts:
                 running[p] -= 1
 
-    h = Collector(action)
+    h = collector(action)
     start(h, fake, ordering="partition", batch_max_records=30, batch_max_wait_s=0.0, workers=4)
     wait_until(lambda: committed(fake, P0) == 200 and committed(fake, P1) == 200, "committed")
     assert not overlaps
@@ -206,7 +265,7 @@ def test_partition_mode_runs_one_batch_per_partition_at_a_time(start: Start) -> 
 
 
 def test_a_batch_spans_partitions_and_each_partition_commits_its_own_offsets(
-    start: Start,
+    start: Start, collector: Make
 ) -> None:
     """One call holds both partitions' records; while it runs neither commits past it, and
     after it each partition's commit is its own next offset."""
@@ -219,7 +278,7 @@ def test_a_batch_spans_partitions_and_each_partition_commits_its_own_offsets(
             entered.set()
             assert gate.wait(WAIT)
 
-    h = Collector(action)
+    h = collector(action)
     start(h, fake, batch_max_records=50, batch_max_wait_s=0.3, workers=1)
     assert entered.wait(WAIT), h.batches
     time.sleep(0.05)
@@ -229,14 +288,14 @@ def test_a_batch_spans_partitions_and_each_partition_commits_its_own_offsets(
 
 
 def test_a_batch_that_is_not_full_waits_batch_max_wait_s_for_more_records(
-    start: Start,
+    start: Start, collector: Make
 ) -> None:
     """Records of other keys join the waiting batch (a key's later records wait for the batch
     that holds the key)."""
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(2), key=lambda o: b"k%d" % o)
     fake.script_assign([P0])
-    h = Collector()
+    h = collector()
     t0 = time.monotonic()
     first_call: list[float] = []
     h.action = lambda records, ctx: first_call.append(time.monotonic()) if not first_call else None
@@ -248,11 +307,11 @@ def test_a_batch_that_is_not_full_waits_batch_max_wait_s_for_more_records(
     assert first_call[0] - t0 >= 0.5  # it waited, not full
 
 
-def test_batch_max_wait_s_zero_runs_what_is_there(start: Start) -> None:
+def test_batch_max_wait_s_zero_runs_what_is_there(start: Start, collector: Make) -> None:
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(2))
     fake.script_assign([P0])
-    h = Collector()
+    h = collector()
     start(h, fake, batch_max_records=100, batch_max_wait_s=0.0)
     wait_until(lambda: committed(fake, P0) == 2, "first two committed")
     fake.produce_many(TOPIC, 0, range(2, 4))
@@ -260,7 +319,9 @@ def test_batch_max_wait_s_zero_runs_what_is_there(start: Start) -> None:
     assert h.batches == [[(0, 0), (0, 1)], [(0, 2), (0, 3)]]
 
 
-def test_a_batch_runs_without_its_wait_once_the_budget_is_full(start: Start) -> None:
+def test_a_batch_runs_without_its_wait_once_the_budget_is_full(
+    start: Start, collector: Make
+) -> None:
     """The first poll brings one record of each of the three keys: every later record waits
     behind the gathered batch's keys, so the batch can get no more records. Once the budget
     is at its pause mark it runs, instead of waiting out its 5 s."""
@@ -268,7 +329,7 @@ def test_a_batch_runs_without_its_wait_once_the_budget_is_full(start: Start) -> 
     fake.produce_many(TOPIC, 0, range(300), key=lambda o: b"k%d" % (o % 3))
     fake.script_assign([P0])
     calls: list[float] = []
-    h = Collector(lambda records, ctx: calls.append(time.monotonic()))
+    h = collector(lambda records, ctx: calls.append(time.monotonic()))
     t0 = time.monotonic()
     start(
         h,
@@ -292,7 +353,7 @@ class Boom(Exception):
     pass
 
 
-def test_ctx_fail_fails_one_record_and_the_rest_are_finished(start: Start) -> None:
+def test_ctx_fail_fails_one_record_and_the_rest_are_finished(start: Start, collector: Make) -> None:
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(10), key=lambda o: b"k%d" % o)
     fake.script_assign([P0])
@@ -304,7 +365,7 @@ def test_ctx_fail_fails_one_record_and_the_rest_are_finished(start: Start) -> No
             if r.offset == 4 and ctx.attempt(r) == 1:
                 ctx.fail(r, Boom("row 4 refused"))
 
-    h = Collector(action)
+    h = collector(action)
     start(h, fake, ordering="unordered", failure=RETRY_ONCE, batch_max_wait_s=0.05)
     wait_until(lambda: committed(fake, P0) == 10, "committed")
     assert attempts[4] == [1, 2]
@@ -312,7 +373,7 @@ def test_ctx_fail_fails_one_record_and_the_rest_are_finished(start: Start) -> No
     assert h.batches[-1] == [(0, 4)]
 
 
-def test_a_raising_batch_keeps_the_records_marked_done(start: Start) -> None:
+def test_a_raising_batch_keeps_the_records_marked_done(start: Start, collector: Make) -> None:
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(6), key=lambda o: b"k%d" % o)
     fake.script_assign([P0])
@@ -326,13 +387,15 @@ def test_a_raising_batch_keeps_the_records_marked_done(start: Start) -> None:
         if ctx.attempt(records[0]) == 1 and records[0].offset == 0:
             raise Boom("the bulk write failed after the first three rows")
 
-    h = Collector(action)
+    h = collector(action)
     start(h, fake, failure=RETRY_ONCE)
     wait_until(lambda: committed(fake, P0) == 6, "committed")
     assert [runs[o] for o in range(6)] == [1, 1, 1, 2, 2, 2]
 
 
-def test_key_mode_a_failed_record_takes_its_keys_later_records_with_it(start: Start) -> None:
+def test_key_mode_a_failed_record_takes_its_keys_later_records_with_it(
+    start: Start, collector: Make
+) -> None:
     """The handler finished A@1 and A@2 after failing A@0: they run again after A@0, so A's
     records still finish in offset order; B's are not run again."""
     fake = FakeConsumer()
@@ -346,7 +409,7 @@ def test_key_mode_a_failed_record_takes_its_keys_later_records_with_it(start: St
             if r.offset == 0 and ctx.attempt(r) == 1:
                 ctx.fail(r, Boom("A@0"))
 
-    h = Collector(action)
+    h = collector(action)
     start(h, fake, failure=RETRY_ONCE)
     wait_until(lambda: committed(fake, P0) == 6, "committed")
     a = [o for k, o in order if k == b"A"]
@@ -355,7 +418,7 @@ def test_key_mode_a_failed_record_takes_its_keys_later_records_with_it(start: St
     assert b == [1, 3, 5]
 
 
-def test_marks_are_checked(start: Start) -> None:
+def test_marks_are_checked(start: Start, collector: Make) -> None:
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(2))
     fake.script_assign([P0])
@@ -377,7 +440,7 @@ def test_marks_are_checked(start: Start) -> None:
         except ValueError as exc:
             problems.append(exc)
 
-    start(Collector(action), fake)
+    start(collector(action), fake)
     wait_until(lambda: committed(fake, P0) == 2, "committed")
     assert [type(p) for p in problems] == [ValueError, TypeError, ValueError]
     assert "not a record of this batch" in str(problems[0])
@@ -387,7 +450,9 @@ def test_marks_are_checked(start: Start) -> None:
 # -- hand-offs ---------------------------------------------------------------------------------
 
 
-def test_a_lost_partitions_records_in_a_running_batch_never_count(start: Start) -> None:
+def test_a_lost_partitions_records_in_a_running_batch_never_count(
+    start: Start, collector: Make
+) -> None:
     fake = two_partitions(3, 3)
     gate = threading.Event()
     entered = threading.Event()
@@ -399,7 +464,7 @@ def test_a_lost_partitions_records_in_a_running_batch_never_count(start: Start) 
             assert gate.wait(WAIT)
             seen_cancel.append(ctx.cancelled)
 
-    h = Collector(action)
+    h = collector(action)
     start(h, fake, batch_max_wait_s=0.2, workers=1)
     assert entered.wait(WAIT)
     assert {p for p, _ in h.batches[0]} == {0, 1}
@@ -412,7 +477,9 @@ def test_a_lost_partitions_records_in_a_running_batch_never_count(start: Start) 
     assert all(Partition(*P0) not in c.offsets for c in fake.commit_log()[before:])
 
 
-def test_a_revoke_waits_for_the_running_batch_and_commits_after_it(start: Start) -> None:
+def test_a_revoke_waits_for_the_running_batch_and_commits_after_it(
+    start: Start, collector: Make
+) -> None:
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(4))
     fake.script_assign([P0])
@@ -423,7 +490,7 @@ def test_a_revoke_waits_for_the_running_batch_and_commits_after_it(start: Start)
         entered.set()
         assert gate.wait(WAIT)
 
-    start(Collector(action), fake, commit_interval_s=60.0, commit_every_records=1_000_000)
+    start(collector(action), fake, commit_interval_s=60.0, commit_every_records=1_000_000)
     assert entered.wait(WAIT)
     timer = threading.Timer(0.1, gate.set)
     revoke = fake.script_revoke([P0], before=timer.start)
@@ -432,13 +499,13 @@ def test_a_revoke_waits_for_the_running_batch_and_commits_after_it(start: Start)
     assert [c.offsets for c in during] == [{P0: 4}]
 
 
-def test_a_revoke_does_not_wait_for_a_batch_still_gathering(start: Start) -> None:
+def test_a_revoke_does_not_wait_for_a_batch_still_gathering(start: Start, collector: Make) -> None:
     """A revoked partition's records in a batch that is still gathering (a 5 s wait) come back
     at once, unrun: the revoke neither waits for the wait nor commits past them."""
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(2), key=lambda o: b"k%d" % o)
     fake.script_assign([P0])
-    h = Collector()
+    h = collector()
     start(h, fake, batch_max_wait_s=5.0, commit_interval_s=60.0, commit_every_records=1_000_000)
     time.sleep(0.2)  # gathered by now
     revoke = fake.script_revoke([P0])
@@ -481,18 +548,33 @@ def test_batch_max_records_above_the_pause_mark_is_refused() -> None:
     assert GroupConsumer(lambda r: None, **SETTINGS).config.flow == FlowConfig()
 
 
-def test_what_batch_handlers_do_not_run_yet_is_refused_at_construction() -> None:
-    class AsyncRows(BatchHandler):
-        async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
-            pass
+class AsyncRows(BatchHandler):
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        pass
 
-    with pytest.raises(TypeError, match="handle_batch is async def"):
-        GroupConsumer(AsyncRows(), **SETTINGS)
+
+@pytest.mark.parametrize("rows", [Rows, AsyncRows])
+def test_what_batch_handlers_do_not_run_yet_is_refused_at_construction(
+    rows: type[BatchHandler],
+) -> None:
     with pytest.raises(TypeError, match="deserialize in handle_batch"):
-        GroupConsumer(Rows(), **SETTINGS, value_deserializer=lambda b: b)
+        GroupConsumer(rows(), **SETTINGS, value_deserializer=lambda b: b)
     settings: ConsumerSettings = {**SETTINGS, "transactional_id": "tx"}
     with pytest.raises(ValueError, match="transactional_id"):
-        GroupConsumer(Rows(), **settings)
+        GroupConsumer(rows(), **settings)
+
+
+def test_an_async_batch_handler_gets_the_batch_budget_and_warns_of_workers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An async handle_batch is built (it used to be refused): its budget is made for its
+    batches, as a thread batch handler's, not scaled with max_in_flight; `workers` is a thread
+    setting, and is said to be unused."""
+    settings: ConsumerSettings = {**SETTINGS, "batch_max_records": 100}
+    gc = GroupConsumer(AsyncRows(), **settings)
+    assert gc.config.flow == GroupConsumer(Rows(), **settings).config.flow
+    assert gc.config.flow.pause_records == 1_000
+    assert "max_in_flight bounds the handle_batch calls" in caplog.text
 
 
 def test_a_batch_handler_without_handle_batch_cannot_be_built() -> None:
@@ -519,7 +601,11 @@ class BulkWrite(BatchHandler):
         self.calls: list[list[int]] = []
         self.written: list[int] = []
 
-    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> Awaitable[None] | None:
+        self.write(records)
+        return None
+
+    def write(self, records: list[Record]) -> None:
         offsets = [r.offset for r in records]
         with self.lock:
             self.calls.append(offsets)
@@ -530,6 +616,16 @@ class BulkWrite(BatchHandler):
             raise Boom("a row violates a constraint")
         with self.lock:
             self.written += offsets
+
+
+class AsyncBulkWrite(BulkWrite):
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        await asyncio.sleep(0)
+        self.write(records)
+
+
+def bulk_write(kind: Kind, poison: set[int], flaky: int = 0) -> BulkWrite:
+    return (BulkWrite if kind == "threads" else AsyncBulkWrite)(poison, flaky)
 
 
 def poisoned_member(
@@ -565,7 +661,7 @@ def poisoned_member(
 
 @pytest.mark.parametrize("ordering", ["key", "partition", "unordered"])
 def test_a_poison_record_in_a_batch_of_500_is_isolated_and_dead_lettered_alone(
-    members: list[GroupConsumer], ordering: Ordering
+    members: list[GroupConsumer], ordering: Ordering, kind: Kind
 ) -> None:
     """The batch is retried under the policy (2 attempts), then split in halves until the
     record that fails alone is found: it alone is dead-lettered, every other record is written,
@@ -575,7 +671,7 @@ def test_a_poison_record_in_a_batch_of_500_is_isolated_and_dead_lettered_alone(
     broker.create_topic("orders.dlq", partitions=1)
     for i in range(500):
         broker.produce("orders", key=f"k{i}", value=f"row-{i}", partition=0)
-    h = BulkWrite(poison={317})
+    h = bulk_write(kind, poison={317})
     gc = poisoned_member(broker, h, members, ordering=ordering)
     wait_until(lambda: broker.committed_offsets("g").get(("orders", 0)) == 500, "committed", 20)
     dead = broker.messages("orders.dlq")
@@ -590,14 +686,14 @@ def test_a_poison_record_in_a_batch_of_500_is_isolated_and_dead_lettered_alone(
 
 
 def test_a_batch_that_fails_and_then_succeeds_is_retried_whole_and_never_split(
-    members: list[GroupConsumer], caplog: pytest.LogCaptureFixture
+    members: list[GroupConsumer], caplog: pytest.LogCaptureFixture, kind: Kind
 ) -> None:
     broker = FakeBroker()
     broker.create_topic("orders", partitions=1)
     broker.create_topic("orders.dlq", partitions=1)
     for i in range(100):
         broker.produce("orders", key=f"k{i}", value=f"row-{i}", partition=0)
-    h = BulkWrite(poison=set(), flaky=1)
+    h = bulk_write(kind, poison=set(), flaky=1)
     with caplog.at_level(logging.INFO, logger="weir"):
         poisoned_member(broker, h, members, ordering="unordered")
         wait_until(lambda: broker.committed_offsets("g").get(("orders", 0)) == 100, "committed", 20)
@@ -609,7 +705,59 @@ def test_a_batch_that_fails_and_then_succeeds_is_retried_whole_and_never_split(
 # -- the flush hook ------------------------------------------------------------------------------
 
 
-def watch_commits(gc: GroupConsumer, h: Accumulator, first: int = 0) -> list[str]:
+class BufferingRows(BatchHandler):
+    """A batch handler that keeps rows across batches and writes them at flush."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rows: list[tuple[int, int, int]] = []
+        self.handled: list[Key] = []
+        self.durable: set[Key] = set()
+        self.loops: set[asyncio.AbstractEventLoop | None] = set()  # where on_flush ran
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> Awaitable[None] | None:
+        self.keep(records, ctx)
+        return None
+
+    def keep(self, records: list[Record], ctx: BatchContext) -> None:
+        with self.lock:
+            self.rows += [(r.partition, r.offset, ctx.token(r)) for r in records]
+            self.handled += [(r.partition, r.offset) for r in records]
+
+    def on_flush(self, ctx: FlushContext) -> Awaitable[None] | None:
+        self.write(ctx)
+        return None
+
+    def write(self, ctx: FlushContext) -> None:
+        try:
+            self.loops.add(asyncio.get_running_loop())
+        except RuntimeError:
+            self.loops.add(None)
+        with self.lock:
+            rows, self.rows = self.rows, []
+            self.durable.update((p, o) for p, o, t in rows if ctx.owns((TOPIC, p), t))
+
+
+class AsyncBufferingRows(BufferingRows):
+    """`async def handle_batch`, and a plain on_flush (on the owner thread)."""
+
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        await asyncio.sleep(0)
+        self.keep(records, ctx)
+
+
+class AsyncBufferingRowsAsyncFlush(AsyncBufferingRows):
+    """`async def handle_batch` and `async def on_flush` (on the handler's loop)."""
+
+    async def on_flush(self, ctx: FlushContext) -> None:
+        await asyncio.sleep(0)
+        self.write(ctx)
+
+
+BUFFERS = [BufferingRows, AsyncBufferingRows, AsyncBufferingRowsAsyncFlush]
+
+
+def watch_commits(gc: GroupConsumer, h: Accumulator | BufferingRows, first: int = 0) -> list[str]:
     """Every commit sent is checked against what was durable then: a commit past a record that
     was only in the buffer is listed."""
     passed: list[str] = []
@@ -640,11 +788,18 @@ def test_no_commit_passes_a_record_that_is_only_in_the_handlers_buffer(start: St
     assert len(h.durable) == 600 and not h.dropped
 
 
-def test_a_revoke_flushes_before_its_commit(start: Start) -> None:
+@pytest.mark.parametrize(
+    "buffering",
+    [Accumulator, *BUFFERS],
+    ids=["per-record", "batch-threads", "batch-async", "batch-async-flush"],
+)
+def test_a_revoke_flushes_before_its_commit(
+    start: Start, buffering: type[Accumulator | BufferingRows]
+) -> None:
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(5))
     fake.script_assign([P0])
-    h = Accumulator()
+    h = buffering()
     gc = start(h, fake, commit_interval_s=60.0, commit_every_records=1_000_000)
     passed = watch_commits(gc, h)
     wait_until(lambda: len(h.handled) == 5, "all five in the buffer")
@@ -729,42 +884,29 @@ def test_a_crash_between_the_buffer_and_the_flush_loses_nothing(
     }
 
 
-class BufferingRows(BatchHandler):
-    """A batch handler that keeps rows across batches and writes them at flush."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.rows: list[tuple[int, int, int]] = []
-        self.written: set[Key] = set()
-
-    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
-        with self.lock:
-            self.rows += [(r.partition, r.offset, ctx.token(r)) for r in records]
-
-    def on_flush(self, ctx: FlushContext) -> None:
-        with self.lock:
-            rows, self.rows = self.rows, []
-            self.written.update((p, o) for p, o, t in rows if ctx.owns((TOPIC, p), t))
-
-
+@pytest.mark.parametrize("buffering", BUFFERS, ids=["threads", "async", "async-flush"])
 def test_a_batch_handler_with_a_flush_hook_is_committed_only_after_its_flush(
-    start: Start,
+    start: Start, buffering: type[BufferingRows]
 ) -> None:
     fake = two_partitions(120, 80)
-    h = BufferingRows()
+    h = buffering()
     gc = start(h, fake, commit_every_records=40, batch_max_records=30)
     bad: list[str] = []
 
     def listener(event: CommitEvent) -> None:
         if event.status == "sent":
             with h.lock:
-                if any((event.tp.partition, o) not in h.written for o in range(event.offset)):
+                if any((event.tp.partition, o) not in h.durable for o in range(event.offset)):
                     bad.append(f"{event.tp}@{event.offset}")
 
     gc.add_commit_listener(listener)
     wait_until(lambda: committed(fake, P0) == 120 and committed(fake, P1) == 80, "committed")
     assert not bad
-    assert len(h.written) == 200
+    assert len(h.durable) == 200
+    if buffering is AsyncBufferingRowsAsyncFlush:
+        assert None not in h.loops and len(h.loops) == 1  # on the handler's loop
+    else:
+        assert h.loops == {None}
 
 
 def test_an_async_flush_runs_on_the_async_handlers_loop(start: Start) -> None:
@@ -974,7 +1116,7 @@ def test_a_flush_hook_with_a_transaction_is_refused() -> None:
 
 
 def test_fenced_error_loses_the_partitions_it_is_raised_for(
-    start: Start, caplog: pytest.LogCaptureFixture
+    start: Start, caplog: pytest.LogCaptureFixture, collector: Make
 ) -> None:
     """ctx.fail(record, FencedError) loses that record's partition only; raised by the call,
     it loses every partition of the batch."""
@@ -987,7 +1129,7 @@ def test_fenced_error_loses_the_partitions_it_is_raised_for(
                 ctx.fail(r, fenced)
                 return
 
-    start(Collector(action), fake, batch_max_wait_s=0.2, workers=1)
+    start(collector(action), fake, batch_max_wait_s=0.2, workers=1)
     wait_until(lambda: committed(fake, P1) == 3, "P1 committed")
     wait_until(lambda: "partition_fenced" in caplog.text, "P0 fenced")
     assert caplog.text.count("partition_fenced") == 1
@@ -999,6 +1141,172 @@ def test_fenced_error_loses_the_partitions_it_is_raised_for(
         raise fenced
 
     caplog.clear()
-    start(Collector(raises), fake2, batch_max_wait_s=0.2, workers=1)
+    start(collector(raises), fake2, batch_max_wait_s=0.2, workers=1)
     wait_until(lambda: caplog.text.count("partition_fenced") == 2, "both fenced")
     assert committed(fake2, P0) <= 0 and committed(fake2, P1) <= 0
+
+
+# -- async def handle_batch: what only the event loop has ---------------------------------------
+
+
+class Parked(BatchHandler):
+    """An async batch handler whose calls wait (without blocking the loop) until `gate` is set,
+    noting whether they were cancelled and what `ctx.cancelled` said."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.batches: list[list[Key]] = []
+        self.cancelled: list[list[Key]] = []
+        self.ctx_cancelled: list[bool] = []
+
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        keys = [(r.partition, r.offset) for r in records]
+        self.batches.append(keys)
+        self.entered.set()
+        try:
+            while not self.gate.is_set():
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            self.ctx_cancelled.append(ctx.cancelled)
+            self.cancelled.append(keys)
+            raise
+
+
+def test_an_async_batch_past_the_shutdown_budget_is_cancelled_and_not_committed(
+    start: Start,
+) -> None:
+    fake = one_partition(5)
+    h = Parked()
+    gc = start(h, fake, shutdown_timeout_s=0.5, batch_max_wait_s=0.0)
+    assert h.entered.wait(WAIT)
+    began = time.monotonic()
+    gc.stop()
+    gc.join(WAIT)
+    took = time.monotonic() - began
+    assert h.cancelled == h.batches and h.ctx_cancelled == [True], (h.batches, h.cancelled)
+    assert took < 0.5 + 1.5, f"the shutdown took {took:.1f} s"
+    assert committed(fake, P0) <= 0
+
+
+def test_an_async_batch_is_cancelled_only_once_every_partition_it_holds_is_lost(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch of P0 and P1: P0 lost, the call goes on (P1's records still count when it
+    returns); P1 lost too, the call is cancelled, and neither partition commits after."""
+    fake = two_partitions(3, 3)
+    h = Parked()
+    start(h, fake, batch_max_wait_s=0.3, workers=1)
+    assert h.entered.wait(WAIT)
+    assert {p for p, _ in h.batches[0]} == {0, 1}
+    before = len(fake.commit_log())
+    assert fake.script_lost([P0]).done.wait(WAIT)
+    time.sleep(0.1)
+    assert not h.cancelled  # P1 is still owned: its records must run to the end
+    assert fake.script_lost([P1]).done.wait(WAIT)
+    wait_until(lambda: len(h.cancelled) == 1, "the batch cancelled")
+    assert h.ctx_cancelled == [True]
+    assert caplog.text.count("batch_cancelled") == 1
+    after = fake.commit_log()[before:]
+    assert all(not c.offsets for c in after), after
+
+
+def test_max_in_flight_bounds_the_async_batches_running_at_once(start: Start) -> None:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(120), key=lambda o: b"k%d" % (o % 40))
+    fake.script_assign([P0])
+    running = [0, 0]  # now, most
+
+    class Slow(BatchHandler):
+        async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+            running[0] += 1
+            running[1] = max(running)
+            await asyncio.sleep(0.02)
+            running[0] -= 1
+
+    start(Slow(), fake, workers=2, batch_max_records=5, batch_max_wait_s=0.0)
+    wait_until(lambda: committed(fake, P0) == 120, "committed")
+    assert running[1] == 2, running
+
+
+def test_an_async_batch_handlers_own_cancelled_error_is_a_failure(start: Start) -> None:
+    """A CancelledError weir did not cause (an awaited future someone cancelled) fails the
+    batch like any exception: it is retried, never taken for a hand-off."""
+    fake = one_partition(4)
+    attempts: list[int] = []
+
+    class Unlucky(BatchHandler):
+        async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+            attempts.append(ctx.attempt(records[0]))
+            if len(attempts) == 1:
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                fut.cancel()
+                await fut
+
+    start(Unlucky(), fake, failure=RETRY_ONCE, ordering="unordered")
+    wait_until(lambda: committed(fake, P0) == 4, "committed")
+    assert attempts == [1, 2]
+
+
+# -- batch_max_bytes ----------------------------------------------------------------------------
+
+
+def test_batch_max_bytes_is_checked_when_the_consumer_is_built() -> None:
+    bound: ConsumerSettings = {**SETTINGS, "batch_max_bytes": 1000}
+    with pytest.raises(ValueError, match="batch_max_bytes configures a batch handler"):
+        GroupConsumer(lambda r: None, **bound)
+    zero: ConsumerSettings = {**SETTINGS, "batch_max_bytes": 0}
+    with pytest.raises(ValueError, match=r"batch_max_bytes\n.*greater than or equal to 1"):
+        GroupConsumer(Rows(), **zero)
+    assert GroupConsumer(AsyncRows(), **bound).config.batch_max_bytes == 1000
+    assert GroupConsumer(Rows(), **SETTINGS).config.batch_max_bytes is None
+
+
+@pytest.mark.parametrize("ordering", ["key", "partition", "unordered"])
+def test_a_batch_never_holds_more_than_batch_max_bytes(
+    start: Start, collector: Make, ordering: Ordering
+) -> None:
+    """Records of 102 bytes (key and value) and three of 3002 under a bound of 1,000 bytes:
+    every batch stays within it, but a record larger than the bound, which runs alone; the
+    batches still fill (not one record each), and each key's records keep their order."""
+    big = {(0, 50), (0, 200), (1, 120)}
+
+    def value(p: int) -> Callable[[int], bytes]:
+        return lambda o: b"x" * (3000 if (p, o) in big else 100)
+
+    fake = FakeConsumer()
+    for p in (0, 1):
+        fake.produce_many(TOPIC, p, range(300), key=lambda o: b"k%d" % (o % 7), value=value(p))
+    fake.script_assign([P0, P1])
+    h = collector()
+    start(h, fake, ordering=ordering, batch_max_bytes=1000, workers=2, batch_max_wait_s=0.02)
+    wait_until(lambda: committed(fake, P0) == 300 and committed(fake, P1) == 300, "committed")
+    sizes = [sum(3002 if k in big else 102 for k in b) for b in h.batches]
+    over = [b for b, n in zip(h.batches, sizes, strict=True) if n > 1000 and len(b) > 1]
+    assert not over, [len(b) for b in over]
+    assert sorted(b for b in h.batches if len(b) == 1 and b[0] in big) == [[k] for k in sorted(big)]
+    assert max(sizes[i] for i, b in enumerate(h.batches) if len(b) > 1) > 500, sizes
+    order: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for p, o in h.handled():
+        order[(p, o % 7)].append(o)
+    if ordering != "unordered":
+        assert all(offsets == sorted(offsets) for offsets in order.values())
+    assert sorted(h.handled()) == [(p, o) for p in (0, 1) for o in range(300)]
+
+
+def test_an_async_batch_handler_that_blocks_the_loop_is_reported_by_name(start: Start) -> None:
+    """The watchdog names the handle_batch coroutine that blocks the loop, as it names an async
+    handle (the batch runner's frame is one of those it looks under)."""
+
+    class Blocking(BatchHandler):
+        async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+            if records[0].offset == 0:
+                time.sleep(0.6)  # the mistake: a blocking call on the loop
+
+    fake = one_partition(5)
+    with capture_events() as logs:
+        gc = start(Blocking(), fake)
+        wait_until(lambda: committed(fake, P0) == 5, "committed")
+        wait_until(lambda: gc.stats().loop_blocked >= 1, "stats published")
+    blocked = [e for e in logs if e["event"] == "event_loop_blocked"]
+    assert blocked and str(blocked[0]["handler"]).endswith("Blocking.handle_batch"), blocked

@@ -40,12 +40,28 @@ from types import CodeType, FrameType
 from typing import Any
 
 from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Task
-from weir._engine.workers import LaneOf, Progress
+from weir._engine.workers import (
+    BatchLimits,
+    BatchResult,
+    Gathering,
+    LaneOf,
+    Progress,
+    batch_calls,
+    per_record,
+)
 from weir.errors import FencedError
 from weir.logs import get_logger
-from weir.records import Context, Handler, Output, Record, _AsyncFunctionHandler
+from weir.records import (
+    BatchContext,
+    BatchHandler,
+    Context,
+    Handler,
+    Output,
+    Record,
+    _AsyncFunctionHandler,
+)
 
-__all__ = ["AsyncWorkers"]
+__all__ = ["AsyncBatchWorkers", "AsyncWorkers"]
 
 log = get_logger(__name__)
 
@@ -451,26 +467,23 @@ class AsyncWorkers:
         f: FrameType | None = frame
         while f is not None:
             back = f.f_back
-            if back is not None and back.f_code is _RUN_CODE:
+            if back is not None and back.f_code in _RUN_CODES:
                 return _name(f.f_code), where
             f = back
         return None, where
-
-
-_RUN_CODE: CodeType = AsyncWorkers._run.__code__
 
 
 def _name(code: CodeType) -> str:
     return getattr(code, "co_qualname", code.co_name)
 
 
-def _cancelled_by_us(a: Assignment) -> bool:
+def _cancelled_by_us(*assignments: Assignment) -> bool:
     """Whether the runner was cancelled (`abandon` cancels only records of assignments it has
-    already marked cancelled); before 3.11 tasks do not say, and the mark decides."""
+    already marked cancelled); before 3.11 tasks do not say, and the marks decide."""
     cancelling = getattr(asyncio.current_task(), "cancelling", None)
     if cancelling is not None:
         return bool(cancelling())
-    return a.cancel.is_set()
+    return all(a.cancel.is_set() for a in assignments)
 
 
 def _uncancel() -> None:
@@ -484,3 +497,184 @@ def _uncancel() -> None:
 
 async def _awaited(aw: Awaitable[object]) -> object:
     return await aw
+
+
+class AsyncBatchWorkers(AsyncWorkers):
+    """Runs an `async def handle_batch` on the event loop: the threaded `BatchWorkers` with
+    coroutines for threads. Tasks handed over wait in a queue; one batch at a time is gathered
+    from it (`Gathering`, the same rules as on threads), and runs as a coroutine of its own
+    (`batch_calls`: the call, the splitting calls, the outcomes), at most `max_in_flight` of
+    them at once. Each task comes back whole when its batch ends, as a thread's does (not
+    `concurrent`): the scheduler holds a task's lanes until then, so the ordering mode holds
+    across batches exactly as with threads.
+
+    A batch is cancelled (`abandon`) only once every partition it holds is given up on: while
+    one is still owned, its records must run to the end of the call. `stop` cancels every batch.
+    """
+
+    concurrent = False
+
+    def __init__(
+        self,
+        handler: BatchHandler,
+        max_batches: int,
+        lane_of: LaneOf | None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        limits: BatchLimits,
+        lag_warn_s: float = LAG_WARN_S,
+    ) -> None:
+        super().__init__(handler, max_batches, lane_of, loop, lag_warn_s=lag_warn_s)
+        self._handle_batch: Callable[[list[Record], BatchContext], Awaitable[object]] = (
+            handler.handle_batch  # type: ignore[assignment]
+        )
+        self.limits = limits
+        self._queue: deque[Task] = deque()  # handed over, not in a batch yet
+        self._gathering: Gathering | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._nudged = False
+        self._batches: dict[asyncio.Task[None], list[Task]] = {}  # running, with their tasks
+        self._abandoned: set[asyncio.Task[None]] = set()  # of those, the ones cancelled
+
+    def run_now(self) -> None:
+        """Owner thread: the batch being gathered runs now (`BatchWorkers.run_now`)."""
+        if self._gathering is not None and not self._nudged:
+            self._nudged = True
+            with contextlib.suppress(RuntimeError):  # a closed loop runs nothing any more
+                self._loop.call_soon_threadsafe(self._run_now)
+
+    def abandon(self, assignments: Collection[Assignment]) -> int:
+        targets = set(assignments)
+        n = sum(1 for tasks in list(self._batches.values()) if _given_up(tasks, targets))
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._cancel, targets)
+        return n
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _take(self) -> None:
+        self._signalled = False
+        inbox = self._inbox
+        while inbox:
+            self._queue.append(inbox.popleft())
+        self._form()
+
+    def _run_now(self) -> None:
+        self._nudged = False
+        if self._gathering is not None:
+            self._launch()
+        self._form()
+
+    def _form(self) -> None:
+        """Gather from the queue while a batch may start: a full batch, or one that cannot
+        take the next task, runs at once; one that is not full runs at the end of its wait."""
+        queued = self._queue
+        while queued:
+            batch = self._gathering
+            if batch is None:
+                if len(self._batches) >= self._max:
+                    return  # every slot runs a batch: the next one is gathered when one ends
+                batch = self._gathering = Gathering(queued.popleft(), self.limits)
+            elif batch.add(queued[0]):
+                queued.popleft()
+            else:
+                self._launch()
+                continue
+            if batch.full:
+                self._launch()
+        batch = self._gathering
+        if batch is not None and self._timer is None:
+            left = batch.deadline - time.perf_counter()
+            if left > 0:
+                self._timer = self._loop.call_later(left, self._run_now)
+            else:
+                self._launch()
+
+    def _launch(self) -> None:
+        batch, self._gathering = self._gathering, None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if batch is not None and not self._closing:
+            self._batches[self._loop.create_task(self._batch(batch.tasks))] = batch.tasks
+
+    async def _batch(self, tasks: list[Task]) -> None:
+        t0 = time.perf_counter()
+        calls = batch_calls(tasks, self._lane_of)
+        try:
+            call = next(calls)
+            while True:
+                call = calls.send(await self._call_batch(tasks, *call))
+        except StopIteration:
+            pass
+        except asyncio.CancelledError:
+            if self._closing:
+                raise
+            # By `abandon`: every partition of the batch was given up on, so none of its
+            # records count (FENCED); the tasks come back for the owner's bookkeeping.
+            _uncancel()
+            for t in tasks:
+                t.outcomes = bytearray(len(t.records))
+                t.finished = 0
+        finally:
+            me = asyncio.current_task()
+            assert me is not None
+            self._batches.pop(me, None)
+            self._abandoned.discard(me)
+        per_record(tasks, time.perf_counter() - t0)
+        self._ended += tasks
+        if not self._flush_due:
+            self._flush_due = True
+            self._loop.call_soon(self._flush)
+        self._form()  # a slot is free
+
+    async def _call_batch(
+        self, tasks: list[Task], records: list[Record], ctx: BatchContext
+    ) -> BatchResult:
+        """One `handle_batch` call: what it raised (None: it returned). A cancellation weir
+        caused goes on up (`_batch`); the handler's own is a failure."""
+        try:
+            await self._handle_batch(records, ctx)
+        except asyncio.CancelledError as exc:
+            if self._closing or _cancelled_by_us(*(t.assignment for t in tasks)):
+                raise
+            return exc
+        except BaseException as exc:
+            return exc
+        return None
+
+    def _cancel(self, targets: set[Assignment]) -> None:
+        for aio, tasks in list(self._batches.items()):
+            if aio in self._abandoned or not _given_up(tasks, targets):
+                continue
+            self._abandoned.add(aio)
+            aio.cancel()
+            self._cancelled += 1
+            log.warning(
+                "batch_cancelled",
+                partitions=sorted({str(t.assignment.tp) for t in tasks}),
+                records=sum(len(t.records) for t in tasks),
+                reason="every partition of the batch was handed off while handle_batch ran",
+            )
+
+    async def _close(self) -> None:
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batches = list(self._batches)
+        for t in batches:
+            t.cancel()
+        if batches:
+            await asyncio.gather(*batches, return_exceptions=True)
+
+
+# The frames that await a handler: what the watchdog looks for under a blocked loop.
+_RUN_CODES: frozenset[CodeType] = frozenset(
+    {AsyncWorkers._run.__code__, AsyncBatchWorkers._call_batch.__code__}
+)
+
+
+def _given_up(tasks: list[Task], targets: set[Assignment]) -> bool:
+    """Every partition of a batch is given up on: these `targets` now, or cancelled before."""
+    return all(t.assignment in targets or t.assignment.cancel.is_set() for t in tasks)

@@ -38,7 +38,7 @@ from weir._engine.deadletter import DeadLetters
 from weir._engine.exactly_once import ExactlyOnce
 from weir._engine.failures import Failures
 from weir._engine.fetching import FetchControl
-from weir._engine.flushing import Flushing, batch_records, workers_for
+from weir._engine.flushing import Flushing, batch_limits, workers_for
 from weir._engine.intake import Run, runs_of
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.metrics import Metrics
@@ -116,7 +116,7 @@ class Engine:
         if workers is None:
             workers = workers_for(handler, cfg, loop)
         self.workers = workers
-        self.scheduler = Scheduler(workers, cfg.ordering, batch_records=batch_records(workers, cfg))
+        self.scheduler = Scheduler(workers, cfg.ordering, batch=batch_limits(workers))
         self.committer = Committer(
             cfg.commit_interval_s, cfg.commit_every_records, self._emit_commit, clock=clock
         )
@@ -336,7 +336,7 @@ class Engine:
             ordering=cfg.ordering,
             **(
                 {"max_in_flight": cfg.max_in_flight}
-                if self.workers.concurrent
+                if isinstance(self.workers, AsyncWorkers)
                 else {"workers": cfg.workers}
             ),
             protocol=cfg.group_protocol,

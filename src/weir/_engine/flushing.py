@@ -1,6 +1,7 @@
 """Batch handlers and the flush hook as the owner thread runs them.
 
-What runs a handler's calls (`BatchWorkers` for a `BatchHandler`), the gathered batch run
+What runs a handler's calls (`BatchWorkers`, or `AsyncBatchWorkers` for an `async def
+handle_batch`), the gathered batch run
 at once when nothing more can join it (a throttle, a revoke, the shutdown), and the handler's
 `on_flush` before every commit: what `Settlement.flush` makes of its outcome, and the partitions
 a failed flush starts over.
@@ -13,19 +14,19 @@ import threading
 from collections.abc import Callable, Collection
 from functools import partial
 
-from weir._engine.aio import AsyncWorkers
+from weir._engine.aio import AsyncBatchWorkers, AsyncWorkers
 from weir._engine.bounded import CallAbandoned, call_within
 from weir._engine.callbacks import Callbacks, callback_name
 from weir._engine.ownership import Ownership
 from weir._engine.scheduling import lane_of
 from weir._engine.settlement import Settlement
 from weir._engine.starts import Starts
-from weir._engine.workers import BatchWorkers, ThreadWorkers, Workers
+from weir._engine.workers import BatchLimits, BatchWorkers, ThreadWorkers, Workers
 from weir.config import ConsumerConfig
 from weir.logs import get_logger
 from weir.records import BatchHandler, FlushContext, Handler, Partition, is_async_handler
 
-__all__ = ["Flushing", "batch_records", "workers_for"]
+__all__ = ["Flushing", "batch_limits", "workers_for"]
 
 log = get_logger(__name__)
 
@@ -36,25 +37,24 @@ def workers_for(
     handler: Handler, cfg: ConsumerConfig, loop: asyncio.AbstractEventLoop | None
 ) -> Workers:
     """What runs the handler's calls: an async handler's event loop, or a pool of worker
-    threads; a `BatchHandler`'s pool joins its records into `handle_batch` calls."""
+    threads; a `BatchHandler`'s workers join its records into `handle_batch` calls (on the
+    loop, at most `max_in_flight` calls at once, for an `async def handle_batch`)."""
     outputs = cfg.transactional_id is not None
     lanes = lane_of(cfg.ordering)
+    if isinstance(handler, BatchHandler):
+        limits = BatchLimits(cfg.batch_max_records, cfg.batch_max_bytes, cfg.batch_max_wait_s)
+        if is_async_handler(handler):
+            return AsyncBatchWorkers(handler, cfg.max_in_flight, lanes, loop, limits=limits)
+        return BatchWorkers(handler, cfg.workers, lanes, limits=limits)
     if is_async_handler(handler):
         return AsyncWorkers(handler, cfg.max_in_flight, lanes, loop, outputs=outputs)
-    if isinstance(handler, BatchHandler):
-        return BatchWorkers(
-            handler,
-            cfg.workers,
-            lanes,
-            max_records=cfg.batch_max_records,
-            max_wait=cfg.batch_max_wait_s,
-        )
     return ThreadWorkers(handler, cfg.workers, lanes, outputs=outputs)
 
 
-def batch_records(workers: Workers, cfg: ConsumerConfig) -> int | None:
-    """The records of one task: a batch's, for batch workers (`Scheduler`); None otherwise."""
-    return cfg.batch_max_records if isinstance(workers, BatchWorkers) else None
+def batch_limits(workers: Workers) -> BatchLimits | None:
+    """What one task may hold: a batch's limits, for batch workers (`Scheduler`); None
+    otherwise."""
+    return workers.limits if isinstance(workers, BatchWorkers | AsyncBatchWorkers) else None
 
 
 class Flushing:
@@ -73,7 +73,7 @@ class Flushing:
         timeout_s: float,
         interrupt: threading.Event,
     ) -> None:
-        self._batch = workers if isinstance(workers, BatchWorkers) else None
+        self._batch = workers if isinstance(workers, BatchWorkers | AsyncBatchWorkers) else None
         self._settle = settle
         self._own = own
         self._starts = starts

@@ -27,8 +27,8 @@ from typing import ClassVar
 
 from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Lane, LaneKey, Task
 from weir._engine.tracking import BatchProgress
-from weir._engine.workers import Workers
-from weir.records import Ordering, Partition, Record, offset_of
+from weir._engine.workers import BatchLimits, Workers
+from weir.records import Ordering, Partition, Record, offset_of, size_of
 
 __all__ = [
     "RULES",
@@ -308,7 +308,7 @@ class Scheduler:
         ordering: Ordering,
         *,
         whole: bool = True,
-        batch_records: int | None = None,
+        batch: BatchLimits | None = None,
     ) -> None:
         self.workers = workers
         self._submit_task = workers.submit
@@ -316,8 +316,10 @@ class Scheduler:
         # the partition, and the handler time says nothing of the cost of a hand-off.
         self._concurrent = workers.concurrent
         # Batch workers (`BatchWorkers`) join whole tasks into one handler call: a task is as
-        # large as a batch may be, and its records run in one call: none moves.
-        self._batch = batch_records
+        # large as a batch may be, and its records run in one call: none moves. With
+        # `batch_max_bytes` no task holds more bytes than a batch may (`_cut_bytes`).
+        self._batch = None if batch is None else batch.records
+        self._batch_bytes = None if batch is None else batch.nbytes
         rule = self._rule = RULES[ordering](self)
         self._whole = whole and rule.whole and not self._concurrent
         self._workers = workers.slots
@@ -659,6 +661,9 @@ class Scheduler:
         if not groups:
             return 0
         self._pending = []
+        max_bytes = self._batch_bytes
+        if max_bytes is not None:
+            groups = self._cut_bytes(groups, max_bytes)
         lane_size = self.lane_task_size()
         size = self._rule.task_size(self.task_size(), lane_size, groups)
         tasks = 0
@@ -680,7 +685,13 @@ class Scheduler:
                     self._wait(a, gkeys[0]).push_front(grecs[lane_size:], gbatches[lane_size:])
                     grecs, gbatches = grecs[:lane_size], gbatches[:lane_size]
             if recs and (
-                a is not cur or len(recs) + len(grecs) > size or (keys is None) != (gkeys is None)
+                a is not cur
+                or len(recs) + len(grecs) > size
+                or (keys is None) != (gkeys is None)
+                or (
+                    max_bytes is not None
+                    and sum(map(size_of, recs)) + sum(map(size_of, grecs)) > max_bytes
+                )
             ):
                 self._release(Task(cur, recs, batches, keys))  # type: ignore[arg-type]
                 tasks += 1
@@ -709,6 +720,64 @@ class Scheduler:
             self._release(Task(cur, recs, batches, keys))  # type: ignore[arg-type]
             tasks += 1
         return tasks
+
+    def _cut_bytes(self, groups: list[_Group], limit: int) -> list[_Group]:
+        """Batch workers with `batch_max_bytes`: groups cut so that none holds more than
+        `limit` bytes (`Record.size`), but a single record larger than that, alone. A batch is
+        made of whole tasks, so this is what keeps a batch within the bound. The first records
+        that fit stay in the group; of the rest, unordered records form the next group, a
+        lane's records wait at the front of their lane (behind the group, in offset order),
+        and in key mode the records of keys not in the cut group form the next group."""
+        out: list[_Group] = []
+        for a, keys, recs, batches in groups:
+            while True:
+                n = total = 0
+                for rec in recs:
+                    total += size_of(rec)
+                    if total > limit and n:
+                        break
+                    n += 1
+                lanes = self._lanes.get(a)
+                if n == len(recs) or (keys is not None and (lanes is None or not a.dispatching)):
+                    out.append((a, keys, recs, batches))  # fits, or dispatch drops it
+                    break
+                head, head_batches = recs[:n], batches[:n]
+                recs, batches = recs[n:], batches[n:]
+                if keys is None:
+                    out.append((a, None, head, head_batches))
+                    continue  # unordered: the rest is the next group
+                assert lanes is not None
+                if len(keys) == 1:
+                    self._wait(a, keys[0]).push_front(recs, batches)
+                    out.append((a, keys, head, head_batches))
+                    break
+                lane_of = self._rule.lane_of
+                head_keys = list(dict.fromkeys(map(lane_of, head)))
+                taken = set(head_keys)
+                behind: dict[LaneKey, tuple[list[Record], list[BatchProgress]]] = {}
+                rest: list[Record] = []
+                rest_batches: list[BatchProgress] = []
+                for rec, batch in zip(recs, batches, strict=True):
+                    key = lane_of(rec)
+                    if key in taken:
+                        wait_recs, wait_batches = behind.setdefault(key, ([], []))
+                        wait_recs.append(rec)
+                        wait_batches.append(batch)
+                    else:
+                        rest.append(rec)
+                        rest_batches.append(batch)
+                for key, (wait_recs, wait_batches) in behind.items():
+                    self._wait(a, key).push_front(wait_recs, wait_batches)
+                for key in head_keys:
+                    lanes[key] = head_keys
+                out.append((a, head_keys, head, head_batches))
+                if not rest:
+                    break
+                keys = list(dict.fromkeys(map(lane_of, rest)))
+                for key in keys:
+                    lanes[key] = keys  # busy with the next group
+                recs, batches = rest, rest_batches
+        return out
 
     def lane_task_size(self) -> int:
         """Records per task of a single lane: about `_LANE_SECONDS` of measured handler time."""

@@ -8,13 +8,15 @@ is replaced, so a hung call never takes capacity from the partitions that are st
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Hashable, Iterable
-from typing import Protocol
+from collections.abc import Callable, Collection, Generator, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
 
 from weir._engine.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
 from weir.errors import AwaitableReturned, FencedError
@@ -33,11 +35,16 @@ from weir.records import (
 
 __all__ = [
     "AwaitableReturned",
+    "BatchCall",
+    "BatchLimits",
     "BatchWorkers",
     "Completions",
+    "Gathering",
     "Progress",
     "ThreadWorkers",
     "Workers",
+    "batch_calls",
+    "per_record",
 ]
 
 log = get_logger(__name__)
@@ -330,14 +337,212 @@ class ThreadWorkers:
                 out[j] = DONE
 
 
+class BatchLimits(NamedTuple):
+    """What one `handle_batch` call may hold: `batch_max_records`, `batch_max_bytes` (None: no
+    bound), and how long a batch that is not full waits for more (`batch_max_wait_s`)."""
+
+    records: int
+    nbytes: int | None
+    wait: float
+
+
+class Gathering:
+    """A batch being formed of whole tasks, by either batch workers (`BatchWorkers` on threads,
+    `weir._engine.aio.AsyncBatchWorkers` on an event loop): they differ only in how they wait
+    for the next task. A task that would take the batch over a limit does not join it: the
+    batch closes before it, and it starts the next one. A first task over a limit is a batch
+    alone (the scheduler cuts tasks at the limits, so only a single record larger than
+    `batch_max_bytes` is)."""
+
+    __slots__ = ("deadline", "limits", "nbytes", "records", "tasks")
+
+    def __init__(self, first: Task, limits: BatchLimits) -> None:
+        # Taken before the fence check (`batch_calls`): a revoke waits for the tasks some
+        # worker holds, and this one may run once its fence is read.
+        first.started = now = time.perf_counter()
+        self.limits = limits
+        self.tasks = [first]
+        self.records = len(first.records)
+        self.nbytes = first.nbytes
+        self.deadline = now + limits.wait  # `time.perf_counter()`
+
+    @property
+    def full(self) -> bool:
+        limits = self.limits
+        return self.records >= limits.records or (
+            limits.nbytes is not None and self.nbytes >= limits.nbytes
+        )
+
+    def add(self, task: Task) -> bool:
+        """`task` joins the batch; False if it would take the batch over a limit (it does not
+        join: the batch is done, and `task` starts the next one)."""
+        limits = self.limits
+        if self.records + len(task.records) > limits.records or (
+            limits.nbytes is not None and self.nbytes + task.nbytes > limits.nbytes
+        ):
+            return False
+        task.started = time.perf_counter()
+        self.tasks.append(task)
+        self.records += len(task.records)
+        self.nbytes += task.nbytes
+        return True
+
+
+# One `handle_batch` call asked for by `batch_calls`: its records and context; and what the
+# call did: what it raised (None: it returned). Its marks are read from the context.
+BatchCall = tuple[list[Record], BatchContext]
+BatchResult = BaseException | None
+
+
+def batch_calls(
+    tasks: list[Task], lane_of: LaneOf | None
+) -> Generator[BatchCall, BatchResult, None]:
+    """The `handle_batch` calls of one gathered batch, and each record's outcome, shared by the
+    threaded and the async batch workers: it yields each call to make and is sent back what the
+    call did. One call for the records of `tasks` whose assignment still dispatches (the others
+    come back FENCED without running), then, if it failed as a batch holding a record whose
+    retries are spent, the splitting calls (`_split`). At the end every task has its outcomes:
+    done, failed (alone, or with its whole batch), or held behind a failed record of its lane.
+    """
+    live: list[Task] = []
+    for t in tasks:
+        if t.assignment.dispatching:
+            live.append(t)
+        else:
+            t.outcomes = bytearray(len(t.records))  # FENCED
+    if not live:
+        return
+    records: list[Record] = []
+    parts: dict[Partition, _PartContext] = {}
+    for t in live:
+        a = t.assignment
+        records += t.records
+        parts[a.tp] = _PartContext(a.token, a.cancel, a.attempts, a.epoch)
+    ctx = BatchContext(records, parts)
+    error = yield records, ctx
+    marks = ctx._marks
+    if error is None and not marks:
+        for t in live:
+            t.finished = len(t.records)
+        return
+    results: list[BaseException | None] = [marks.get(i, error) for i in range(len(records))]
+    shared: set[int] = set()
+    if error is not None:
+        rest = [i for i in range(len(records)) if i not in marks]
+        if len(rest) > 1:
+            owners = [t.assignment for t in live for _ in t.records]
+            if any(records[i].offset in owners[i].isolate for i in rest):
+                split = _Split(records, owners, parts, results, lane_of)
+                split.hold(i for i, e in marks.items() if e is not None)
+                yield from split.halves(rest)
+            else:
+                shared.update(rest)
+    at = 0
+    for t in live:
+        _outcomes(t, results, shared, at, lane_of)
+        at += len(t.records)
+
+
+@dataclass(slots=True)
+class _Split:
+    """A batch that failed as a whole while it held a record whose retries are spent: halved
+    until the records that fail alone are found (`halves`)."""
+
+    records: list[Record]
+    owners: list[Assignment]
+    parts: dict[Partition, _PartContext]
+    results: list[BaseException | None]
+    lane_of: LaneOf | None
+    # In key and partition mode, lane -> its first record that failed on its own.
+    held: dict[tuple[Partition, Hashable], int] = field(default_factory=dict)
+
+    def hold(self, failed: Iterable[int]) -> None:
+        """Records `failed` failed on their own: in key and partition mode the later records
+        of their lanes must not run before them."""
+        lane_of = self.lane_of
+        if lane_of is not None:
+            for i in sorted(failed):
+                self.held.setdefault((self.owners[i].tp, lane_of(self.records[i])), i)
+
+    def halves(self, failed: list[int]) -> Generator[BatchCall, BatchResult, None]:
+        """The records `failed` (indices into the batch, in batch order) failed together: run
+        each half again, and halve what fails again, until the records that fail alone are
+        found. Each of those gets its own error; the others finish. A record behind one that
+        failed alone in its lane is not run again: it is held behind it."""
+        lane_of, held, records, owners = self.lane_of, self.held, self.records, self.owners
+        mid = len(failed) // 2
+        for half in (failed[:mid], failed[mid:]):
+            if lane_of is not None and held:
+                half = [i for i in half if held.get((owners[i].tp, lane_of(records[i])), i) >= i]
+            if not half:
+                continue
+            call = [records[i] for i in half]
+            ctx = BatchContext(call, self.parts)
+            error = yield call, ctx
+            marks = ctx._marks
+            for j, i in enumerate(half):
+                self.results[i] = marks.get(j, error)
+            self.hold(half[j] for j, e in marks.items() if e is not None)
+            rest = [i for j, i in enumerate(half) if j not in marks]
+            if error is None or not rest:
+                continue
+            if len(rest) == 1:
+                self.hold(rest)
+            else:
+                yield from self.halves(rest)
+
+
+def _outcomes(
+    t: Task,
+    results: list[BaseException | None],
+    shared: set[int],
+    at: int,
+    lane_of: LaneOf | None,
+) -> None:
+    """Outcomes of `t`, whose records start at `at` in the batch. In key and partition mode
+    a failed record holds its lane: its lane's later records in the task are HELD (they run
+    again after it, in order), even if the handler finished them."""
+    n = len(t.records)
+    out = bytearray(n)
+    errors: dict[int, BaseException] = {}
+    held: set[object] = set()
+    a = t.assignment
+    for i, rec in enumerate(t.records):
+        error = results[at + i]
+        if lane_of is not None and held and lane_of(rec) in held:
+            out[i] = HELD
+        elif error is None:
+            out[i] = DONE
+        else:
+            out[i] = FAILED
+            errors[i] = error
+            if at + i in shared:
+                if t.shared is None:
+                    t.shared = set()
+                t.shared.add(i)
+            if isinstance(error, FencedError):
+                # Another member owns the partition: nothing more of it runs here.
+                a.dispatching = False
+            if lane_of is not None:
+                held.add(lane_of(rec))
+    if a.dispatching is False and any(isinstance(e, FencedError) for e in errors.values()):
+        for i in range(n):
+            if out[i] != DONE and i not in errors:
+                out[i] = FENCED
+    if errors:
+        t.outcomes, t.errors = out, errors
+    else:
+        t.finished = n  # HELD only ever follows a failure: every record is DONE
+
+
 # On the ready queue of batch workers: the batch being gathered runs now (`run_now`).
 _RUN_NOW = Task(Assignment(Partition("", -1), -1), [], [], None)
 
 
 class BatchWorkers(ThreadWorkers):
     """Worker threads that run a `BatchHandler`: a worker gathers tasks from the ready queue
-    into one batch (up to `max_records` records, for at most `max_wait` seconds after its first
-    task) and calls `handle_batch` once for all of them; then every task
+    into one batch (`Gathering`: up to the `BatchLimits`, for at most their wait after its
+    first task) and calls `handle_batch` once for all of them (`batch_calls`); then every task
     goes back on the completion queue with its outcomes, to be settled as any task is.
 
     The batch is made of whole tasks, and a task holds its lanes until it comes back
@@ -353,13 +558,11 @@ class BatchWorkers(ThreadWorkers):
         count: int,
         lane_of: LaneOf | None,
         *,
-        max_records: int,
-        max_wait: float,
+        limits: BatchLimits,
     ) -> None:
         super().__init__(handler, count, lane_of)
         self._handle_batch = handler.handle_batch
-        self._max_records = max_records
-        self._max_wait = max_wait
+        self.limits = limits
         self._gather = threading.Lock()
         self._carry: Task | None = None  # taken from the queue, did not fit the last batch
         # A worker is gathering a batch, and whether the owner told it to run what it has.
@@ -384,12 +587,14 @@ class BatchWorkers(ThreadWorkers):
             slot.batch = tasks
             slot.task = tasks[0]
             slot.since = t0 = time.perf_counter()
-            self._run(tasks)
-            # Each task's share of the call, by its records: what tunes `Scheduler` and stats.
-            per_record = (time.perf_counter() - t0) / max(1, sum(len(t.records) for t in tasks))
+            calls = batch_calls(tasks, self._lane_of)
+            with contextlib.suppress(StopIteration):
+                call = next(calls)
+                while True:
+                    call = calls.send(self._call(*call))
+            per_record(tasks, time.perf_counter() - t0)
             slot.task, slot.batch = None, []
             for t in tasks:
-                t.seconds = per_record * len(t.records)
                 done(t)
 
     def _take(self) -> tuple[list[Task], bool]:
@@ -405,17 +610,11 @@ class BatchWorkers(ThreadWorkers):
                 first = ready.get()
                 if first is None:
                     return [], True
-            # Taken before the fence check (`_run`): a revoke waits for the tasks some worker
-            # holds, and this one may run once its fence is read.
-            first.started = clock()
-            tasks = [first]
-            n = len(first.records)
-            deadline = first.started + self._max_wait
-            limit = self._max_records
+            batch = Gathering(first, self.limits)
             self._gathering = True
             try:
-                while n < limit:
-                    left = deadline - clock()
+                while not batch.full:
+                    left = batch.deadline - clock()
                     try:
                         t = ready.get(timeout=left) if left > 0 else ready.get_nowait()
                     except queue.Empty:
@@ -424,154 +623,28 @@ class BatchWorkers(ThreadWorkers):
                         self._nudged = False
                         break
                     if t is None:
-                        return tasks, True
-                    if n + len(t.records) > limit:
+                        return batch.tasks, True
+                    if not batch.add(t):
                         self._carry = t
                         break
-                    t.started = clock()
-                    tasks.append(t)
-                    n += len(t.records)
             finally:
                 self._gathering = False
-        return tasks, False
+        return batch.tasks, False
 
-    def _run(self, tasks: list[Task]) -> None:
-        """One `handle_batch` call for the records of `tasks` whose assignment still
-        dispatches (the others come back FENCED without running), then each record's outcome:
-        done, failed (alone, or with its whole batch), or held behind a failed record of its
-        lane."""
-        live: list[Task] = []
-        for t in tasks:
-            if t.assignment.dispatching:
-                live.append(t)
-            else:
-                t.outcomes = bytearray(len(t.records))  # FENCED
-        if not live:
-            return
-        records: list[Record] = []
-        parts: dict[Partition, _PartContext] = {}
-        for t in live:
-            a = t.assignment
-            records += t.records
-            parts[a.tp] = _PartContext(a.token, a.cancel, a.attempts, a.epoch)
-        error, marks = self._call(records, parts)
-        if error is None and not marks:
-            for t in live:
-                t.finished = len(t.records)
-            return
-        results: list[BaseException | None] = [marks.get(i, error) for i in range(len(records))]
-        shared: set[int] = set()
-        if error is not None:
-            rest = [i for i in range(len(records)) if i not in marks]
-            if len(rest) > 1:
-                owners = [t.assignment for t in live for _ in t.records]
-                if any(records[i].offset in owners[i].isolate for i in rest):
-                    held: dict[tuple[Partition, Hashable], int] = {}
-                    alone = (i for i, e in marks.items() if e is not None)
-                    self._hold(held, records, owners, alone)
-                    self._split(records, owners, parts, rest, results, held)
-                else:
-                    shared.update(rest)
-        at = 0
-        for t in live:
-            self._outcomes(t, results, shared, at)
-            at += len(t.records)
-
-    def _call(
-        self, records: list[Record], parts: dict[Partition, _PartContext]
-    ) -> tuple[BaseException | None, dict[int, BaseException | None]]:
-        """One `handle_batch` call: what it raised (None: it returned), and its marks."""
-        ctx = BatchContext(records, parts)
+    def _call(self, records: list[Record], ctx: BatchContext) -> BatchResult:
+        """One `handle_batch` call: what it raised (None: it returned)."""
         try:
             result = self._handle_batch(records, ctx)
             if result is not None:
                 _refuse_awaitable(self._handle_batch, result)
         except BaseException as exc:
-            return exc, ctx._marks
-        return None, ctx._marks
+            return exc
+        return None
 
-    def _hold(
-        self,
-        held: dict[tuple[Partition, Hashable], int],
-        records: list[Record],
-        owners: list[Assignment],
-        failed: Iterable[int],
-    ) -> None:
-        """Records `failed` failed on their own: in key and partition mode the later records
-        of their lanes must not run before them (`held`: lane -> its first such record)."""
-        lane_of = self._lane_of
-        if lane_of is not None:
-            for i in sorted(failed):
-                held.setdefault((owners[i].tp, lane_of(records[i])), i)
 
-    def _split(
-        self,
-        records: list[Record],
-        owners: list[Assignment],
-        parts: dict[Partition, _PartContext],
-        failed: list[int],
-        results: list[BaseException | None],
-        held: dict[tuple[Partition, Hashable], int],
-    ) -> None:
-        """The records `failed` (indices into `records`, in batch order) failed together, and
-        one of them has run out of retries as part of a batch: run each half again, and halve
-        what fails again, until the records that fail alone are found. Each of those gets its
-        own error; the others finish. A record behind one that failed alone in its lane is not
-        run again (`held`): it is held behind it."""
-        lane_of = self._lane_of
-        mid = len(failed) // 2
-        for half in (failed[:mid], failed[mid:]):
-            if lane_of is not None and held:
-                half = [i for i in half if held.get((owners[i].tp, lane_of(records[i])), i) >= i]
-            if not half:
-                continue
-            error, marks = self._call([records[i] for i in half], parts)
-            for j, i in enumerate(half):
-                results[i] = marks.get(j, error)
-            self._hold(held, records, owners, (half[j] for j, e in marks.items() if e is not None))
-            rest = [i for j, i in enumerate(half) if j not in marks]
-            if error is None or not rest:
-                continue
-            if len(rest) == 1:
-                self._hold(held, records, owners, rest)
-            else:
-                self._split(records, owners, parts, rest, results, held)
-
-    def _outcomes(
-        self, t: Task, results: list[BaseException | None], shared: set[int], at: int
-    ) -> None:
-        """Outcomes of `t`, whose records start at `at` in the batch. In key and partition mode
-        a failed record holds its lane: its lane's later records in the task are HELD (they run
-        again after it, in order), even if the handler finished them."""
-        n = len(t.records)
-        out = bytearray(n)
-        errors: dict[int, BaseException] = {}
-        lane_of = self._lane_of
-        held: set[object] = set()
-        a = t.assignment
-        for i, rec in enumerate(t.records):
-            error = results[at + i]
-            if lane_of is not None and held and lane_of(rec) in held:
-                out[i] = HELD
-            elif error is None:
-                out[i] = DONE
-            else:
-                out[i] = FAILED
-                errors[i] = error
-                if at + i in shared:
-                    if t.shared is None:
-                        t.shared = set()
-                    t.shared.add(i)
-                if isinstance(error, FencedError):
-                    # Another member owns the partition: nothing more of it runs here.
-                    a.dispatching = False
-                if lane_of is not None:
-                    held.add(lane_of(rec))
-        if a.dispatching is False and any(isinstance(e, FencedError) for e in errors.values()):
-            for i in range(n):
-                if out[i] != DONE and i not in errors:
-                    out[i] = FENCED
-        if errors:
-            t.outcomes, t.errors = out, errors
-        else:
-            t.finished = n  # HELD only ever follows a failure: every record is DONE
+def per_record(tasks: list[Task], seconds: float) -> None:
+    """Each task's share of a batch call's `seconds`, by its records: what tunes `Scheduler`
+    (the task size, whole-partition lanes) and the stats."""
+    each = seconds / max(1, sum(len(t.records) for t in tasks))
+    for t in tasks:
+        t.seconds = each * len(t.records)
