@@ -671,6 +671,7 @@ class Scheduler:
         recs: list[Record] = []
         batches: list[BatchProgress] = []
         keys: list[LaneKey] | None = None
+        nbytes = 0  # of `recs`, counted only with a byte bound
         for a, gkeys, grecs, gbatches in groups:
             if not a.dispatching:
                 continue  # revoked, lost or stopping since: these would come back fenced
@@ -684,18 +685,16 @@ class Scheduler:
                     # longer than a task when submitted.
                     self._wait(a, gkeys[0]).push_front(grecs[lane_size:], gbatches[lane_size:])
                     grecs, gbatches = grecs[:lane_size], gbatches[:lane_size]
+            gbytes = 0 if max_bytes is None else sum(map(size_of, grecs))
             if recs and (
                 a is not cur
                 or len(recs) + len(grecs) > size
                 or (keys is None) != (gkeys is None)
-                or (
-                    max_bytes is not None
-                    and sum(map(size_of, recs)) + sum(map(size_of, grecs)) > max_bytes
-                )
+                or (max_bytes is not None and nbytes + gbytes > max_bytes)
             ):
                 self._release(Task(cur, recs, batches, keys))  # type: ignore[arg-type]
                 tasks += 1
-                recs, batches = [], []
+                recs, batches, nbytes = [], [], 0
             if not recs:
                 cur = a
                 keys = None if gkeys is None else []
@@ -704,16 +703,20 @@ class Scheduler:
                 i = 0
                 while i < len(grecs):
                     take = size - len(recs)
-                    recs += grecs[i : i + take]
+                    chunk = grecs[i : i + take]
+                    recs += chunk
                     batches += gbatches[i : i + take]
+                    if max_bytes is not None:
+                        nbytes += sum(map(size_of, chunk))
                     i += take
                     if len(recs) >= size:
                         self._release(Task(a, recs, batches, None))
                         tasks += 1
-                        recs, batches = [], []
+                        recs, batches, nbytes = [], [], 0
                 continue
             recs += grecs
             batches += gbatches
+            nbytes += gbytes
             assert keys is not None
             keys += gkeys
         if recs:
