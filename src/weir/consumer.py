@@ -23,6 +23,7 @@ from weir._engine.client import ClientFactory, ProducerFactory
 from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle, State
 from weir._engine.protocols import offers_consumer_protocol
+from weir._engine.scheduling import lane_of
 from weir.config import ConsumerConfig, ConsumerSettings, for_async_handler, for_batch_handler
 from weir.fencing.base import Fence
 from weir.health import Health, check
@@ -36,7 +37,13 @@ from weir.records import (
     as_handler,
     is_async_handler,
 )
-from weir.serde import AsyncDeserializingHandler, Deserializers, DeserializingHandler
+from weir.serde import (
+    AsyncDeserializingBatchHandler,
+    AsyncDeserializingHandler,
+    Deserializers,
+    DeserializingBatchHandler,
+    DeserializingHandler,
+)
 from weir.stats import ConsumerStats
 
 __all__ = ["GroupConsumer"]
@@ -51,16 +58,10 @@ _JOIN_SLICE = 0.5
 _BATCH_SETTINGS = ("batch_max_records", "batch_max_wait_s", "batch_max_bytes")
 
 
-def _check_batch_settings(
-    handler: Handler,
-    config: ConsumerConfig,
-    key_deserializer: object,
-    value_deserializer: object,
-) -> None:
+def _check_batch_settings(handler: Handler, config: ConsumerConfig) -> None:
     """The batch settings belong to a `BatchHandler`, and a `BatchHandler` to what this release
     runs in batches: `handle_batch` (plain, on worker threads, or `async def`, on the event
-    loop), without a transaction or deserializers. A flush hook does not join a transaction
-    yet."""
+    loop), without a transaction. A flush hook does not join a transaction yet."""
     if handler._flush_hook() is None and "flush_timeout_s" in config.model_fields_set:
         raise ValueError(
             f"flush_timeout_s bounds a handler's on_flush hook, and {type(handler).__qualname__} "
@@ -82,12 +83,6 @@ def _check_batch_settings(
             )
         return
     name = type(handler).__qualname__
-    if key_deserializer is not None or value_deserializer is not None:
-        raise TypeError(
-            f"{name} is a BatchHandler: key_deserializer and value_deserializer are not run for "
-            "batch handlers yet; deserialize in handle_batch (ctx.fail(record, error) fails a "
-            "record that does not deserialize)"
-        )
     if config.transactional_id is not None:
         raise ValueError(
             f"{name} is a BatchHandler: transactional_id (exactly-once outputs) is not "
@@ -157,7 +152,7 @@ class GroupConsumer:
         elif settings:
             raise TypeError("pass either a ConsumerConfig or keyword settings, not both")
         self._handler = as_handler(handler)
-        _check_batch_settings(self._handler, config, key_deserializer, value_deserializer)
+        _check_batch_settings(self._handler, config)
         batch = isinstance(self._handler, BatchHandler)
         if is_async_handler(self._handler) and "workers" in config.model_fields_set:
             log.warning(
@@ -192,12 +187,21 @@ class GroupConsumer:
                         f"{name}_deserializer must be a function from bytes, or a mapping of "
                         f"topic to such a function, got {d!r}"
                     )
-            wrapper = (
-                AsyncDeserializingHandler
-                if is_async_handler(self._handler)
-                else DeserializingHandler
-            )
-            self._handler = wrapper(self._handler, key_deserializer, value_deserializer)
+            inner = self._handler
+            if isinstance(inner, BatchHandler):
+                batch_wrapper = (
+                    AsyncDeserializingBatchHandler
+                    if is_async_handler(inner)
+                    else DeserializingBatchHandler
+                )
+                self._handler = batch_wrapper(
+                    inner, key_deserializer, value_deserializer, lane_of=lane_of(config.ordering)
+                )
+            else:
+                wrapper = (
+                    AsyncDeserializingHandler if is_async_handler(inner) else DeserializingHandler
+                )
+                self._handler = wrapper(inner, key_deserializer, value_deserializer)
         self._factory: ClientFactory = consumer_factory or Consumer
         # High watermarks are refreshed by a client of weir's own making: only next to the real
         # client (a fake answers its cached watermarks with live values anyway).

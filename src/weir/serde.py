@@ -1,10 +1,13 @@
 """Deserializers for record keys and values: plain callables from bytes to whatever the
-handler wants, run on the worker right before the handler.
+handler wants, run on the worker right before the handler (or over a batch, before
+`handle_batch`).
 
 A deserializer that raises makes the record fail with `DeserializationError`, which goes to the
 final failure policy without retries (the bytes will not change); a dead letter keeps the raw
 bytes. The handler reads `record.deserialized_key` / `record.deserialized_value`; `key` and
-`value` stay the raw bytes.
+`value` stay the raw bytes. A batch handler is given the records of its batch that deserialized;
+one that did not fails alone, and in key and partition mode the later records of its lane wait
+for it (they run again after it, in offset order), as after `BatchContext.fail`.
 
 Built in: `json_deserializer()` and `pydantic_deserializer(Model)`. Avro, Protobuf and JSON
 Schema through a schema registry: wrap one of confluent-kafka's schema-registry deserializers
@@ -15,17 +18,27 @@ with `schema_registry_deserializer` (docs/failures.md shows how; it needs
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from weir.errors import DeserializationError
-from weir.records import Context, FlushContext, Handler, Partition, Record
+from weir.records import (
+    BatchContext,
+    BatchHandler,
+    Context,
+    FlushContext,
+    Handler,
+    Partition,
+    Record,
+)
 
 __all__ = [
+    "AsyncDeserializingBatchHandler",
     "AsyncDeserializingHandler",
     "Deserializer",
+    "DeserializingBatchHandler",
     "DeserializingHandler",
     "json_deserializer",
     "pydantic_deserializer",
@@ -84,8 +97,8 @@ def _for_topic(d: Deserializers | None, topic: str) -> Deserializer | None:
     return d.get(topic)
 
 
-class DeserializingHandler(Handler):
-    """Runs the deserializers, then the application's handler (whose hooks it passes on)."""
+class _Deserializing(Handler):
+    """The deserializers around the application's handler, whose hooks it passes on."""
 
     def __init__(
         self,
@@ -111,15 +124,6 @@ class DeserializingHandler(Handler):
             except Exception as exc:
                 raise DeserializationError(record, "value", exc) from exc
 
-    def handle(self, record: Record, ctx: Context) -> None:
-        self._deserialize(record)
-        handle: Callable[[Record, Context], object] = self.inner.handle
-        result = handle(record, ctx)
-        if result is not None:
-            from weir._engine.workers import _refuse_awaitable
-
-            _refuse_awaitable(handle, result)
-
     def on_assigned(self, partitions: Sequence[Partition]) -> None:
         self.inner.on_assigned(partitions)
 
@@ -139,6 +143,19 @@ class DeserializingHandler(Handler):
         return f"{type(self).__name__}({self.inner!r})"
 
 
+class DeserializingHandler(_Deserializing):
+    """Runs the deserializers, then the application's handler."""
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        self._deserialize(record)
+        handle: Callable[[Record, Context], object] = self.inner.handle
+        result = handle(record, ctx)
+        if result is not None:
+            from weir._engine.workers import _refuse_awaitable
+
+            _refuse_awaitable(handle, result)
+
+
 class AsyncDeserializingHandler(DeserializingHandler):
     """The same, for an async handler: deserializes, then awaits it."""
 
@@ -146,3 +163,63 @@ class AsyncDeserializingHandler(DeserializingHandler):
         self._deserialize(record)
         handle: Callable[[Record, Context], Awaitable[object]] = self.inner.handle  # type: ignore[assignment]
         await handle(record, ctx)
+
+
+class DeserializingBatchHandler(_Deserializing, BatchHandler):
+    """Runs the deserializers over a batch, then the application's batch handler with the
+    records that deserialized. One that does not is failed alone through `ctx.fail`
+    (`DeserializationError`: never retried); in key and partition mode the later records of its
+    lane are left out too: weir holds them back and runs them again after it, in offset order.
+    `lane_of` is the ordering mode's lane of a record within its partition (None: unordered)."""
+
+    def __init__(
+        self,
+        inner: BatchHandler,
+        key: Deserializers | None = None,
+        value: Deserializers | None = None,
+        *,
+        lane_of: Callable[[Record], Hashable] | None = None,
+    ) -> None:
+        super().__init__(inner, key, value)
+        self._batch = inner
+        self._lane_of = lane_of
+
+    def _deserialized(self, records: list[Record], ctx: BatchContext) -> list[Record]:
+        lane_of = self._lane_of
+        held: set[tuple[str, int, Hashable]] = set()
+        out: list[Record] = []
+        for record in records:
+            lane = None if lane_of is None else (record.topic, record.partition, lane_of(record))
+            if lane is not None and lane in held:
+                continue
+            try:
+                self._deserialize(record)
+            except DeserializationError as exc:
+                ctx.fail(record, exc)
+                if lane is not None:
+                    held.add(lane)
+                continue
+            out.append(record)
+        return out
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        good = self._deserialized(records, ctx)
+        if good:
+            handle_batch: Callable[[list[Record], BatchContext], object] = self._batch.handle_batch
+            result = handle_batch(good, ctx)
+            if result is not None:
+                from weir._engine.workers import _refuse_awaitable
+
+                _refuse_awaitable(handle_batch, result)
+
+
+class AsyncDeserializingBatchHandler(DeserializingBatchHandler):
+    """The same, for an `async def handle_batch`: deserializes, then awaits it."""
+
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:  # type: ignore[override]
+        good = self._deserialized(records, ctx)
+        if good:
+            handle_batch: Callable[[list[Record], BatchContext], Awaitable[object]] = (
+                self._batch.handle_batch  # type: ignore[assignment]
+            )
+            await handle_batch(good, ctx)

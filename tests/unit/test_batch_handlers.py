@@ -4,6 +4,7 @@ each ordering mode, its size and wait, partial success, and the commit after it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -33,6 +34,7 @@ from weir import (
 )
 from weir.config import ConsumerSettings
 from weir.records import FlushContext, Ordering, Partition, is_async_handler
+from weir.serde import Deserializer, json_deserializer
 from weir.testing import capture_events
 from weir.testing.fake import FakeConsumer
 from weir.testing.fake_broker import FakeBroker
@@ -557,8 +559,6 @@ class AsyncRows(BatchHandler):
 def test_what_batch_handlers_do_not_run_yet_is_refused_at_construction(
     rows: type[BatchHandler],
 ) -> None:
-    with pytest.raises(TypeError, match="deserialize in handle_batch"):
-        GroupConsumer(rows(), **SETTINGS, value_deserializer=lambda b: b)
     settings: ConsumerSettings = {**SETTINGS, "transactional_id": "tx"}
     with pytest.raises(ValueError, match="transactional_id"):
         GroupConsumer(rows(), **settings)
@@ -632,6 +632,7 @@ def poisoned_member(
     broker: FakeBroker,
     handler: BatchHandler,
     members: list[GroupConsumer],
+    value_deserializer: Deserializer | None = None,
     **kw: Unpack[Overrides],
 ) -> GroupConsumer:
     settings: ConsumerSettings = {
@@ -652,6 +653,7 @@ def poisoned_member(
         handler,
         consumer_factory=broker.consumer_factory,
         producer_factory=broker.producer_factory,
+        value_deserializer=value_deserializer,
         **settings,
     )
     members.append(gc)
@@ -700,6 +702,57 @@ def test_a_batch_that_fails_and_then_succeeds_is_retried_whole_and_never_split(
     assert not broker.messages("orders.dlq")
     assert [sorted(c) for c in h.calls] == [list(range(100))] * 2
     assert "batch_split" not in caplog.text
+
+
+class JsonRows(BatchHandler):
+    """Keeps (offset, deserialized value) of every record it is given, per call."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[list[tuple[int, Any]]] = []
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> Awaitable[None] | None:
+        self.keep(records)
+        return None
+
+    def keep(self, records: list[Record]) -> None:
+        with self.lock:
+            self.calls.append([(r.offset, r.deserialized_value) for r in records])
+
+    def handled(self) -> list[int]:
+        with self.lock:
+            return [off for call in self.calls for off, _ in call]
+
+
+class AsyncJsonRows(JsonRows):
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        await asyncio.sleep(0)
+        self.keep(records)
+
+
+@pytest.mark.parametrize("ordering", ["key", "partition", "unordered"])
+def test_a_batch_handler_reads_deserialized_records_and_one_that_fails_is_dead_lettered_alone(
+    members: list[GroupConsumer], ordering: Ordering, kind: Kind
+) -> None:
+    """value_deserializer runs for batch handlers: the handler reads `deserialized_value`, and a
+    record that does not deserialize is failed alone (never retried, never given to the
+    handler) and dead-lettered; in key and partition mode the later records of its lane wait
+    for it and then run once, not also in the batch it failed in."""
+    broker = FakeBroker()
+    broker.create_topic("orders", partitions=1)
+    broker.create_topic("orders.dlq", partitions=1)
+    for i in range(30):
+        value = b"not json" if i == 7 else json.dumps({"n": i}).encode()
+        broker.produce("orders", key=f"k{i % 3}", value=value, partition=0)
+    h = JsonRows() if kind == "threads" else AsyncJsonRows()
+    gc = poisoned_member(broker, h, members, json_deserializer(), ordering=ordering)
+    wait_until(lambda: broker.committed_offsets("g").get(("orders", 0)) == 30, "committed", 20)
+    assert [m.value() for m in broker.messages("orders.dlq")] == [b"not json"]
+    handled = h.handled()
+    assert sorted(handled) == [i for i in range(30) if i != 7], handled  # each exactly once
+    assert all(value == {"n": off} for call in h.calls for off, value in call)
+    assert gc.stats().retries == 0
+    assert gc.stats().dead_lettered == 1
 
 
 # -- the flush hook ------------------------------------------------------------------------------
