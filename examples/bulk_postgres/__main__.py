@@ -87,6 +87,7 @@ class Demo:
             module="examples.bulk_postgres.member",
         )
         self.produced: list[Event] = []
+        self.created = False  # the table
         self.producer = Producer(
             {"bootstrap.servers": bootstrap, "enable.idempotence": True, "logger": KAFKA_LOG}
         )
@@ -100,7 +101,11 @@ class Demo:
     def db(self) -> Iterator[Any]:
         import psycopg
 
-        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+        try:
+            conn = psycopg.connect(self.conninfo, autocommit=True)
+        except psycopg.Error as exc:
+            raise RuntimeError(f"cannot connect to PostgreSQL: {exc}") from None
+        with conn:
             yield conn
 
     def set_up(self) -> None:
@@ -109,6 +114,7 @@ class Demo:
             future.result(30)
         with self.db() as conn:
             conn.execute(SCHEMA.format(table=self.table))
+        self.created = True
 
     def produce(self, n: int) -> None:
         batch = events(n, start=len(self.produced))
@@ -253,11 +259,13 @@ class Demo:
     def close(self, keep: bool) -> None:
         self.members.stop_all(10)
         if keep:
-            print(f"table {self.table} kept; journals and logs in {self.workdir}")
+            table = f"table {self.table} kept; " if self.created else ""
+            print(f"{table}journals and logs kept in {self.workdir}")
             return
         shutil.rmtree(self.workdir, ignore_errors=True)
-        with contextlib.suppress(Exception), self.db() as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {self.table}")
+        if self.created:
+            with contextlib.suppress(Exception), self.db() as conn:
+                conn.execute(f"DROP TABLE IF EXISTS {self.table}")
 
 
 def batches(evs: list[dict[str, Any]], member: str | None = None) -> list[dict[str, Any]]:
