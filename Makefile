@@ -70,6 +70,7 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/backpressure.py
+	$(BIN)/python benchmarks/bulk_sink.py
 
 broker: $(STAMP)
 	$(BIN)/weir broker start

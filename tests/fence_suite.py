@@ -244,6 +244,147 @@ def test_prune_forgets_applied_event_ids_below_an_offset(backend: Backend) -> No
     assert fence.prune(GROUP, T0, 6) == 0
 
 
+# --- fenced batches --------------------------------------------------------------------------
+
+
+def batch_writer(backend: Backend, calls: list[list[str]]) -> Callable[[Any, list[Record]], None]:
+    """A batch's write: a sink row per record and the counter by the batch's size; each call's
+    event ids noted in `calls`."""
+
+    def write(conn: Any, records: list[Record]) -> None:
+        calls.append([r.event_id for r in records])
+        for r in records:
+            backend.upsert(r.event_id, "v", 0)(conn)
+        backend.execute(conn, "UPDATE {p}_counter SET n = n + ?", (len(records),))
+
+    return write
+
+
+def test_a_batch_over_two_partitions_applies_in_one_transaction(backend: Backend) -> None:
+    fence = backend.fence()
+    epochs = fence.acquire(GROUP, [T0, T1])
+    calls: list[list[str]] = []
+    batch = [rec(T0, 3), rec(T1, 0), rec(T0, 4), rec(T1, 1)]
+    assert fence.apply_batch(GROUP, batch, epochs, batch_writer(backend, calls)) == batch
+    assert calls == [["orders/0/3", "orders/1/0", "orders/0/4", "orders/1/1"]]  # batch order
+    assert backend.rows("SELECT n FROM {p}_counter") == [(4,)]
+    assert backend.applied() == [
+        ("orders", 0, 3, 1),
+        ("orders", 0, 4, 1),
+        ("orders", 1, 0, 1),
+        ("orders", 1, 1, 1),
+    ]
+    assert fence.apply_batch(GROUP, [], epochs, batch_writer(backend, calls)) == []
+    assert len(calls) == 1
+
+
+def test_a_replayed_batch_is_a_no_op(backend: Backend) -> None:
+    first, second = backend.fence(), backend.fence()
+    epochs = first.acquire(GROUP, [T0, T1])
+    calls: list[list[str]] = []
+    batch = [rec(tp, offset) for offset in range(5) for tp in (T0, T1)]
+    assert first.apply_batch(GROUP, batch, epochs, batch_writer(backend, calls)) == batch
+    # The same batch again: nothing is written, the write function is not called.
+    assert first.apply_batch(GROUP, batch, epochs, batch_writer(backend, calls)) == []
+    # The next owner replays part of it with new records: only the new records are written.
+    epochs = second.acquire(GROUP, [T0, T1])
+    replay = [rec(T0, 4), rec(T0, 5), rec(T1, 4), rec(T1, 5), rec(T1, 6)]
+    fresh = second.apply_batch(GROUP, replay, epochs, batch_writer(backend, calls))
+    assert [r.event_id for r in fresh] == ["orders/0/5", "orders/1/5", "orders/1/6"]
+    # A record applied one at a time is a replay in a batch, and the other way round.
+    assert second.apply(GROUP, rec(T0, 7), epochs[T0], backend.upsert("single", "v", 2))
+    fresh = second.apply_batch(
+        GROUP, [rec(T0, 7), rec(T0, 8)], epochs, batch_writer(backend, calls)
+    )
+    assert [r.event_id for r in fresh] == ["orders/0/8"]
+    assert second.apply(GROUP, rec(T0, 8), epochs[T0], backend.upsert("single", "x", 2)) is False
+    assert calls == [
+        [r.event_id for r in batch],
+        ["orders/0/5", "orders/1/5", "orders/1/6"],
+        ["orders/0/8"],
+    ]
+    assert backend.rows("SELECT n FROM {p}_counter") == [(14,)]
+    assert len(backend.sink()) == 15  # 14 records of batches, one applied alone
+    assert len(backend.applied()) == 15
+
+
+def test_a_batch_with_a_stale_epoch_is_refused_whole(backend: Backend) -> None:
+    old, new = backend.fence(), backend.fence()
+    held = old.acquire(GROUP, [T0, T1])
+    assert new.acquire(GROUP, [T1]) == {T1: 2}  # T1 moved on; T0 is still the old owner's
+    calls: list[list[str]] = []
+    batch = [rec(T0, 0), rec(T1, 0), rec(T0, 1), rec(T1, 1)]
+    with pytest.raises(FencedError) as caught:
+        old.apply_batch(GROUP, batch, held, batch_writer(backend, calls))
+    assert (caught.value.partition, caught.value.held, caught.value.stored) == (T1, 1, 2)
+    assert calls == []  # refused before the write function ran
+    assert backend.sink() == {} and backend.applied() == []
+    assert backend.rows("SELECT n FROM {p}_counter") == [(0,)]
+    # A partition never acquired is refused the same way.
+    other = Partition("payments", 0)
+    with pytest.raises(FencedError, match="holds no epoch"):
+        old.apply_batch(
+            GROUP, [rec(T0, 0), rec(other, 0)], {**held, other: 1}, batch_writer(backend, calls)
+        )
+    assert backend.applied() == []
+    # The partition still held is written once the stale one is left out.
+    assert old.apply_batch(GROUP, batch[::2], held, batch_writer(backend, calls)) == batch[::2]
+    assert backend.applied() == [("orders", 0, 0, 1), ("orders", 0, 1, 1)]
+
+
+def test_concurrent_overlapping_batches_apply_each_event_exactly_once(backend: Backend) -> None:
+    fence = backend.fence()
+    partitions = [Partition("orders", p) for p in range(4)]
+    epochs = fence.acquire(GROUP, partitions)
+    events = [rec(tp, offset) for tp in partitions for offset in range(60)]
+    work = events * 2  # every event in two batches, of different threads, in a random order
+    random.Random(11).shuffle(work)
+    batches: list[list[Record]] = []
+    for i in range(0, len(work), 12):
+        batch: dict[str, Record] = {}
+        for r in work[i : i + 12]:
+            batch.setdefault(r.event_id, r)
+        batches.append(list(batch.values()))
+    lock = threading.Lock()
+    written: list[str] = []
+
+    def writer(_index: int) -> None:
+        while True:
+            with lock:
+                if not batches:
+                    return
+                batch = batches.pop()
+            fresh = fence.apply_batch(GROUP, batch, epochs, batch_writer(backend, []))
+            with lock:
+                written.extend(r.event_id for r in fresh)
+
+    run_threads(6, writer)
+    assert sorted(written) == sorted(r.event_id for r in events)
+    assert backend.rows("SELECT n FROM {p}_counter") == [(len(events),)]
+    assert len(backend.sink()) == len(backend.applied()) == len(events)
+
+
+def test_bad_batches_are_refused_naming_the_argument(backend: Backend) -> None:
+    fence = backend.fence()
+    epochs = fence.acquire(GROUP, [T0])
+    write = batch_writer(backend, [])
+    with pytest.raises(TypeError, match="records"):
+        fence.apply_batch(GROUP, rec(T0, 1), epochs, write)  # type: ignore[arg-type]  # on purpose
+    with pytest.raises(TypeError, match="record"):
+        fence.apply_batch(GROUP, ["orders/0/1"], epochs, write)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="epochs"):
+        fence.apply_batch(GROUP, [rec(T0, 1)], [1], write)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"epochs: no epoch for orders\[1\]"):
+        fence.apply_batch(GROUP, [rec(T0, 1), rec(T1, 1)], epochs, write)
+    with pytest.raises(ValueError, match="epoch"):
+        fence.apply_batch(GROUP, [rec(T0, 1)], {T0: 0}, write)
+    with pytest.raises(ValueError, match="orders/0/1 is in the batch twice"):
+        fence.apply_batch(GROUP, [rec(T0, 1), rec(T0, 1)], epochs, write)
+    with pytest.raises(TypeError, match="write"):
+        fence.apply_batch(GROUP, [rec(T0, 1)], epochs, None)  # type: ignore[arg-type]
+    assert backend.applied() == []
+
+
 # --- concurrency -----------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from tests import waiting
 from tests.fake_members import SETTINGS
 from tests.fence_databases import FenceDb, postgres_database, sqlite_database
 from weir import (
+    BatchContext,
     CommitEvent,
     Context,
     GroupConsumer,
@@ -29,6 +30,7 @@ from weir import (
 from weir.errors import FencedError
 from weir.fencing import (
     Fence,
+    FencedBatchHandler,
     FencedHandler,
     FencePruner,
 )
@@ -361,6 +363,92 @@ def test_fenced_handler_subclass_overrides_write(db: Db) -> None:
     rec = _rec(0)
     Sink(fence, GROUP).handle(rec, _ctx(rec, epoch))
     assert db.sink() == [f"{TOPIC}/0/0"]
+
+
+# -- FencedBatchHandler -----------------------------------------------------------------------
+
+
+class BatchLedger(FencedBatchHandler[Any]):
+    """A FencedBatchHandler writing a row per record; `before` runs ahead of the first batch."""
+
+    def __init__(self, fence: Fence[Any], db: Db) -> None:
+        super().__init__(fence, GROUP)
+        self.db = db
+        self.before: Callable[[], None] | None = None
+        self.batches: list[list[str]] = []
+        self.lost: list[list[Partition]] = []
+
+    def write(self, conn: Any, records: list[Record]) -> None:
+        self.batches.append([r.event_id for r in records])
+        for r in records:
+            self.db.write(conn, r)
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        before, self.before = self.before, None
+        if before is not None:
+            before()
+        self.apply_batch(records, ctx)
+
+    def on_lost(self, partitions: Sequence[Partition]) -> None:
+        self.lost.append(list(partitions))
+
+
+def test_fenced_batch_handler_loses_only_the_fenced_partition_of_a_batch(
+    db: Db, members: list[GroupConsumer]
+) -> None:
+    """A batch of P0 and P1; another member acquired P0 before it was written. The batch's
+    transaction is refused whole, then P1's records are written alone: P0 is lost, P1 goes on."""
+    fence = db.fence()
+    handler = BatchLedger(fence, db)
+    handler.before = lambda: new_owner(db)
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(4))
+    fake.produce_many(TOPIC, 1, range(4))
+    fake.script_assign([P0, P1])
+    gc = launch(members, handler, fake, fence, workers=1, batch_max_wait_s=0.2)
+    wait_until(lambda: handler.lost, "P0 lost to the fence")
+    wait_until(lambda: 4 in [o for o, _ in fake.commits_for(P1)], "P1 committed")
+    fake.produce_many(TOPIC, 1, [4, 5])
+    wait_until(lambda: 6 in [o for o, _ in fake.commits_for(P1)], "P1 goes on")
+    assert handler.lost == [[T0]]
+    assert db.sink() == [f"{TOPIC}/1/{o}" for o in range(6)]
+    assert not any(e.startswith(f"{TOPIC}/0/") for b in handler.batches for e in b)
+    assert max((o for o, _ in fake.commits_for(P0)), default=0) <= 0
+    assert [p.tp for p in gc.stats().partitions] == [T1]
+    assert (handler.applied, handler.replayed) == (6, 0)
+
+
+def test_fenced_batch_handler_writes_each_event_once_across_replays(
+    db: Db, members: list[GroupConsumer]
+) -> None:
+    """The same records delivered again (a partition revoked before its commit and assigned
+    back): the replayed batch writes nothing, and new records are written."""
+    fence = db.fence()
+    handler = BatchLedger(fence, db)
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(5))
+    fake.script_assign([P0])
+    launch(members, handler, fake, fence, batch_max_wait_s=0.05, commit_interval_s=60.0)
+    wait_until(lambda: len(db.sink()) == 5, "P0@0..4 written")
+    before = fence.acquire(GROUP, [T0])[T0]  # as a new owner that never committed: no commit
+    second = BatchLedger(db.fence(), db)
+    fake2 = FakeConsumer()
+    fake2.produce_many(TOPIC, 0, range(7))
+    fake2.script_assign([P0])
+    launch(members, second, fake2, second.fence, batch_max_wait_s=0.05)
+    wait_until(lambda: second.applied == 2, "P0@5..6 written by the second member")
+    assert db.stored_epoch(T0) == before + 1
+    assert db.sink() == sorted(f"{TOPIC}/0/{o}" for o in range(7))
+    assert (second.applied, second.replayed) == (2, 5)
+
+
+def test_fenced_batch_handler_needs_a_fence_and_a_write(db: Db) -> None:
+    with pytest.raises(TypeError, match="fence must be"):
+        FencedBatchHandler(object(), GROUP, lambda conn, records: None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"write=function\(conn, records\)"):
+        FencedBatchHandler(db.fence(), GROUP)
+    with pytest.raises(ValueError, match="group_id"):
+        FencedBatchHandler(db.fence(), "", lambda conn, records: None)
 
 
 # -- FencePruner ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -403,14 +403,32 @@ def postgres(conninfo: str | None) -> Iterator[str | None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    return run_demo(
+        args, lambda bootstrap, conninfo: Demo(args, bootstrap, conninfo), print_summary
+    )
+
+
+class DemoRun(Protocol):
+    def run(self) -> dict[str, Any]: ...
+
+    def close(self, keep: bool) -> None: ...
+
+
+def run_demo(
+    args: argparse.Namespace,
+    make: Callable[[str, str | None], DemoRun],
+    show: Callable[[dict[str, Any]], None],
+) -> int:
+    """Run a demo on Kafka and the database (`args.bootstrap`, `args.postgres`: embedded when
+    not given) and `show` its summary; the exit code (0: the summary's "ok")."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(130))
     with kafka(args.bootstrap) as bootstrap, postgres(args.postgres) as conninfo:
-        demo = Demo(args, bootstrap, conninfo)
+        demo = make(bootstrap, conninfo)
         ok = False
         try:
             s = demo.run()
-            print_summary(s)
+            show(s)
             ok = s["ok"]
             if args.summary_json:
                 args.summary_json.write_text(json.dumps(s, indent=2))

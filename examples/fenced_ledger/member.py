@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from examples.fenced_ledger import LedgerHandler
-from weir import Context, GroupConsumer, Partition, Record
+from weir import Context, GroupConsumer, Handler, Partition, Record
 from weir.errors import FencedError
 from weir.fencing import Fence, FencePruner, SqliteFence
 
@@ -47,7 +47,22 @@ class Journal:
         self._f.close()
 
 
-class JournaledLedger(LedgerHandler):
+class JournalsPartitions:
+    """A handler's partition hooks, journaled (what the demo reads a member's partitions from)."""
+
+    journal: Journal
+
+    def on_assigned(self, partitions: Sequence[Partition]) -> None:
+        self.journal.write("assigned", ps=[tp.partition for tp in partitions])
+
+    def on_revoked(self, partitions: Sequence[Partition]) -> None:
+        self.journal.write("revoked", ps=[tp.partition for tp in partitions])
+
+    def on_lost(self, partitions: Sequence[Partition]) -> None:
+        self.journal.write("lost", ps=[tp.partition for tp in partitions])
+
+
+class JournaledLedger(JournalsPartitions, LedgerHandler):
     """The ledger handler, journaling each outcome; optionally stalls once (the zombie)."""
 
     def __init__(
@@ -102,27 +117,24 @@ class JournaledLedger(LedgerHandler):
         while not self.resume_file.exists():
             time.sleep(0.01)
 
-    def on_assigned(self, partitions: Sequence[Partition]) -> None:
-        self.journal.write("assigned", ps=[tp.partition for tp in partitions])
 
-    def on_revoked(self, partitions: Sequence[Partition]) -> None:
-        self.journal.write("revoked", ps=[tp.partition for tp in partitions])
-
-    def on_lost(self, partitions: Sequence[Partition]) -> None:
-        self.journal.write("lost", ps=[tp.partition for tp in partitions])
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m examples.fenced_ledger.member")
+def member_parser(module: str) -> argparse.ArgumentParser:
+    """The arguments every member of a demo takes (`run_member` reads them)."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}")
     ap.add_argument("--id", required=True)
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--topic", required=True)
     ap.add_argument("--group", required=True)
     ap.add_argument("--journal", type=Path, required=True)
+    ap.add_argument("--commit-interval", type=float, default=0.5)
+    return ap
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = member_parser("examples.fenced_ledger.member")
     ap.add_argument("--sqlite", type=Path, help="the ledger's SQLite file")
     ap.add_argument("--postgres", help="the ledger's PostgreSQL connection string")
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--commit-interval", type=float, default=0.5)
     ap.add_argument("--stall-after", type=int, default=None)
     ap.add_argument("--resume-file", type=Path, default=None)
     return ap.parse_args(argv)
@@ -130,11 +142,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if sys.platform.startswith("linux"):  # die with the demo, even if it is SIGKILLed
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    become_member()
     journal = Journal(args.journal, args.id)
     fence: Fence[Any]
     if args.postgres is not None:
@@ -143,20 +151,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         fence = PostgresFence(args.postgres)
     else:
         fence = SqliteFence(args.sqlite)
+    handler = JournaledLedger(fence, args, journal)
+    return run_member(args, journal, handler, fence, {"workers": args.workers})
+
+
+def become_member() -> None:
+    """A member process: it dies with the demo (even a SIGKILLed one) and logs at INFO."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def run_member(
+    args: argparse.Namespace,
+    journal: Journal,
+    handler: Handler,
+    fence: Fence[Any],
+    settings: dict[str, Any],
+) -> int:
+    """Run a member of the demo's group with `handler` and `fence` (and `settings`) until it is
+    stopped; its start and a failure go to the journal. Its exit code."""
     consumer = GroupConsumer(
-        JournaledLedger(fence, args, journal),
+        handler,
         fence=fence,  # epochs acquired on assignment, before the first record: ctx.epoch
         bootstrap_servers=args.bootstrap,
         group_id=args.group,
         topics=[args.topic],
-        workers=args.workers,
         commit_interval_s=args.commit_interval,
         auto_offset_reset="earliest",
         assignment_strategy="cooperative-sticky",
-        # A frozen member is out of the group after 3 s (the demo waits for that).
+        # A frozen or killed member is out of the group after 3 s (the demo waits for that).
         session_timeout_s=3.0,
         heartbeat_interval_s=0.5,
         kafka={"client.id": args.id},
+        **settings,
     )
     consumer.add_commit_listener(FencePruner(fence, args.group, interval_s=1.0))
     journal.write("started", pid=os.getpid())
@@ -164,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         consumer.run()
     except Exception as exc:
         journal.write("failed", error=repr(exc))
-        logging.getLogger("examples.fenced_ledger").exception("member_failed")
+        logging.getLogger(type(handler).__module__).exception("member_failed")
         return 1
     finally:
         journal.close()
@@ -175,11 +205,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 class Members:
-    """The member processes of one demo run, their journals and logs in `workdir`."""
+    """The member processes of one demo run (`module` run with ``-m``), their journals and
+    logs in `workdir`."""
 
-    def __init__(self, workdir: Path, common: list[str]) -> None:
+    def __init__(
+        self, workdir: Path, common: list[str], module: str = "examples.fenced_ledger.member"
+    ) -> None:
         self.workdir = workdir
         self.common = common
+        self.module = module
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, *extra: str) -> None:
@@ -190,7 +224,7 @@ class Members:
         with (self.workdir / f"{name}.log").open("wb") as out:
             self.procs[name] = subprocess.Popen(
                 [
-                    *(sys.executable, "-m", "examples.fenced_ledger.member", "--id", name),
+                    *(sys.executable, "-m", self.module, "--id", name),
                     *("--journal", str(self.workdir / f"{name}.jsonl"), *self.common, *extra),
                 ],
                 cwd=ROOT,

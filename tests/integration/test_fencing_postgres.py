@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.fence_suite import *  # noqa: F403 (the suites' tests, collected here)
-from tests.fence_suite import Backend, postgres_backend
+from tests.fence_suite import Backend, batch_writer, postgres_backend, rec
 from tests.fenced_consumer_suite import *  # noqa: F403
 from tests.fenced_consumer_suite import Db, postgres_db
 from weir import Partition, Record
@@ -38,6 +38,7 @@ from weir.fencing import FenceUnavailableError, PostgresFence  # noqa: E402
 
 GROUP = "orders-app"
 T0 = Partition("orders", 0)
+T1 = Partition("orders", 1)
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -287,3 +288,29 @@ def test_a_bindir_without_postgres_is_refused(
     monkeypatch.setenv(ENV_BINDIR, str(tmp_path))
     with pytest.raises(PostgresNotFoundError, match=ENV_BINDIR):
         find_postgres_bindir()
+
+
+def test_a_batch_whose_epoch_moves_during_its_write_leaves_nothing(backend: Backend) -> None:
+    """Acquire does not wait for a write function, and the batch is refused at its final
+    check, every partition of it. (SQLite's acquire waits for the write's commit: the suite's
+    test of a write in flight during acquire.)"""
+    old, new = backend.fence(), backend.fence()
+    held = old.acquire(GROUP, [T0, T1])
+    calls: list[list[str]] = []
+    write = batch_writer(backend, calls)
+
+    def write_then_lose_t1(conn: Any, records: list[Record]) -> None:
+        write(conn, records)
+        acquirer = threading.Thread(target=new.acquire, args=(GROUP, [T1]))
+        acquirer.start()
+        acquirer.join(10)
+        assert not acquirer.is_alive()
+
+    batch = [rec(T0, 0), rec(T1, 0), rec(T0, 1), rec(T1, 1)]
+    with pytest.raises(FencedError) as caught:
+        old.apply_batch(GROUP, batch, held, write_then_lose_t1)
+    assert (caught.value.partition, caught.value.held, caught.value.stored) == (T1, 1, 2)
+    assert len(calls) == 1  # the write ran, and none of it remains, of either partition
+    assert backend.sink() == {} and backend.applied() == []
+    assert backend.rows("SELECT n FROM {p}_counter") == [(0,)]
+    assert backend.epochs() == {T0: 1, T1: 2}

@@ -9,12 +9,17 @@ the owner epoch of each (group, topic, partition) in the database the handler wr
 - ``fence.apply(group_id, record, epoch, write)`` runs ``write(conn)`` in one transaction that
   also checks the epoch is still ``epoch`` (else ``weir.errors.FencedError``, rolled back) and
   records ``record.event_id`` (a replay is a no-op that returns False);
+- ``fence.apply_batch(group_id, records, epochs, write)`` does the same for a batch, of one or
+  more partitions, in one transaction: ``write(conn, fresh)`` gets the records not applied
+  before; a stale epoch of any partition refuses the whole batch;
 - ``fence.prune(group_id, partition, before_offset)`` forgets the event ids below a committed
   offset.
 
 ``GroupConsumer(handler, fence=fence, ...)`` acquires the epochs of the partitions it is assigned
 before their first record and hands them to the handler as ``ctx.epoch``; ``FencedHandler``
-runs a ``write(conn, record)`` function through ``fence.apply`` for each record, and
+runs a ``write(conn, record)`` function through ``fence.apply`` for each record,
+``FencedBatchHandler`` a ``write(conn, records)`` function through ``fence.apply_batch`` for
+each batch, and
 ``FencePruner`` is a commit listener that prunes.
 
 ``SqliteFence`` uses the standard library; ``PostgresFence`` needs psycopg 3
@@ -27,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from weir.errors import FenceUnavailableError, NoEpochError
 from weir.fencing.base import Fence
-from weir.fencing.handler import FencedHandler, FencePruner
+from weir.fencing.handler import FencedBatchHandler, FencedHandler, FencePruner
 from weir.fencing.sqlite import SqliteFence
 
 if TYPE_CHECKING:
@@ -37,6 +42,7 @@ __all__ = [
     "Fence",
     "FencePruner",
     "FenceUnavailableError",
+    "FencedBatchHandler",
     "FencedHandler",
     "NoEpochError",
     "PostgresFence",

@@ -6,13 +6,16 @@ import math
 import re
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Generic, Protocol, TypeGuard, TypeVar, runtime_checkable
 
-from weir.errors import FenceUnavailableError
+from weir.errors import FencedError, FenceUnavailableError
+from weir.logs import get_logger
 from weir.records import Partition, Record
 
 __all__ = ["Fence", "FenceUnavailableError"]
+
+log = get_logger(__name__)
 
 ConnT = TypeVar("ConnT")
 ConnT_co = TypeVar("ConnT_co", covariant=True)
@@ -29,7 +32,8 @@ class Fence(Protocol[ConnT_co]):
 
     ``acquire`` is called by a new owner before the first record of a partition; ``apply`` runs
     one record's writes in one database transaction that checks the epoch and the record's event
-    id. ``ConnT_co`` is the connection type ``apply`` hands to the write function.
+    id, ``apply_batch`` a batch's (of one or more partitions). ``ConnT_co`` is the connection
+    type they hand to the write function.
     """
 
     def prepare(self) -> None:
@@ -55,6 +59,25 @@ class Fence(Protocol[ConnT_co]):
         """
         ...
 
+    def apply_batch(
+        self,
+        group_id: str,
+        records: Sequence[Record],
+        epochs: Mapping[Partition, int],
+        write: Callable[[ConnT_co, list[Record]], object],
+    ) -> list[Record]:
+        """Run ``write(conn, fresh)`` for a batch in one transaction, fenced by ``epochs`` (the
+        epoch held for each partition of ``records``).
+
+        ``fresh`` is the batch's records whose event ids were not applied before, in batch
+        order; they are recorded together with the write. Returns ``fresh``; empty when every
+        record was a replay (``write`` was not called and nothing changed). Raises
+        ``weir.errors.FencedError`` for the first partition (in sorted order) whose stored
+        epoch is not the one held: nothing of the batch remains, of any partition. An exception
+        from ``write`` rolls back and propagates unchanged.
+        """
+        ...
+
     def prune(self, group_id: str, partition: Partition, before_offset: int) -> int:
         """Forget the applied event ids of ``partition`` below ``before_offset`` (a committed
         offset: those records are never delivered again); returns how many were removed."""
@@ -63,6 +86,51 @@ class Fence(Protocol[ConnT_co]):
     def close(self) -> None:
         """Close every connection the fence opened. The fence cannot be used afterwards."""
         ...
+
+
+class FenceBase(Fence[ConnT]):
+    """``apply`` and ``apply_batch`` of a fence: their arguments checked, then one fenced
+    transaction (``_fenced``, the database's own) for one record or a batch alike."""
+
+    def apply(
+        self, group_id: str, record: Record, epoch: int, write: Callable[[ConnT], object]
+    ) -> bool:
+        group = check_group(group_id)
+        record = check_record(record)
+        held = {Partition(record.topic, record.partition): check_epoch(epoch)}
+        check_write(write)
+        fresh = self._fenced(
+            group, [record], held, lambda conn, _fresh: write(conn), f"write {record.event_id}"
+        )
+        return bool(fresh)
+
+    def apply_batch(
+        self,
+        group_id: str,
+        records: Sequence[Record],
+        epochs: Mapping[Partition, int],
+        write: Callable[[ConnT, list[Record]], object],
+    ) -> list[Record]:
+        group = check_group(group_id)
+        batch, held = check_batch(records, epochs)
+        check_write(write)
+        if not batch:
+            return []
+        what = f"write a batch of {len(batch)} records from {batch[0].event_id}"
+        return self._fenced(group, batch, held, write, what)
+
+    def _fenced(
+        self,
+        group: str,
+        batch: list[Record],
+        held: dict[Partition, int],
+        write: Callable[[ConnT, list[Record]], object],
+        what: str,
+    ) -> list[Record]:
+        """One transaction: check the epoch of each partition of ``held`` (sorted) against the
+        stored one, claim the event ids of ``batch``, ``write`` the records claimed (none: a
+        replay, nothing changes), commit; returns the records claimed and written."""
+        raise NotImplementedError
 
 
 # --- argument checks ----------------------------------------------------------------------------
@@ -117,6 +185,30 @@ def check_record(record: object) -> Record:
     return record
 
 
+def check_batch(records: object, epochs: object) -> tuple[list[Record], dict[Partition, int]]:
+    """The batch's records, and the epoch held for each of their partitions, sorted."""
+    if isinstance(records, (str, bytes, Record)) or not isinstance(records, Iterable):
+        raise TypeError(f"records must be a sequence of weir.Record, got {records!r}")
+    if not isinstance(epochs, Mapping):
+        raise TypeError(
+            f"epochs must be a mapping of Partition to the epoch held, got {type(epochs).__name__}"
+        )
+    batch = [check_record(r) for r in records]
+    held: dict[Partition, int] = {}
+    seen: set[tuple[str, int, int]] = set()
+    for r in batch:
+        where = (r.topic, r.partition, r.offset)
+        if where in seen:
+            raise ValueError(f"records: {r.event_id} is in the batch twice")
+        seen.add(where)
+        tp = Partition(r.topic, r.partition)
+        if tp not in held:
+            if tp not in epochs:
+                raise ValueError(f"epochs: no epoch for {tp}, the partition of {r.event_id}")
+            held[tp] = check_epoch(epochs[tp])
+    return batch, dict(sorted(held.items()))
+
+
 def check_offset(name: str, offset: object) -> int:
     if not _is_int(offset) or offset < 0:
         raise ValueError(f"{name} must be an int >= 0, got {offset!r}")
@@ -148,6 +240,28 @@ def check_seconds(name: str, value: object, *, optional: bool = False) -> float 
     ):
         raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
     return float(value)
+
+
+def check_epochs(
+    group: str,
+    batch: Sequence[Record],
+    held: Mapping[Partition, int],
+    stored: Mapping[Partition, int | None],
+) -> None:
+    """Refuse the write (``FencedError``, logged) at the first partition of ``held`` whose
+    stored epoch (absent: never acquired) is not the one held."""
+    for tp, epoch in held.items():
+        found = stored.get(tp)
+        if found != epoch:
+            first = next(r for r in batch if (r.topic, r.partition) == tp)
+            log.warning(
+                "fenced_write_refused",
+                group_id=group,
+                event_id=first.event_id,
+                held=epoch,
+                stored=found,
+            )
+            raise FencedError(group, tp, epoch, found)
 
 
 def _is_int(value: object) -> TypeGuard[int]:

@@ -1,4 +1,5 @@
-"""A handler whose work is one fenced write per record, and the pruning of applied event ids."""
+"""Handlers whose work is one fenced write per record or per batch, and the pruning of applied
+event ids."""
 
 from __future__ import annotations
 
@@ -6,16 +7,47 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from weir.errors import FenceUnavailableError, NoEpochError
+from weir.errors import FencedError, FenceUnavailableError, NoEpochError
 from weir.fencing.base import Fence, check_group, check_seconds
 from weir.logs import get_logger
-from weir.records import CommitEvent, Context, Handler, Partition, Record
+from weir.records import (
+    BatchContext,
+    BatchHandler,
+    CommitEvent,
+    Context,
+    Handler,
+    Partition,
+    Record,
+)
 
-__all__ = ["FencePruner", "FencedHandler", "NoEpochError"]
+__all__ = ["FencePruner", "FencedBatchHandler", "FencedHandler", "NoEpochError"]
 
 log = get_logger(__name__)
 
 ConnT = TypeVar("ConnT")
+
+
+def _check_fence(fence: object) -> None:
+    if not isinstance(fence, Fence):
+        raise TypeError(
+            f"fence must be a weir.fencing fence (SqliteFence, PostgresFence), got "
+            f"{type(fence).__name__}"
+        )
+
+
+def _check_write(handler: object, base: type, write: object, takes: str) -> None:
+    """``write`` given, or a subclass of ``base`` overriding its ``write`` method."""
+    if write is None and type(handler).write is base.write:  # type: ignore[attr-defined]
+        raise TypeError(f"pass write=function({takes}), or subclass and override write()")
+    if write is not None and not callable(write):
+        raise TypeError(f"write must be a callable taking ({takes}), got {write!r}")
+
+
+def _no_epoch(record: Record) -> NoEpochError:
+    return NoEpochError(
+        f"{record.event_id}: no partition epoch in the handler's context: run the consumer "
+        "with the same fence, GroupConsumer(..., fence=fence)"
+    )
 
 
 class FencedHandler(Handler, Generic[ConnT]):
@@ -45,16 +77,9 @@ class FencedHandler(Handler, Generic[ConnT]):
         group_id: str,
         write: Callable[[ConnT, Record], object] | None = None,
     ) -> None:
-        if not isinstance(fence, Fence):
-            raise TypeError(
-                f"fence must be a weir.fencing fence (SqliteFence, PostgresFence), got "
-                f"{type(fence).__name__}"
-            )
+        _check_fence(fence)
         self.group_id = check_group(group_id)
-        if write is None and type(self).write is FencedHandler.write:
-            raise TypeError("pass write=function(conn, record), or subclass and override write()")
-        if write is not None and not callable(write):
-            raise TypeError(f"write must be a callable taking (conn, record), got {write!r}")
+        _check_write(self, FencedHandler, write, "conn, record")
         self.fence = fence
         self._write = write
         self._lock = threading.Lock()
@@ -73,10 +98,7 @@ class FencedHandler(Handler, Generic[ConnT]):
         """The fenced write of ``record``: True if it was written, False for a replay."""
         epoch = ctx.epoch
         if epoch is None:
-            raise NoEpochError(
-                f"{record.event_id}: no partition epoch in the handler's context: run the "
-                "consumer with the same fence, GroupConsumer(..., fence=fence)"
-            )
+            raise _no_epoch(record)
         applied = self.fence.apply(
             self.group_id, record, epoch, lambda conn: self.write(conn, record)
         )
@@ -86,6 +108,89 @@ class FencedHandler(Handler, Generic[ConnT]):
             else:
                 self.replayed += 1
         return applied
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.fence!r}, group_id={self.group_id!r})"
+
+
+class FencedBatchHandler(BatchHandler, Generic[ConnT]):
+    """Runs ``write(conn, records)`` for each batch through ``fence.apply_batch``: one database
+    transaction that checks the epoch of every partition of the batch and records the event
+    ids. A bulk sink (a multi-row insert, a ``COPY``) fenced and idempotent::
+
+        fence = PostgresFence(dsn)
+        handler = FencedBatchHandler(fence, "loader", copy_rows)
+        GroupConsumer(handler, fence=fence, group_id="loader", batch_max_records=500, ...)
+
+    ``write`` gets the fence's connection inside its transaction and the batch's records that
+    were not applied before (a replayed record is left out; a batch of replays does not call
+    it); it must not commit or roll back. Pass it, or subclass and override ``write``.
+
+    A batch may span partitions. When one of them is fenced (another member acquired it), the
+    transaction is refused whole: its records are marked failed with the ``FencedError``
+    (``ctx.fail``: the consumer loses that partition only), and the batch's other records are
+    written again without them, in a new transaction. Other errors propagate after the
+    rollback and fail the batch under the failure policy; so does ``FenceUnavailableError``
+    (a retry is safe: the event ids make a write that did commit a no-op).
+
+    ``applied`` and ``replayed`` count the records this handler wrote and found applied.
+    """
+
+    def __init__(
+        self,
+        fence: Fence[ConnT],
+        group_id: str,
+        write: Callable[[ConnT, list[Record]], object] | None = None,
+    ) -> None:
+        _check_fence(fence)
+        self.group_id = check_group(group_id)
+        _check_write(self, FencedBatchHandler, write, "conn, records")
+        self.fence = fence
+        self._write = write
+        self._lock = threading.Lock()
+        self.applied = 0
+        self.replayed = 0
+
+    def write(self, conn: ConnT, records: list[Record]) -> object:
+        """The batch's database writes, on ``conn`` inside the fenced transaction."""
+        assert self._write is not None
+        return self._write(conn, records)
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        self.apply_batch(records, ctx)
+
+    def apply_batch(self, records: list[Record], ctx: BatchContext) -> list[Record]:
+        """The fenced write of the batch; returns the records written (not the replays, nor
+        the records of fenced partitions, which are marked failed in ``ctx``)."""
+        epochs: dict[Partition, int] = {}
+        for record in records:
+            tp = Partition(record.topic, record.partition)
+            if tp not in epochs:
+                epoch = ctx.epoch(record)
+                if epoch is None:
+                    raise _no_epoch(record)
+                epochs[tp] = epoch
+        pending = records
+        while pending:
+            try:
+                written = self.fence.apply_batch(self.group_id, pending, epochs, self.write)
+            except FencedError as exc:
+                # Raised, it would fail the whole batch and lose every partition in it; the
+                # others are still this member's, and nothing of them was committed.
+                lost = exc.partition
+                rest = []
+                for record in pending:
+                    if (record.topic, record.partition) == lost:
+                        ctx.fail(record, exc)
+                    else:
+                        rest.append(record)
+                pending = rest
+                continue
+            with self._lock:
+                self.applied += len(written)
+                self.replayed += len(pending) - len(written)
+            return written
+        return []
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.fence!r}, group_id={self.group_id!r})"
@@ -110,11 +215,7 @@ class FencePruner:
     """
 
     def __init__(self, fence: Fence[object], group_id: str, *, interval_s: float = 5.0) -> None:
-        if not isinstance(fence, Fence):
-            raise TypeError(
-                f"fence must be a weir.fencing fence (SqliteFence, PostgresFence), got "
-                f"{type(fence).__name__}"
-            )
+        _check_fence(fence)
         self.group_id = check_group(group_id)
         interval = check_seconds("interval_s", interval_s)
         assert interval is not None

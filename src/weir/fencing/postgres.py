@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import threading
 import zlib
@@ -12,23 +13,21 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from weir.errors import FencedError, FenceUnavailableError
+from weir.errors import FenceUnavailableError
 from weir.fencing.base import (
     DEFAULT_TABLE_PREFIX,
     DEFAULT_TIMEOUT_S,
-    Fence,
+    FenceBase,
     PerThread,
     Using,
     WriteProgress,
-    check_epoch,
+    check_epochs,
     check_group,
     check_offset,
     check_partition,
     check_partitions,
     check_prefix,
-    check_record,
     check_seconds,
-    check_write,
 )
 from weir.logs import get_logger
 from weir.records import Partition, Record
@@ -43,7 +42,7 @@ DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_S = 60.0
 _SHOWN_PARAMS = ("host", "hostaddr", "port", "dbname", "user")
 
 
-class PostgresFence(Fence[psycopg.Connection[Any]]):
+class PostgresFence(FenceBase[psycopg.Connection[Any]]):
     """A fence whose epochs and applied event ids live in PostgreSQL.
 
     ``conninfo`` is a libpq connection string or URI (empty: libpq's defaults and ``PG*``
@@ -51,11 +50,12 @@ class PostgresFence(Fence[psycopg.Connection[Any]]):
     used once per thread. The fence sets its connections to autocommit (it issues BEGIN and
     COMMIT itself) and READ COMMITTED.
 
-    A write locks its partition's epoch row ``FOR SHARE`` after the write function ran, checks
-    the epoch once more and commits: an ``acquire`` (an UPDATE of that row) waits for writes in
-    that short window and is seen by every later one, while writes of one partition still run
-    in parallel. The event id is claimed first, with ``INSERT … ON CONFLICT DO NOTHING``: two
-    transactions of the same record wait for each other, and only one applies.
+    A write locks its partitions' epoch rows ``FOR SHARE`` after the write function ran, checks
+    the epochs once more and commits: an ``acquire`` (an UPDATE of such a row) waits for writes
+    in that short window and is seen by every later one, while writes of one partition still run
+    in parallel. The event ids are claimed first, with ``INSERT … ON CONFLICT DO NOTHING``: two
+    transactions of the same record wait for each other, and only one applies. A batch
+    (``apply_batch``) is one such transaction for all its records and partitions.
 
     Bounds: connecting, and each statement of ``acquire``, ``prune`` and the table set-up (lock
     waits included) take at most ``timeout_s`` (libpq's ``connect_timeout`` rounds it up to
@@ -102,6 +102,48 @@ class PostgresFence(Fence[psycopg.Connection[Any]]):
             )
         self._epochs = f"{self._prefix}_epochs"
         self._applied = f"{self._prefix}_applied"
+        # Both statements of a fenced write in two forms with the same result rows: one record
+        # by value, a batch as two JSON arrays, [[topic, partition, offset, epoch], ...] and
+        # [[topic, partition], ...] (two text parameters whatever its size). The batch form
+        # costs the server twice the one-record form's time per call (planning the JSON).
+        current = (
+            "current AS (SELECT topic, partition, epoch FROM {epochs} WHERE group_id = %(g)s "
+            "AND {which}), "
+        )
+        claimed = (
+            "claimed AS (INSERT INTO {applied} (group_id, topic, partition, record_offset, epoch) "
+            "{rows} ON CONFLICT DO NOTHING RETURNING topic, partition, record_offset) "
+            "SELECT topic, partition, epoch, NULL::bigint FROM current "
+            "UNION ALL SELECT topic, partition, NULL::bigint, record_offset FROM claimed"
+        )
+        one = "topic = %(t)s AND partition = %(p)s"
+        many = (
+            "(topic, partition) IN (SELECT x->>0, (x->>1)::integer "
+            "FROM jsonb_array_elements(%(ps)s::jsonb) x)"
+        )
+        names = {"epochs": self._epochs, "applied": self._applied}
+        self._claim_one = "WITH " + (current + claimed).format(
+            **names,
+            which=one,
+            rows="SELECT %(g)s, topic, partition, %(o)s, epoch FROM current WHERE epoch = %(e)s",
+        )
+        self._claim_many = "WITH " + (
+            current + "wanted AS (SELECT x->>0 AS topic, (x->>1)::integer AS partition, "
+            "(x->>2)::bigint AS record_offset, (x->>3)::bigint AS epoch, n "
+            "FROM jsonb_array_elements(%(rs)s::jsonb) WITH ORDINALITY AS j(x, n)), " + claimed
+        ).format(
+            **names,
+            which=many,
+            rows="SELECT %(g)s, w.topic, w.partition, w.record_offset, w.epoch FROM wanted w "
+            "JOIN current c ON c.topic = w.topic AND c.partition = w.partition "
+            "AND c.epoch = w.epoch ORDER BY w.n",
+        )
+        lock = (
+            f"SELECT topic, partition, epoch FROM {self._epochs} WHERE group_id = %(g)s "
+            "AND {which} ORDER BY topic, partition FOR SHARE"
+        )
+        self._lock_one = lock.format(which=one)
+        self._lock_many = lock.format(which=many)
         self._conns = PerThread(repr(self), self._open, _close_quietly, _usable)
         self._ready = False
         self._ready_lock = threading.Lock()
@@ -152,56 +194,6 @@ class PostgresFence(Fence[psycopg.Connection[Any]]):
         log.info("fence_acquired", group_id=group, epochs={str(k): v for k, v in epochs.items()})
         return epochs
 
-    def apply(
-        self,
-        group_id: str,
-        record: Record,
-        epoch: int,
-        write: Callable[[psycopg.Connection[Any]], object],
-    ) -> bool:
-        group = check_group(group_id)
-        record = check_record(record)
-        held = check_epoch(epoch)
-        check_write(write)
-        tp = Partition(record.topic, record.partition)
-        key = {"g": group, "t": tp.topic, "p": tp.partition, "o": record.offset, "e": held}
-        progress = WriteProgress()
-
-        def fenced_write(conn: psycopg.Connection[Any]) -> bool:
-            applied = True
-            with conn.transaction():
-                # One round trip: read the epoch (no lock yet) and claim the event id if the
-                # epoch matches. A concurrent claim of the same id makes this wait for it.
-                row = conn.execute(
-                    f"WITH current AS (SELECT epoch FROM {self._epochs} "
-                    "WHERE group_id = %(g)s AND topic = %(t)s AND partition = %(p)s), "
-                    f"claimed AS (INSERT INTO {self._applied} "
-                    "(group_id, topic, partition, record_offset, epoch) "
-                    "SELECT %(g)s, %(t)s, %(p)s, %(o)s, %(e)s FROM current "
-                    "WHERE epoch = %(e)s ON CONFLICT DO NOTHING RETURNING 1) "
-                    "SELECT (SELECT epoch FROM current), EXISTS (SELECT FROM claimed)",
-                    key,
-                ).fetchone()
-                assert row is not None
-                self._check(group, tp, record, held, row[0])
-                if not row[1]:
-                    applied = False
-                    raise psycopg.Rollback
-                progress.called = progress.in_write = True
-                write(conn)
-                progress.in_write = False
-                # The check that counts: FOR SHARE conflicts with acquire's UPDATE, so from here
-                # to COMMIT no acquire can slip in, and one that committed first is seen.
-                row = conn.execute(
-                    f"SELECT epoch FROM {self._epochs} WHERE group_id = %(g)s "
-                    "AND topic = %(t)s AND partition = %(p)s FOR SHARE",
-                    key,
-                ).fetchone()
-                self._check(group, tp, record, held, None if row is None else row[0])
-            return applied
-
-        return self._run(f"write {record.event_id}", fenced_write, progress)
-
     def prune(self, group_id: str, partition: Partition, before_offset: int) -> int:
         group = check_group(group_id)
         tp = check_partition(partition)
@@ -224,17 +216,65 @@ class PostgresFence(Fence[psycopg.Connection[Any]]):
 
     # -- internals --
 
-    @staticmethod
-    def _check(group: str, tp: Partition, record: Record, held: int, stored: int | None) -> None:
-        if stored != held:
-            log.warning(
-                "fenced_write_refused",
-                group_id=group,
-                event_id=record.event_id,
-                held=held,
-                stored=stored,
-            )
-            raise FencedError(group, tp, held, stored)
+    def _fenced(
+        self,
+        group: str,
+        batch: list[Record],
+        held: dict[Partition, int],
+        write: Callable[[psycopg.Connection[Any], list[Record]], object],
+        what: str,
+    ) -> list[Record]:
+        """One transaction for the records of ``batch`` (one record: ``apply``): check every
+        partition's epoch and claim the event ids, ``write`` the fresh records, lock and check
+        the epochs again, commit."""
+        key: dict[str, Any]
+        if len(batch) == 1:
+            r = batch[0]
+            claim, lock = self._claim_one, self._lock_one
+            key = {"g": group, "t": r.topic, "p": r.partition, "o": r.offset}
+            key["e"] = held[Partition(r.topic, r.partition)]
+        else:
+            claim, lock = self._claim_many, self._lock_many
+            # Claimed in one order by every writer: two batches holding the same records (an
+            # old and a new owner) wait for each other instead of deadlocking.
+            order = sorted(batch, key=lambda r: (r.topic, r.partition, r.offset))
+            rows = [
+                (r.topic, r.partition, r.offset, held[Partition(r.topic, r.partition)])
+                for r in order
+            ]
+            key = {"g": group, "rs": json.dumps(rows), "ps": json.dumps(list(held))}
+        progress = WriteProgress()
+
+        def fenced_write(conn: psycopg.Connection[Any]) -> list[Record]:
+            fresh: list[Record] = []
+            with conn.transaction():
+                # One round trip: read the epochs (no lock yet) and claim the event ids of the
+                # records whose epoch matches. A concurrent claim of the same id waits for it.
+                stored: dict[Partition, int] = {}
+                claimed: set[tuple[str, int, int]] = set()
+                for topic, partition, epoch, offset in conn.execute(claim, key):
+                    if offset is None:
+                        stored[Partition(topic, partition)] = int(epoch)
+                    else:
+                        claimed.add((topic, partition, int(offset)))
+                check_epochs(group, batch, held, stored)
+                fresh = [r for r in batch if (r.topic, r.partition, r.offset) in claimed]
+                if not fresh:
+                    raise psycopg.Rollback
+                progress.called = progress.in_write = True
+                write(conn, fresh)
+                progress.in_write = False
+                # The check that counts: FOR SHARE conflicts with acquire's UPDATE, so from here
+                # to COMMIT no acquire can slip in, and one that committed first is seen. The
+                # rows are locked in acquire's order (sorted), so the two cannot deadlock.
+                stored = {
+                    Partition(topic, partition): int(epoch)
+                    for topic, partition, epoch in conn.execute(lock, key)
+                }
+                check_epochs(group, batch, held, stored)
+            return fresh
+
+        return self._run(what, fenced_write, progress)
 
     def _bound(self, conn: psycopg.Connection[Any]) -> None:
         """Bound this transaction's statements and lock waits by timeout_s (reset at its end)."""

@@ -9,23 +9,21 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from weir.errors import FencedError, FenceUnavailableError
+from weir.errors import FenceUnavailableError
 from weir.fencing.base import (
     DEFAULT_TABLE_PREFIX,
     DEFAULT_TIMEOUT_S,
-    Fence,
+    FenceBase,
     PerThread,
     Using,
     WriteProgress,
-    check_epoch,
+    check_epochs,
     check_group,
     check_offset,
     check_partition,
     check_partitions,
     check_prefix,
-    check_record,
     check_seconds,
-    check_write,
 )
 from weir.logs import get_logger
 from weir.records import Partition, Record
@@ -40,7 +38,7 @@ _MEMORY_HINT = (
 )
 
 
-class SqliteFence(Fence[sqlite3.Connection]):
+class SqliteFence(FenceBase[sqlite3.Connection]):
     """A fence whose epochs and applied event ids live in a SQLite database file.
 
     ``database`` is a file path (its directory must exist; the file is created) or a function
@@ -116,57 +114,6 @@ class SqliteFence(Fence[sqlite3.Connection]):
         log.info("fence_acquired", group_id=group, epochs={str(k): v for k, v in epochs.items()})
         return epochs
 
-    def apply(
-        self,
-        group_id: str,
-        record: Record,
-        epoch: int,
-        write: Callable[[sqlite3.Connection], object],
-    ) -> bool:
-        group = check_group(group_id)
-        record = check_record(record)
-        held = check_epoch(epoch)
-        check_write(write)
-        tp = Partition(record.topic, record.partition)
-        progress = WriteProgress()
-        try:
-            # IMMEDIATE: the write lock is ours before the epoch is read and until COMMIT, so no
-            # acquire can bump the epoch between this check and the commit.
-            with (
-                self._using("apply()") as conn,
-                self._immediate(conn, f"write {record.event_id}", progress),
-            ):
-                stored = self._stored(conn, group, tp)
-                if stored != held:
-                    log.warning(
-                        "fenced_write_refused",
-                        group_id=group,
-                        event_id=record.event_id,
-                        held=held,
-                        stored=stored,
-                    )
-                    raise FencedError(group, tp, held, stored)
-                claimed = conn.execute(
-                    f"INSERT INTO {self._applied} "
-                    "(group_id, topic, partition, record_offset, epoch) VALUES (?, ?, ?, ?, ?) "
-                    "ON CONFLICT DO NOTHING",
-                    (group, tp.topic, tp.partition, record.offset, held),
-                ).rowcount
-                if claimed == 0:
-                    raise _Replay
-                progress.called = progress.in_write = True
-                write(conn)
-                progress.in_write = False
-                if not conn.in_transaction:
-                    raise RuntimeError(
-                        f"the write function for {record.event_id} ended the fence's transaction "
-                        "(commit or rollback): leave that to the fence, or its writes are no "
-                        "longer fenced or recorded together with the event id"
-                    )
-        except _Replay:
-            return False
-        return True
-
     def prune(self, group_id: str, partition: Partition, before_offset: int) -> int:
         group = check_group(group_id)
         tp = check_partition(partition)
@@ -183,6 +130,54 @@ class SqliteFence(Fence[sqlite3.Connection]):
         self._conns.close_all()
 
     # -- internals --
+
+    def _fenced(
+        self,
+        group: str,
+        batch: list[Record],
+        held: dict[Partition, int],
+        write: Callable[[sqlite3.Connection, list[Record]], object],
+        what: str,
+    ) -> list[Record]:
+        """One transaction for the records of ``batch`` (one record: ``apply``): check every
+        partition's epoch, claim the event ids, ``write`` the fresh records, commit."""
+        progress = WriteProgress()
+        fresh: list[Record] = []
+        try:
+            # IMMEDIATE: the write lock is ours before the epochs are read and until COMMIT, so
+            # no acquire can bump an epoch between this check and the commit.
+            with self._using(what) as conn, self._immediate(conn, what, progress):
+                stored = {tp: self._stored(conn, group, tp) for tp in held}
+                check_epochs(group, batch, held, stored)
+                for r in batch:
+                    claimed = conn.execute(
+                        f"INSERT INTO {self._applied} "
+                        "(group_id, topic, partition, record_offset, epoch) "
+                        "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                        (
+                            group,
+                            r.topic,
+                            r.partition,
+                            r.offset,
+                            held[Partition(r.topic, r.partition)],
+                        ),
+                    ).rowcount
+                    if claimed:
+                        fresh.append(r)
+                if not fresh:
+                    raise _Replay
+                progress.called = progress.in_write = True
+                write(conn, fresh)
+                progress.in_write = False
+                if not conn.in_transaction:
+                    raise RuntimeError(
+                        f"the write function ({what}) ended the fence's transaction "
+                        "(commit or rollback): leave that to the fence, or its writes are no "
+                        "longer fenced or recorded together with the event ids"
+                    )
+        except _Replay:
+            return []
+        return fresh
 
     def _stored(self, conn: sqlite3.Connection, group: str, tp: Partition) -> int | None:
         row = conn.execute(
