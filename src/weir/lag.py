@@ -205,10 +205,11 @@ class _Deadline:
     def unreachable(self, reason: str = "") -> BrokerUnreachableError:
         """What "no answer in time" means: a refusal the client reported, or one it could not
         report (`sasl_expected`), else unreachable."""
-        from weir._engine.refusals import ALL_BROKERS_DOWN_CODE, sasl_expected
+        from weir._engine.refusals import ALL_BROKERS_DOWN_CODE, closed_unasked, sasl_expected
 
         refused = self.refused()
-        if refused is None and all(c == ALL_BROKERS_DOWN_CODE for c, _ in self.errors.values()):
+        causes = [cause for cause, (c, _) in self.errors.items() if c != ALL_BROKERS_DOWN_CODE]
+        if refused is None and closed_unasked(causes):
             refused = sasl_expected(getattr(self._admin, "weir_client_config", {}))
         return refused if refused is not None else _unreachable(self.timeout, reason)
 

@@ -21,7 +21,14 @@ from confluent_kafka import KafkaError, KafkaException
 from tests.waiting import wait_until
 
 from weir import AuthenticationError, BrokerUnreachableError, GroupConsumer, TlsError
-from weir._engine.refusals import Refusal, explain, refusal_of, sasl_expected, startup_refusal
+from weir._engine.refusals import (
+    Refusal,
+    closed_unasked,
+    explain,
+    refusal_of,
+    sasl_expected,
+    startup_refusal,
+)
 from weir.testing.fake import FakeConsumer
 
 AUTH = (
@@ -217,3 +224,44 @@ def test_a_certificate_login_at_a_sasl_listener_is_told_so(tmp_path: Path) -> No
     assert sasl_expected(conf_of(b"\x00\x00\x00\x10")) is None  # an answer
     assert sasl_expected({**conf_of(b""), "security.protocol": "SASL_SSL"}) is None
     assert sasl_expected({**conf, "bootstrap.servers": "nonsense"}) is None
+
+
+def test_a_send_that_failed_on_a_closed_connection_is_worth_asking_the_broker_why() -> None:
+    """Regression (a fresh-clone CI run): an SSL client at a SASL_SSL listener was told "no
+    Kafka broker answered ... Send failed: ... Broken pipe" when the listener's close came before
+    the client's first write had gone out: the client then says so in its error callback, and
+    only a client that said nothing was asked about. A closed connection, in whichever words,
+    is worth asking the broker about; a refused connection or an unknown host is not."""
+    broken_pipe = (
+        "Send failed: error:80000020:system library::Broken pipe: tls_retry_write_records failure"
+    )
+    assert closed_unasked([])
+    assert closed_unasked([broken_pipe])
+    assert closed_unasked(["Disconnected (after 3ms in state UP)"])
+    assert closed_unasked(["Receive failed: Connection reset by peer"])
+    refused = "Connect to ipv4#127.0.0.1:1 failed: Connection refused"
+    assert not closed_unasked([broken_pipe, refused])
+    assert not closed_unasked(["Failed to resolve 'nowhere:9092': Name or service not known"])
+
+
+def test_a_start_that_met_only_a_closed_connection_asks_the_broker_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The start's end, wired: a client whose only error was a send on a closed connection asks
+    the broker (`sasl_expected`, stubbed here; the real one has its own test above)."""
+    import weir._engine.client_errors as client_errors
+
+    asked: list[str] = []
+
+    def told(conf: dict[str, Any]) -> AuthenticationError:
+        asked.append(conf["bootstrap.servers"])
+        return AuthenticationError("the broker expects a SASL login")
+
+    monkeypatch.setattr(client_errors, "sasl_expected", told)
+    closed = KafkaError(
+        KafkaError._TRANSPORT,
+        "ssl://b1:9093/bootstrap: Send failed: error:80000020:system library::Broken pipe: "
+        "tls_retry_write_records failure (after 1ms in state UP)",
+    )
+    error, _ = start_refused([closed, DOWN], timeout=1.0)
+    assert type(error) is AuthenticationError and asked == ["b1:9093"], (error, asked)

@@ -27,6 +27,7 @@ from weir._engine.refusals import (
     MEMBER_NEEDS,
     Denied,
     authorization_error,
+    closed_unasked,
     denied_of,
     denied_topics,
     refusal_error,
@@ -114,8 +115,9 @@ class ClientErrors:
         conf = self._cfg.librdkafka_config()
         if refusal is not None:
             raise refusal_error(refusal, conf) from None
-        # The client said nothing: a broker that closed the connection unasked is only logged.
-        sasl = None if causes else sasl_expected(conf)
+        # A broker that closed the connection unasked is only logged, or said as a send that
+        # failed on the closed socket, whichever comes first: ask the broker.
+        sasl = sasl_expected(conf) if closed_unasked(causes) else None
         if sasl is not None:
             raise sasl from None
         # One error, not a chain: the metadata request's own ("Broker transport failure") is

@@ -42,6 +42,7 @@ __all__ = [
     "Refusal",
     "RefusalSink",
     "authorization_error",
+    "closed_unasked",
     "denied_of",
     "denied_topics",
     "explain",
@@ -333,6 +334,19 @@ def _metadata_request() -> bytes:
     client_id = b"weir-diagnosis"
     body = struct.pack(">hhih", 3, 0, 1, len(client_id)) + client_id + struct.pack(">i", 0)
     return struct.pack(">i", len(body)) + body
+
+
+# What a starting client says when a broker closes a connection it had opened, in the words of
+# librdkafka's error callback: the close races the client's first write, so it is either a
+# transport error without an error callback (only logged) or a failed send on the closed socket.
+_CLOSED = re.compile(r"Broken pipe|Connection reset by peer|Disconnected", re.IGNORECASE)
+
+
+def closed_unasked(causes: Sequence[str]) -> bool:
+    """The starting client's errors (`client_error_cause` texts, but the all-brokers-down one)
+    say nothing, or only that a broker closed a connection the client had: worth asking the
+    broker why (`sasl_expected`). A refused connection or an unknown host is no such case."""
+    return all(_CLOSED.search(cause) for cause in causes)
 
 
 def sasl_expected(conf: Mapping[str, Any]) -> AuthenticationError | None:
