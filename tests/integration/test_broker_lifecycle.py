@@ -257,6 +257,7 @@ def test_a_second_start_on_a_running_dir_is_refused_until_the_broker_dies(
                 os.kill(java, signal.SIGKILL)
 
 
+@pytest.mark.slow  # the launcher's fault runs: make integration
 def test_a_cluster_holds_its_directory_also_across_a_restart(tmp_path: Path) -> None:
     workdir = tmp_path / "cluster"
     cluster = EmbeddedKafkaCluster(size=1, workdir=workdir)

@@ -46,6 +46,7 @@ def run_example(bootstrap: str, tmp_path: Path, *extra: str) -> dict[str, object
     return summary
 
 
+@pytest.mark.slow  # make integration; make test runs the example on PostgreSQL
 def test_the_ledger_is_exact_on_sqlite(kafka_bootstrap: str, tmp_path: Path) -> None:
     assert run_example(kafka_bootstrap, tmp_path)["database"] == "sqlite"
 

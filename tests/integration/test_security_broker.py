@@ -351,6 +351,7 @@ def read_properties(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if line)
 
 
+@pytest.mark.slow  # the launcher's restart runs: make integration
 @pytest.mark.usefixtures("quick_jvm")
 def test_weir_broker_start_secure_keeps_its_users_and_ca_across_a_restart(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
