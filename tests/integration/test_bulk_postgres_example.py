@@ -4,15 +4,11 @@ the table through a rebalance and a SIGKILL."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.integration.example_runs import run_example, scratch_database
 
 pytestmark = [pytest.mark.broker, pytest.mark.postgres, pytest.mark.timeout(120)]
 
@@ -20,32 +16,15 @@ pytestmark = [pytest.mark.broker, pytest.mark.postgres, pytest.mark.timeout(120)
 def test_every_event_is_loaded_exactly_once(
     kafka_bootstrap: str, tmp_path: Path, postgres_dsn: str
 ) -> None:
-    import psycopg
-    from psycopg.conninfo import make_conninfo
-
-    name = f"bulk_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    summary_path = tmp_path / "summary.json"
-    try:
-        result = subprocess.run(
-            [
-                *(sys.executable, "-m", "examples.bulk_postgres", "--bootstrap", kafka_bootstrap),
-                *("--postgres", make_conninfo(postgres_dsn, dbname=name)),
-                *("--events", "3000", "--timeout", "80", "--summary-json", str(summary_path)),
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
+    with scratch_database(postgres_dsn, "bulk") as conninfo:
+        result, summary = run_example(
+            "examples.bulk_postgres",
+            kafka_bootstrap,
+            tmp_path / "summary.json",
+            *("--postgres", conninfo, "--events", "3000", "--timeout", "80"),
             timeout=100,
-            check=False,
         )
-    finally:
-        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     output = result.stdout + result.stderr
-    assert summary_path.exists(), output
-    summary = json.loads(summary_path.read_text())
     assert summary["events"] == summary["rows"] == 3000, output
     assert summary["loaded_twice"] == [] and summary["missing"] == [], output
     assert summary["unknown"] == [], output

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.integration.example_runs import run_example
+
 PARTITIONS = 6
 
 pytestmark = pytest.mark.broker
@@ -30,23 +28,15 @@ def _leftover_members(topic: str) -> list[str]:
 def test_demo_loses_nothing_while_members_join_and_leave(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    summary_path = tmp_path / "summary.json"
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "examples.orders", "--bootstrap", kafka_bootstrap),
-            # 10 s of production: m4's join and m2's leave both land while orders still flow.
-            *("--records", "600", "--rate", "60", "--quick", "--timeout", "60"),
-            *("--summary-json", str(summary_path)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    result, s = run_example(
+        "examples.orders",
+        kafka_bootstrap,
+        tmp_path / "summary.json",
+        # 10 s of production: m4's join and m2's leave both land while orders still flow.
+        *("--records", "600", "--rate", "60", "--quick", "--timeout", "60"),
         timeout=100,
-        check=False,
     )
     output = result.stdout + result.stderr
-    assert summary_path.exists(), output
-    s = json.loads(summary_path.read_text())
 
     assert s["produced"] == 600, output
     assert s["processed"] >= s["produced"], output
