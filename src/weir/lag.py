@@ -205,11 +205,10 @@ class _Deadline:
     def unreachable(self, reason: str = "") -> BrokerUnreachableError:
         """What "no answer in time" means: a refusal the client reported, or one it could not
         report (`sasl_expected`), else unreachable."""
-        from weir._engine.refusals import ALL_BROKERS_DOWN_CODE, closed_unasked, sasl_expected
+        from weir._engine.refusals import closed_unasked, sasl_expected
 
         refused = self.refused()
-        causes = [cause for cause, (c, _) in self.errors.items() if c != ALL_BROKERS_DOWN_CODE]
-        if refused is None and closed_unasked(causes):
+        if refused is None and closed_unasked(self.errors):
             refused = sasl_expected(getattr(self._admin, "weir_client_config", {}))
         return refused if refused is not None else _unreachable(self.timeout, reason)
 

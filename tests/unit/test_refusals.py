@@ -235,13 +235,21 @@ def test_a_send_that_failed_on_a_closed_connection_is_worth_asking_the_broker_wh
     broken_pipe = (
         "Send failed: error:80000020:system library::Broken pipe: tls_retry_write_records failure"
     )
-    assert closed_unasked([])
-    assert closed_unasked([broken_pipe])
-    assert closed_unasked(["Disconnected (after 3ms in state UP)"])
-    assert closed_unasked(["Receive failed: Connection reset by peer"])
+
+    def said(*causes: str) -> dict[str, tuple[str, str]]:
+        """The start's errors by cause (`ClientErrors.on_error`), the client's last word that
+        no broker is left among them."""
+        errors = {cause: ("_TRANSPORT", cause) for cause in causes}
+        errors["1/1 brokers are down"] = ("_ALL_BROKERS_DOWN", "1/1 brokers are down")
+        return errors
+
+    assert closed_unasked(said())
+    assert closed_unasked(said(broken_pipe))
+    assert closed_unasked(said("Disconnected (after 3ms in state UP)"))
+    assert closed_unasked(said("Receive failed: Connection reset by peer"))
     refused = "Connect to ipv4#127.0.0.1:1 failed: Connection refused"
-    assert not closed_unasked([broken_pipe, refused])
-    assert not closed_unasked(["Failed to resolve 'nowhere:9092': Name or service not known"])
+    assert not closed_unasked(said(broken_pipe, refused))
+    assert not closed_unasked(said("Failed to resolve 'nowhere:9092': Name or service not known"))
 
 
 def test_a_start_that_met_only_a_closed_connection_asks_the_broker_why(

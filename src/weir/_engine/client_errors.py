@@ -110,6 +110,7 @@ class ClientErrors:
             causes = [
                 cause for cause, (code, _) in self._causes.items() if code != ALL_BROKERS_DOWN_CODE
             ][:_CAUSES]
+            closed = closed_unasked(self._causes)
         finally:
             self._causes = None
         conf = self._cfg.librdkafka_config()
@@ -117,7 +118,7 @@ class ClientErrors:
             raise refusal_error(refusal, conf) from None
         # A broker that closed the connection unasked is only logged, or said as a send that
         # failed on the closed socket, whichever comes first: ask the broker.
-        sasl = sasl_expected(conf) if closed_unasked(causes) else None
+        sasl = sasl_expected(conf) if closed else None
         if sasl is not None:
             raise sasl from None
         # One error, not a chain: the metadata request's own ("Broker transport failure") is

@@ -342,11 +342,16 @@ def _metadata_request() -> bytes:
 _CLOSED = re.compile(r"Broken pipe|Connection reset by peer|Disconnected", re.IGNORECASE)
 
 
-def closed_unasked(causes: Sequence[str]) -> bool:
-    """The starting client's errors (`client_error_cause` texts, but the all-brokers-down one)
-    say nothing, or only that a broker closed a connection the client had: worth asking the
-    broker why (`sasl_expected`). A refused connection or an unknown host is no such case."""
-    return all(_CLOSED.search(cause) for cause in causes)
+def closed_unasked(errors: Mapping[str, tuple[str, str]]) -> bool:
+    """A starting client's errors (its code name and text by cause, as `startup_refusal` reads
+    them) say nothing but that no broker is left, or only that a broker closed a connection the
+    client had: worth asking the broker why (`sasl_expected`). A refused connection or an
+    unknown host is no such case."""
+    return all(
+        _CLOSED.search(cause)
+        for cause, (code, _) in errors.items()
+        if code != ALL_BROKERS_DOWN_CODE
+    )
 
 
 def sasl_expected(conf: Mapping[str, Any]) -> AuthenticationError | None:
