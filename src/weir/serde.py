@@ -97,6 +97,16 @@ def _for_topic(d: Deserializers | None, topic: str) -> Deserializer | None:
     return d.get(topic)
 
 
+def _call_plain(method: Callable[..., object], *args: object) -> None:
+    """The wrapped handler's plain method: the workers see only the wrapper's return, so an
+    awaitable it returned (its work never done) is refused here (`_refuse_awaitable`)."""
+    result = method(*args)
+    if result is not None:
+        from weir._engine.workers import _refuse_awaitable
+
+        _refuse_awaitable(method, result)
+
+
 class _Deserializing(Handler):
     """The deserializers around the application's handler, whose hooks it passes on."""
 
@@ -148,12 +158,7 @@ class DeserializingHandler(_Deserializing):
 
     def handle(self, record: Record, ctx: Context) -> None:
         self._deserialize(record)
-        handle: Callable[[Record, Context], object] = self.inner.handle
-        result = handle(record, ctx)
-        if result is not None:
-            from weir._engine.workers import _refuse_awaitable
-
-            _refuse_awaitable(handle, result)
+        _call_plain(self.inner.handle, record, ctx)
 
 
 class AsyncDeserializingHandler(DeserializingHandler):
@@ -205,12 +210,7 @@ class DeserializingBatchHandler(_Deserializing, BatchHandler):
     def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
         good = self._deserialized(records, ctx)
         if good:
-            handle_batch: Callable[[list[Record], BatchContext], object] = self._batch.handle_batch
-            result = handle_batch(good, ctx)
-            if result is not None:
-                from weir._engine.workers import _refuse_awaitable
-
-                _refuse_awaitable(handle_batch, result)
+            _call_plain(self._batch.handle_batch, good, ctx)
 
 
 class AsyncDeserializingBatchHandler(DeserializingBatchHandler):

@@ -29,6 +29,7 @@ from weir import (
     FlowConfig,
     GroupConsumer,
     Handler,
+    HandlerError,
     Record,
     RetryPolicy,
 )
@@ -753,6 +754,37 @@ def test_a_batch_handler_reads_deserialized_records_and_one_that_fails_is_dead_l
     assert all(value == {"n": off} for call in h.calls for off, value in call)
     assert gc.stats().retries == 0
     assert gc.stats().dead_lettered == 1
+
+
+class ReturnsCoroutine(BatchHandler):
+    """Wrong on purpose: a plain handle_batch that returns a coroutine (its work never runs)."""
+
+    def __init__(self) -> None:
+        self.ran: list[int] = []
+
+    async def write(self, records: list[Record]) -> None:
+        self.ran += [r.offset for r in records]
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> Awaitable[None] | None:
+        return self.write(records)
+
+
+def test_a_coroutine_returned_through_the_deserializers_stops_the_member(
+    members: list[GroupConsumer],
+) -> None:
+    """The deserializing wrapper returns nothing to the workers, so the awaitable the wrapped
+    plain handle_batch returned is refused in the wrapper: the member stops, nothing counts."""
+    broker = FakeBroker()
+    broker.create_topic("orders", partitions=1)
+    broker.create_topic("orders.dlq", partitions=1)
+    for i in range(5):
+        broker.produce("orders", key=f"k{i}", value=json.dumps({"n": i}).encode(), partition=0)
+    h = ReturnsCoroutine()
+    gc = poisoned_member(broker, h, members, json_deserializer(), ordering="unordered")
+    with pytest.raises(HandlerError, match="returned a coroutine instead of doing its work"):
+        gc.join(WAIT)
+    assert h.ran == []
+    assert not broker.committed_offsets("g").get(("orders", 0))
 
 
 # -- the flush hook ------------------------------------------------------------------------------
