@@ -46,6 +46,7 @@ from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
 from weir._engine.protocols import ProtocolProbe, choose_protocol, warn_commit_blackout
 from weir._engine.refusals import first_token_refusal, token_refusal
 from weir._engine.replay import ReplayMaps
+from weir._engine.requests import Requests
 from weir._engine.scheduling import Scheduler
 from weir._engine.settlement import Settlement
 from weir._engine.snapshot import Snapshot
@@ -143,6 +144,7 @@ class Engine:
             clock=clock,
             refusals=self.errors,
         )
+        self.requests = Requests(life, self.failures)
         self.replay = ReplayMaps(cfg.offset_map, cfg.offset_map_max_bytes)
         self.commits = CommitPath(
             lambda: self.client, self.own, self.committer, self.replay, clock=clock
@@ -474,7 +476,7 @@ class Engine:
         failures = self.failures
         if failures.turn(now):
             self.scheduler.dispatch()  # retries due now go out this turn, not after a poll
-        self._serve_requests()
+        self.requests.serve()
         if self.life.broker_probe_due(now):
             self._probe_brokers()
         if self.starts.pending:
@@ -516,26 +518,6 @@ class Engine:
             return
         down = self.life.broker_answered(self.clock.monotonic())
         log.info("brokers_reachable", down_s=round(down, 1))
-
-    def _serve_requests(self) -> None:
-        """The operator's `retry_now` and `skip`, sent from other threads. Their arguments were
-        checked in the caller's thread; whatever serving one raises all the same goes to that
-        request's future, never to this loop (it would stop the member)."""
-        for kind, args, future in self.life.take_requests():
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                tp = Partition(*args[0])
-                if kind == "retry_now":
-                    result = self.failures.retry_now(tp)
-                elif kind == "skip":
-                    result = self.failures.skip(tp, args[1])
-                else:
-                    raise ValueError(f"unknown request {kind!r}")
-            except Exception as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
 
     def _register(self, msgs: Sequence[KafkaMessage]) -> None:
         """Hand what one consume call returned to the lanes: one batch per run (one partition,
