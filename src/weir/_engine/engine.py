@@ -20,6 +20,7 @@ from confluent_kafka import (
 )
 
 from weir._engine.aio import AsyncWorkers
+from weir._engine.app_pauses import AppPauses
 from weir._engine.budget import Budget
 from weir._engine.callbacks import Callbacks, callback_name
 from weir._engine.client import (
@@ -144,7 +145,8 @@ class Engine:
             clock=clock,
             refusals=self.errors,
         )
-        self.requests = Requests(life, self.failures)
+        self.pauses = AppPauses(self.fetch, lambda: self.own.partitions, clock)
+        self.requests = Requests(life, self.failures, self.pauses)
         self.replay = ReplayMaps(cfg.offset_map, cfg.offset_map_max_bytes)
         self.commits = CommitPath(
             lambda: self.client, self.own, self.committer, self.replay, clock=clock
@@ -227,6 +229,7 @@ class Engine:
             (self.replay, "partition"),
             (self.starts, "partition"),
             (self.stalls, "assignment"),
+            (self.pauses, "assignment"),
             (self.fetch, "partition"),
             (self.metrics, "partition"),
         )
@@ -477,6 +480,7 @@ class Engine:
         if failures.turn(now):
             self.scheduler.dispatch()  # retries due now go out this turn, not after a poll
         self.requests.serve()
+        self.pauses.turn(now)
         if self.life.broker_probe_due(now):
             self._probe_brokers()
         if self.starts.pending:
