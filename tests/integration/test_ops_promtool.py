@@ -1,7 +1,8 @@
 """Prometheus' own checker on the shipped alert rules (`weir.ops`): `promtool check rules` loads
 them as Prometheus would (PromQL parsed, templates compiled), and `promtool test rules` runs the
 cases in promtool/weir-alerts.test.yml (lag growing fires, a stalled watermark fires, a blocked
-partition fires, a dead-letter rate fires, and their quiet counterparts do not).
+partition fires, a dead-letter rate fires, and their quiet counterparts do not). The
+dashboard's panel queries are parsed the same way, as recording rules.
 
 promtool is a Go program: `make promtool` builds it into .tools/ from the Go module proxy. These
 tests use the one on PATH, else that one, and skip without either.
@@ -9,6 +10,7 @@ tests use the one on PATH, else that one, and skip without either.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -88,3 +90,30 @@ def test_promtool_refuses_a_broken_expression(tmp_path: Path) -> None:
     assert done.returncode != 0
     out = done.stdout + done.stderr
     assert '"WeirDeadLetterRate": could not parse expression' in out, out
+
+
+def test_every_dashboard_query_parses_as_promql(tmp_path: Path) -> None:
+    """Each panel query of the shipped dashboard, as a recording rule promtool parses (Grafana's
+    interval variables given a value, as Grafana does before it sends the query)."""
+    dashboard = json.loads(read("dashboard"))
+    exprs = [
+        t["expr"].replace("$__rate_interval", "1m")
+        for p in dashboard["panels"]
+        if p["type"] != "row"
+        for t in p["targets"]
+    ]
+    assert len(exprs) > 20
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"weir_dashboard:q{i}", "expr": e} for i, e in enumerate(exprs)
+                ],
+            }
+        ]
+    }
+    (tmp_path / "dashboard-queries.yml").write_text(json.dumps(rules))  # JSON is YAML
+    done = _promtool_run("check", "rules", "dashboard-queries.yml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in done.stdout + done.stderr
