@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker clean
+.PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker promtool clean
 
 # A line per step instead of the commands: pip runs quietly, and a first install takes a minute or
 # two, which must not look like a hang.
@@ -75,5 +75,19 @@ bench: $(BENCH_STAMP)
 broker: $(STAMP)
 	$(BIN)/weir broker start
 
+# promtool, Prometheus' rule checker, for tests/integration/test_ops_promtool.py (which skip
+# without it): built with the machine's Go from the Go module proxy into .tools/, a few minutes
+# the first time. Prometheus' Go module versions are v0.3XX.Y for its releases 3.XX.Y.
+PROMTOOL_VERSION ?= v0.316.0
+promtool: .tools/promtool
+
+.tools/promtool:
+	@command -v go >/dev/null || { echo "make promtool needs Go (apt-get install golang-go)"; exit 1; }
+	@echo "building promtool $(PROMTOOL_VERSION) into .tools/ with go install" \
+	  "(a few minutes the first time)..."
+	@GOBIN=$(CURDIR)/.tools go install \
+	  github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
+	@echo "built: .tools/promtool"
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .tools build src/*.egg-info
