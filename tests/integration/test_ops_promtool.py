@@ -4,8 +4,9 @@ cases in promtool/weir-alerts.test.yml (lag growing fires, a stalled watermark f
 partition fires, a dead-letter rate fires, and their quiet counterparts do not). The
 dashboard's panel queries are parsed the same way, as recording rules.
 
-promtool is a Go program: `make promtool` builds it into .tools/ from the Go module proxy. These
-tests use the one on PATH, else that one, and skip without either.
+promtool is a Go program: `make promtool` builds it into ~/.cache/weir/tools/<version>/ from
+the Go module proxy (`.ci/run` does, when Go is installed). These tests use the one on PATH, else
+the newest built there, and skip without either.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 
 from weir.ops import read
 
-ROOT = Path(__file__).resolve().parents[2]
+TOOLS = Path.home() / ".cache" / "weir" / "tools"
 CASES = Path(__file__).resolve().parent / "promtool" / "weir-alerts.test.yml"
 
 
@@ -27,8 +28,8 @@ def _promtool() -> str | None:
     on_path = shutil.which("promtool")
     if on_path:
         return on_path
-    built = ROOT / ".tools" / "promtool"
-    return str(built) if built.is_file() else None
+    built = sorted(TOOLS.glob("*/promtool"))
+    return str(built[-1]) if built else None
 
 
 PROMTOOL = _promtool()
@@ -37,8 +38,8 @@ pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(
         PROMTOOL is None,
-        reason="promtool is not on PATH nor in .tools/: `make promtool` builds it (needs Go and "
-        "the Go module proxy)",
+        reason="promtool is not on PATH nor in ~/.cache/weir/tools: `make promtool` builds it "
+        "(needs Go and the Go module proxy)",
     ),
 ]
 
