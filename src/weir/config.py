@@ -518,8 +518,8 @@ class ConsumerConfig(BaseModel):
     failure_by_topic: Mapping[str, FailurePolicy] = Field(
         default_factory=dict,
         validate_default=True,
-        description="`failure` per topic: names as subscribed, or topics a subscribed pattern "
-        "matches.",
+        description="`failure` per topic: names as subscribed, topics a subscribed pattern "
+        "matches, or a subscribed pattern itself (`^...`: every topic it matches).",
     )
 
     stuck_after_s: float = Field(
@@ -848,8 +848,16 @@ class ConsumerConfig(BaseModel):
         return ConsumerConfig(**{**given, "group_protocol": protocol}), ignored
 
     def policy_for(self, topic: str) -> FailurePolicy:
-        """The failure policy of records of `topic`."""
-        return self.failure_by_topic.get(topic, self.failure)
+        """The failure policy of records of `topic`: its name's, else the first subscribed
+        pattern's (a key starting with `^`) that matches it, else `failure`."""
+        by_topic = self.failure_by_topic
+        policy = by_topic.get(topic)
+        if policy is None:
+            policy = next(
+                (p for name, p in by_topic.items() if name[:1] == "^" and re.match(name, topic)),
+                self.failure,
+            )
+        return policy
 
     def librdkafka_config(self) -> dict[str, Any]:
         """The dict for `confluent_kafka.Consumer`, without callbacks."""

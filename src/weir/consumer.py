@@ -24,7 +24,13 @@ from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle, State
 from weir._engine.protocols import offers_consumer_protocol
 from weir._engine.scheduling import lane_of
-from weir.config import ConsumerConfig, ConsumerSettings, for_async_handler, for_batch_handler
+from weir.config import (
+    ConsumerConfig,
+    ConsumerSettings,
+    RoutedSettings,
+    for_async_handler,
+    for_batch_handler,
+)
 from weir.fencing.base import Fence
 from weir.health import Health, check
 from weir.logs import get_logger
@@ -38,6 +44,7 @@ from weir.records import (
     is_async_handler,
     pause_seconds,
 )
+from weir.routing import Routes, router
 from weir.serde import (
     AsyncDeserializingBatchHandler,
     AsyncDeserializingHandler,
@@ -102,9 +109,10 @@ class GroupConsumer:
     @overload
     def __init__(
         self,
-        handler: Handler | Callable[[Record], object],
+        handler: Handler | Callable[[Record], object] | None,
         config: ConsumerConfig,
         *,
+        routes: Routes | None = None,
         key_deserializer: Deserializers | None = None,
         value_deserializer: Deserializers | None = None,
         consumer_factory: ClientFactory | None = None,
@@ -127,11 +135,24 @@ class GroupConsumer:
         **settings: Unpack[ConsumerSettings],
     ) -> None: ...
 
+    @overload
     def __init__(
         self,
-        handler: Handler | Callable[[Record], object],
+        *,
+        routes: Routes,
+        consumer_factory: ClientFactory | None = None,
+        producer_factory: ProducerFactory | None = None,
+        fence: Fence[Any] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        **settings: Unpack[RoutedSettings],
+    ) -> None: ...
+
+    def __init__(
+        self,
+        handler: Handler | Callable[[Record], object] | None = None,
         config: ConsumerConfig | None = None,
         *,
+        routes: Routes | None = None,
         key_deserializer: Deserializers | None = None,
         value_deserializer: Deserializers | None = None,
         consumer_factory: ClientFactory | None = None,
@@ -147,11 +168,17 @@ class GroupConsumer:
         see `weir.serde`). `consumer_factory` / `producer_factory` build the Kafka clients
         (`weir.testing.FakeConsumer` for tests without a broker). `fence`: a `weir.fencing`
         fence whose epochs the member acquires for each assigned partition before its first
-        record (`Context.epoch`); a `FencedError` from a handler makes the partition lost."""
+        record (`Context.epoch`); a `FencedError` from a handler makes the partition lost.
+        `routes`: instead of `handler`, a handler per topic or pattern (`weir.Route`,
+        docs/routing.md); `topics` then defaults to what the routes name."""
+        if config is not None and settings:
+            raise TypeError("pass either a ConsumerConfig or keyword settings, not both")
+        if routes is not None:
+            handler, config = _routed(handler, routes, config, settings)
+        elif handler is None:
+            raise TypeError("GroupConsumer needs a handler, or routes= (a handler per topic)")
         if config is None:
             config = ConsumerConfig(**settings)
-        elif settings:
-            raise TypeError("pass either a ConsumerConfig or keyword settings, not both")
         self._handler = as_handler(handler)
         _check_batch_settings(self._handler, config)
         batch = isinstance(self._handler, BatchHandler)
@@ -547,3 +574,38 @@ def _target(value: object) -> Partition | str:
             raise ValueError("a topic to pause must be a non-empty name")
         return value
     return _partition(value)
+
+
+def _routed(
+    handler: object, routes: Routes, config: ConsumerConfig | None, settings: dict[str, Any]
+) -> tuple[Handler, ConsumerConfig]:
+    """The member's router, and its config with the routes' topics and failure policies: an
+    unrouted subscribed topic, or a route's policy that the config sets too, is refused here."""
+    if handler is not None:
+        raise TypeError("pass a handler or routes=, not both")
+    routed = router(routes)
+    table = routed.table
+    given = (
+        dict(settings)
+        if config is None
+        else {name: getattr(config, name) for name in config.model_fields_set}
+    )
+    topics = given.setdefault("topics", table.subscription())
+    if isinstance(topics, list | tuple):
+        unrouted = table.unrouted(t for t in topics if isinstance(t, str))
+        if unrouted:
+            raise ValueError(
+                f"no route for the subscribed {', '.join(map(repr, unrouted))}: every topic "
+                f"(and pattern) in topics needs a route (routes: {table.names()})"
+            )
+    policies = table.policies()
+    if policies:
+        mine = dict(given.get("failure_by_topic") or {})
+        both = sorted(set(mine) & set(policies))
+        if both:
+            raise ValueError(
+                f"failure_by_topic and the routes both set a policy for {', '.join(both)}: "
+                "set it in one place (Route(failure=...))"
+            )
+        given["failure_by_topic"] = {**mine, **policies}
+    return routed, ConsumerConfig(**given)
