@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker clean
+.PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker dist clean
 
 # A line per step instead of the commands: pip runs quietly, and a first install takes a minute or
 # two, which must not look like a hang.
@@ -75,5 +75,10 @@ bench: $(BENCH_STAMP)
 broker: $(STAMP)
 	$(BIN)/weir broker start
 
+# The sdist and the wheel into dist/, checked (twine, check-wheel-contents), then the wheel alone in
+# a clean virtualenv runs the quick start and the CLI against an embedded broker (tools/check-dist).
+dist: $(STAMP)
+	WEIR_DIST_PYTHON=$(PYTHON) tools/check-dist $(BIN)/python
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist src/*.egg-info
