@@ -4,13 +4,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.weir-installed
 BENCH_STAMP := $(VENV)/.weir-bench-installed
+DOCS_STAMP := $(VENV)/.weir-docs-installed
 PYTEST_ARGS ?=
 # Most broker tests wait on the broker (rebalances, session timeouts), not on a core: make test
 # runs them on several pytest-xdist workers, each with its own embedded broker.
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker dist clean
+.PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker dist docs clean
 
 # A line per step instead of the commands: pip runs quietly, and a first install takes a minute or
 # two, which must not look like a hang.
@@ -34,8 +35,8 @@ test: lint typecheck
 	$(BIN)/python -m pytest -m "not slow" $(XDIST) --durations=15 $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests examples benchmarks
-	$(BIN)/ruff format --check src tests examples benchmarks
+	$(BIN)/ruff check src tests examples benchmarks tools
+	$(BIN)/ruff format --check src tests examples benchmarks tools
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -67,6 +68,15 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	touch $(BENCH_STAMP)
 
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+# The site into site/ (mkdocs.yml): --strict, so a broken link, a name missing from the reference
+# or a docstring warning fails. NO_MKDOCS_2_WARNING: Material's banner about its successor.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/backpressure.py
@@ -81,4 +91,4 @@ dist: $(STAMP)
 	WEIR_DIST_PYTHON=$(PYTHON) tools/check-dist $(BIN)/python
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist site src/*.egg-info
