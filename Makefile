@@ -38,8 +38,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks tools
 	$(BIN)/ruff format --check src tests examples benchmarks tools
 
+# Then every Python block of README.md and docs/ that is not marked title="fragment", in one
+# mypy --strict run (tools/check_doc_examples.py).
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/python tools/check_doc_examples.py
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit tests/property $(PYTEST_ARGS)
