@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker dist docs clean
+.PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker dist docs api-check clean
 
 # A line per step instead of the commands: pip runs quietly, and a first install takes a minute or
 # two, which must not look like a hang.
@@ -70,6 +70,11 @@ netns-tools:
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	touch $(BENCH_STAMP)
+
+# Breaking changes of the public API since the last release (api/README.md): each must be listed
+# in api/breaking.txt (and said in CHANGELOG.md).
+api-check: $(STAMP)
+	$(BIN)/python tools/api_check.py
 
 $(DOCS_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[docs]'
