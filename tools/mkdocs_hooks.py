@@ -49,7 +49,14 @@ def on_files(files: Files, config: Any) -> Files:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
-    return _OUT_OF_DOCS.sub(_as_repository_path, markdown)
+    # A page's depth under docs/: reference/weir.md's ../configuration.md stays in the site.
+    depth = page.file.src_uri.count("/")
+
+    def out_of_docs(match: re.Match[str]) -> str:
+        ups = match.group(0).count("../")
+        return _as_repository_path(match) if ups > depth else match.group(0)
+
+    return _OUT_OF_DOCS.sub(out_of_docs, markdown)
 
 
 # Each reference page and the modules whose `__all__` it must show in full.
