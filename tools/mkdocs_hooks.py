@@ -61,20 +61,49 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
 
 # Each reference page and the modules whose `__all__` it must show in full.
 REFERENCE = {
-    "reference/weir": "weir",
-    "reference/testing": "weir.testing",
-    "reference/fencing": "weir.fencing",
+    "reference-weir": "weir",
+    "reference-testing": "weir.testing",
+    "reference-fencing": "weir.fencing",
 }
+
+
+_IN_PAGE = re.compile(r'href="#([^"]+)"')
+_SENT_TO_CONFIGURATION: set[str] = set()
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
+    """The settings' descriptions are written for docs/configuration.md (its table is rendered
+    from them), where ``[below](#ids-and-names)`` is a section of that page: on a reference page
+    such a link goes to configuration.md. on_post_build checks those sections exist."""
+    if page.file.src_uri.removesuffix(".md") not in REFERENCE:
+        return html
+    ids = set(re.findall(r'id="([^"]+)"', html))
+
+    def to_configuration(match: re.Match[str]) -> str:
+        anchor = match.group(1)
+        if anchor in ids:
+            return match.group(0)
+        # mkdocstrings prefixes a docstring's anchors with its object's path.
+        anchor = re.sub(r"^weir\.[\w.]+--", "", anchor)
+        _SENT_TO_CONFIGURATION.add(anchor)
+        return f'href="../configuration/#{anchor}"'
+
+    return _IN_PAGE.sub(to_configuration, html)
 
 
 def on_post_build(config: Any) -> None:
     """A public name without its entry on the reference page fails the build: mkdocstrings
-    leaves out, without a warning, a name it cannot resolve."""
+    leaves out, without a warning, a name it cannot resolve. So does a link on_page_content
+    sent to a section configuration.md does not have."""
     import importlib
 
     from mkdocs.exceptions import PluginError
 
     site = Path(config["site_dir"])
+    configuration = (site / "configuration" / "index.html").read_text(encoding="utf-8")
+    missing_sections = sorted(a for a in _SENT_TO_CONFIGURATION if f'id="{a}"' not in configuration)
+    if missing_sections:
+        raise PluginError(f"links to sections configuration.md lacks: {missing_sections}")
     for page, module in REFERENCE.items():
         html = (site / page / "index.html").read_text(encoding="utf-8")
         names = importlib.import_module(module).__all__
