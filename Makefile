@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker dist docs api-check clean
+.PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker dist docs api-check promtool clean
 
 # A line per step instead of the commands: pip runs quietly, and a first install takes a minute or
 # two, which must not look like a hang.
@@ -97,6 +97,21 @@ broker: $(STAMP)
 # a clean virtualenv runs the quick start and the CLI against an embedded broker (tools/check-dist).
 dist: $(STAMP)
 	WEIR_DIST_PYTHON=$(PYTHON) tools/check-dist $(BIN)/python
+
+# promtool, Prometheus' rule checker, for tests/integration/test_ops_promtool.py (which skip
+# without it): built with the machine's Go from the Go module proxy into ~/.cache/weir (kept
+# across clones, as the Kafka jars are), half an hour the first time on two busy cores, under a
+# minute with Go's build cache. Prometheus' Go module versions are v0.3XX.Y for its 3.XX.Y.
+PROMTOOL_VERSION ?= v0.316.0
+TOOLS := $(HOME)/.cache/weir/tools/$(PROMTOOL_VERSION)
+promtool: $(TOOLS)/promtool
+
+$(TOOLS)/promtool:
+	@command -v go >/dev/null || { echo "make promtool needs Go (apt-get install golang-go)"; exit 1; }
+	@echo "building promtool $(PROMTOOL_VERSION) into $(TOOLS) with go install" \
+	  "(up to half an hour the first time)..."
+	@GOBIN=$(TOOLS) go install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
+	@echo "built: $(TOOLS)/promtool"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist site src/*.egg-info

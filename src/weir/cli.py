@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
 import signal
@@ -24,6 +23,15 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO, TypeAlias, cast
 
 import structlog
+
+from weir._cli.cluster import (
+    add_cluster_arguments,
+    admin_for,
+    cluster_error_message,
+    positive_seconds,
+)
+from weir._cli.console import number, table_console
+from weir._cli.usage import UsageError
 
 if TYPE_CHECKING:
     SubParsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -65,7 +73,7 @@ def _register_broker(commands: SubParsers) -> None:
         help="broker setting, repeatable",
     )
     start.add_argument(
-        "--timeout", type=_positive_seconds, default=90.0, help="start-up timeout in seconds"
+        "--timeout", type=positive_seconds, default=90.0, help="start-up timeout in seconds"
     )
     secure = start.add_argument_group(
         "security",
@@ -114,7 +122,7 @@ def _register_broker(commands: SubParsers) -> None:
     stop.add_argument("--state", type=Path, help=state_help)
     stop.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=STOP_TIMEOUT_S,
         help="seconds to wait for a clean shutdown before SIGKILL",
     )
@@ -142,7 +150,7 @@ def _read_state(path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise _UsageError(
+        raise UsageError(
             f"cannot read the broker state file {path}: {exc.strerror or exc}"
         ) from None
     try:
@@ -152,7 +160,7 @@ def _read_state(path: Path) -> dict[str, Any] | None:
     else:
         problem = _state_problem(state)
     if problem is not None:
-        raise _UsageError(
+        raise UsageError(
             f"the broker state file {path} is corrupt: {problem}. A broker started with it may "
             "still run (look for a kafka.Kafka process and stop it); then delete the file"
         )
@@ -184,7 +192,7 @@ def _check_state_writable(path: Path) -> None:
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}."):
             pass
     except OSError as exc:
-        raise _UsageError(
+        raise UsageError(
             f"cannot write the broker state file {path}: {exc.strerror or exc}"
         ) from None
 
@@ -205,7 +213,7 @@ def _broker_security(args: argparse.Namespace) -> Any:
     if not (args.secure or users or args.acls or args.mtls or args.oauthbearer):
         return None
     if not args.secure:
-        raise _UsageError("--user, --super-user, --acls, --mtls and --oauthbearer need --secure")
+        raise UsageError("--user, --super-user, --acls, --mtls and --oauthbearer need --secure")
     from weir.testing.security import BrokerSecurity
 
     try:
@@ -218,7 +226,7 @@ def _broker_security(args: argparse.Namespace) -> Any:
             oauthbearer=args.oauthbearer,
         )
     except ValueError as exc:
-        raise _UsageError(str(exc)) from None
+        raise UsageError(str(exc)) from None
 
 
 def _write_client_settings(
@@ -299,7 +307,7 @@ def _broker_start(args: argparse.Namespace) -> int:
         if restore is not None:
             restore()
         if isinstance(exc, OSError):
-            raise _UsageError(
+            raise UsageError(
                 f"cannot write the broker state file {state_path}: {exc.strerror or exc}; "
                 "the broker is stopped"
             ) from None
@@ -323,7 +331,7 @@ def _check_same_dir(state: dict[str, Any], wanted: Path | None, state_path: Path
         return
     running = Path(str(state.get("workdir", "")))
     if running != wanted.expanduser().resolve():
-        raise _UsageError(
+        raise UsageError(
             f"the broker of {state_path} runs on {running}, not {wanted}: stop it first "
             f"(weir broker stop --state {state_path}), or start with another --state"
         )
@@ -498,43 +506,6 @@ def _terminate(pid: int, timeout: float) -> None:
 
 # --- weir lag / weir groups ----------------------------------------------------------------------
 
-ENV_BOOTSTRAP = "WEIR_BOOTSTRAP_SERVERS"
-ADMIN_TIMEOUT_S = 5.0
-# librdkafka's own log lines (a refused connection is logged on every retry, hundreds per run):
-# routed through Python logging by the admin client's `logger` setting, and kept quiet here.
-KAFKA_LOG = "weir.cli.kafka"
-
-
-def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
-    bootstrap = os.environ.get(ENV_BOOTSTRAP, "").strip()
-    parser.add_argument(
-        "--bootstrap-servers",
-        "-b",
-        default=bootstrap or None,
-        required=not bootstrap,
-        metavar="HOST:PORT[,...]",
-        help=f"the cluster (default: ${ENV_BOOTSTRAP})",
-    )
-    parser.add_argument(
-        "--config",
-        "-X",
-        action="append",
-        default=[],
-        type=_parse_setting,
-        metavar="KEY=VALUE",
-        help="librdkafka client setting, repeatable (e.g. security.protocol=SASL_SSL)",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=_positive_seconds,
-        default=ADMIN_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"give up when the cluster does not answer within this (default {ADMIN_TIMEOUT_S:g})",
-    )
-    parser.add_argument(
-        "--json", action="store_true", help="machine-readable JSON on stdout, one object a line"
-    )
-
 
 def _register_lag(commands: SubParsers) -> None:
     lag = commands.add_parser(
@@ -554,11 +525,11 @@ def _register_lag(commands: SubParsers) -> None:
     lag.add_argument(
         "--watch",
         "-w",
-        type=_positive_seconds,
+        type=positive_seconds,
         metavar="SECONDS",
         help="redraw every SECONDS until Ctrl-C",
     )
-    _add_cluster_arguments(lag)
+    add_cluster_arguments(lag)
     lag.set_defaults(handler=_lag)
 
 
@@ -568,93 +539,15 @@ def _register_groups(commands: SubParsers) -> None:
         help="list consumer groups with their state, members and total lag",
         description="Every consumer group of the cluster: state, type, member count, total lag.",
     )
-    _add_cluster_arguments(groups)
+    add_cluster_arguments(groups)
     groups.set_defaults(handler=_groups)
-
-
-# -X settings the command sets itself: a second value would be dropped without a word.
-_OWN_SETTINGS = {
-    "bootstrap.servers": "use --bootstrap-servers/-b",
-    "metadata.broker.list": "use --bootstrap-servers/-b",
-    "logger": "weir routes librdkafka's log lines itself",
-}
-
-
-def _parse_setting(item: str) -> tuple[str, str]:
-    from weir._secrets import is_secret_key
-
-    key, sep, value = item.partition("=")
-    if not sep or not key.strip():
-        # Without its `=`, the item may be a secret's name run into its value.
-        shown = "an item not shown (it names a secret)" if is_secret_key(item) else repr(item)
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {shown}")
-    key = key.strip()
-    if key in _OWN_SETTINGS:
-        raise argparse.ArgumentTypeError(f"{key} is not a -X setting: {_OWN_SETTINGS[key]}")
-    return key, value.strip()
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text!r}")
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
-    return value
-
-
-def _admin(args: argparse.Namespace) -> Any:
-    from weir.lag import admin_client
-
-    kafka_log = logging.getLogger(KAFKA_LOG)
-    kafka_log.setLevel(logging.CRITICAL)
-    kafka_log.propagate = False
-    settings = dict(args.config)
-    config: dict[str, Any] = {
-        **settings,
-        "bootstrap.servers": args.bootstrap_servers,
-        "logger": kafka_log,
-    }
-    try:
-        return admin_client(config)
-    except Exception as exc:  # whatever the client raises while it is built is its refusal
-        raise _UsageError(_refusal(exc, settings)) from None
-
-
-def _refusal(exc: Exception, settings: dict[str, str]) -> str:
-    """librdkafka's reason for refusing the -X settings, without the value of a secret."""
-    from weir._secrets import is_secret_key
-    from weir.lag import error_text
-
-    reason = error_text(exc).removeprefix("Failed to create admin client: ")
-    for key, value in settings.items():
-        if is_secret_key(key) and value:
-            reason = reason.replace(value, "***")
-    return f"the client refuses the -X settings: {reason}"
-
-
-def _lag_error_message(exc: Exception, args: argparse.Namespace) -> str:
-    from weir.errors import BrokerRefusedError, BrokerUnreachableError
-
-    if isinstance(exc, BrokerRefusedError):
-        return str(exc)  # names the broker, what it refused and the -X settings to check
-    if isinstance(exc, BrokerUnreachableError):
-        waited = args.timeout if exc.timeout is None else exc.timeout
-        return (
-            f"no Kafka broker answered at {args.bootstrap_servers} within {waited:g} s "
-            f"({exc.reason or 'no answer'}); check --bootstrap-servers, or raise --timeout"
-        )
-    return f"{exc} (cluster {args.bootstrap_servers})"
 
 
 def _lag(args: argparse.Namespace) -> int:
     from weir.errors import WeirError
     from weir.lag import group_lag
 
-    admin = _admin(args)
+    admin = admin_for(args)
 
     def snapshot() -> Any:
         try:
@@ -666,7 +559,7 @@ def _lag(args: argparse.Namespace) -> int:
         try:
             lag = snapshot()
         except WeirError as exc:
-            print(f"weir: {_lag_error_message(exc, args)}", file=sys.stderr)
+            print(f"weir: {cluster_error_message(exc, args)}", file=sys.stderr)
             return 1
         _print_lag(lag, args)
         return 0
@@ -689,7 +582,7 @@ def _print_lag(lag: Any, args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(lag_as_dict(lag)), flush=True)
     else:
-        _console().print(_lag_view(lag, args))
+        table_console().print(_lag_view(lag, args))
 
 
 def _watch_json(snapshot: Callable[[], Any], args: argparse.Namespace) -> None:
@@ -699,7 +592,7 @@ def _watch_json(snapshot: Callable[[], Any], args: argparse.Namespace) -> None:
         try:
             _print_lag(snapshot(), args)
         except WeirError as exc:
-            print(f"weir: {_lag_error_message(exc, args)}", file=sys.stderr, flush=True)
+            print(f"weir: {cluster_error_message(exc, args)}", file=sys.stderr, flush=True)
         time.sleep(args.watch)
 
 
@@ -710,7 +603,7 @@ def _watch_table(snapshot: Callable[[], Any], args: argparse.Namespace) -> None:
 
     from weir.errors import WeirError
 
-    console = _console()
+    console = table_console()
 
     def view() -> Any:
         stamp = Text(
@@ -719,7 +612,7 @@ def _watch_table(snapshot: Callable[[], Any], args: argparse.Namespace) -> None:
         try:
             return Group(_lag_view(snapshot(), args), stamp)
         except WeirError as exc:
-            return Group(Text(f"weir: {_lag_error_message(exc, args)}", style="red"), stamp)
+            return Group(Text(f"weir: {cluster_error_message(exc, args)}", style="red"), stamp)
 
     if not console.is_terminal:
         # Piped: a table per round, one after another (a live redraw only shows at the end).
@@ -731,31 +624,6 @@ def _watch_table(snapshot: Callable[[], Any], args: argparse.Namespace) -> None:
         while True:
             live.update(view(), refresh=True)
             time.sleep(args.watch)
-
-
-def _console() -> Any:
-    try:
-        from rich.console import Console
-    except ImportError:
-        raise _UsageError(
-            "the table needs rich: pip install 'kafka-weir[cli]' (or use --json)"
-        ) from None
-
-    class _Console(Console):
-        def on_broken_pipe(self) -> None:
-            # rich exits with 1 itself; main() and `--watch` end quietly with their own codes.
-            self.quiet = True
-            raise BrokenPipeError
-
-    console = _Console(highlight=False)
-    if not console.is_terminal:
-        # Piped or captured: no colour, and no column squeezed to an 80-column guess.
-        console = _Console(highlight=False, width=1000, no_color=True)
-    return console
-
-
-def _number(value: int | None) -> str:
-    return "-" if value is None else str(value)
 
 
 def _lag_view(lag: Any, args: argparse.Namespace) -> Any:
@@ -789,9 +657,9 @@ def _lag_view(lag: Any, args: argparse.Namespace) -> Any:
         table.add_row(
             p.topic,
             str(p.partition),
-            _number(p.committed),
-            _number(p.log_end),
-            _number(p.lag),
+            number(p.committed),
+            number(p.log_end),
+            number(p.lag),
             "◀ hottest" if hot else "",
             p.member_id or "-",
             p.client_id or "-",
@@ -824,11 +692,11 @@ def _groups(args: argparse.Namespace) -> int:
     from weir.errors import WeirError
     from weir.lag import all_groups_lag
 
-    admin = _admin(args)
+    admin = admin_for(args)
     try:
         lags = all_groups_lag(admin, timeout=args.timeout)
     except WeirError as exc:
-        print(f"weir: {_lag_error_message(exc, args)}", file=sys.stderr)
+        print(f"weir: {cluster_error_message(exc, args)}", file=sys.stderr)
         return 1
     finally:
         admin.poll(0)
@@ -848,7 +716,7 @@ def _groups(args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    console = _console()
+    console = table_console()
     if not lags:
         console.print(f"no consumer groups on {args.bootstrap_servers}")
         return 0
@@ -868,10 +736,6 @@ def _groups(args: argparse.Namespace) -> int:
         )
     console.print(table)
     return 0
-
-
-class _UsageError(Exception):
-    """A problem with how weir was called or installed, reported as one line."""
 
 
 # --- entry point ---------------------------------------------------------------------------------
@@ -965,7 +829,7 @@ def _run(args: argparse.Namespace) -> int:
             # Now rather than at exit, so that a reader that has gone is seen by main().
             sys.stdout.flush()
             return code
-    except (HarnessError, _UsageError) as exc:
+    except (HarnessError, UsageError) as exc:
         print(f"weir: {exc}", file=sys.stderr)
         return 1
 

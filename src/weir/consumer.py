@@ -36,6 +36,7 @@ from weir.records import (
     Record,
     as_handler,
     is_async_handler,
+    pause_seconds,
 )
 from weir.serde import (
     AsyncDeserializingBatchHandler,
@@ -368,6 +369,24 @@ class GroupConsumer:
         tp = _partition(partition)
         return self._life.request("skip", tp, _non_negative("offset", offset))
 
+    def pause(
+        self, target: Partition | tuple[str, int] | str, *, for_s: float | None = None
+    ) -> Future[bool]:
+        """Stop fetching `target` (a partition, or a topic's name for all its partitions) until
+        `resume(target)`, or for `for_s` seconds. Safe from any thread. Records already fetched
+        still run; nothing is skipped, and the member stays in its group. The pause belongs to
+        this member, not to one assignment: partitions of a paused topic assigned later, and a
+        paused partition that comes back in a rebalance, start paused. weir's own flow-control
+        pauses neither lift it nor are lifted by it (`pause_reason="app"` in stats). A later
+        pause of the same target replaces its end. The future is True if a partition this
+        member owns now was paused. A bad argument raises here."""
+        return self._life.request("pause", _target(target), pause_seconds(for_s))
+
+    def resume(self, target: Partition | tuple[str, int] | str) -> Future[bool]:
+        """Lift `pause(target)` for exactly that target (a partition of a paused topic stays
+        paused until the topic is resumed). The future is True if `target` was paused."""
+        return self._life.request("resume", _target(target))
+
     # -- asyncio ---------------------------------------------------------------------------
 
     async def run_async(self, *, handle_signals: bool = True) -> None:
@@ -519,3 +538,12 @@ def _partition(value: object) -> Partition:
             f"('orders', 0), got {value!r} ({type(value).__name__})"
         )
     return Partition(value[0], _non_negative("the partition number", value[1]))
+
+
+def _target(value: object) -> Partition | str:
+    """A pause's target: a topic's name, or a partition (checked as `_partition`)."""
+    if isinstance(value, str):
+        if not value:
+            raise ValueError("a topic to pause must be a non-empty name")
+        return value
+    return _partition(value)

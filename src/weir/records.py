@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import operator
 import threading
 from abc import ABC, abstractmethod
@@ -282,6 +283,17 @@ class Output:
         return f"Output({self.topic!r}, key={self.key!r}, value={self.value!r})"
 
 
+def pause_seconds(for_s: object) -> float | None:
+    """A pause's length, checked in the caller's thread: None (until resumed) or seconds."""
+    if for_s is None:
+        return None
+    if not isinstance(for_s, int | float) or isinstance(for_s, bool):
+        raise TypeError(f"for_s must be seconds (a number) or None, got {for_s!r}")
+    if not (0 < for_s < math.inf):
+        raise ValueError(f"for_s must be more than 0 and finite, got {for_s!r}")
+    return float(for_s)
+
+
 class Context:
     """Per-call context handed to `Handler.handle`.
 
@@ -290,7 +302,7 @@ class Context:
     elsewhere must fence (`epoch`, with `weir.fencing`) or write idempotently by `event_id`.
     """
 
-    __slots__ = ("_cancel", "_outputs", "attempt", "epoch", "event_id", "token")
+    __slots__ = ("_cancel", "_outputs", "_pause", "attempt", "epoch", "event_id", "token")
 
     def __init__(
         self,
@@ -300,6 +312,7 @@ class Context:
         cancel: threading.Event,
         epoch: int | None = None,
         outputs: list[Output] | None = None,
+        pause: Callable[[float | None], None] | None = None,
     ) -> None:
         self.token = token
         self.attempt = attempt
@@ -309,6 +322,16 @@ class Context:
         """The partition's ownership epoch from the member's fence (`GroupConsumer(...,
         fence=...)`), acquired before its first record was dispatched; None without a fence."""
         self._outputs = outputs
+        self._pause = pause
+
+    def pause_partition(self, for_s: float | None = None) -> None:
+        """Stop fetching this record's partition for `for_s` seconds (None: until
+        `GroupConsumer.resume`): a circuit breaker for a downstream that is down. Records
+        already fetched still run (raise to send this one to the failure policy); nothing is
+        skipped. Served by the owner thread within a turn; a bad `for_s` raises here."""
+        for_s = pause_seconds(for_s)
+        if self._pause is not None:
+            self._pause(for_s)
 
     def produce(
         self,
@@ -475,6 +498,12 @@ class BatchContext:
         None without a fence."""
         return self._parts[Partition(record.topic, record.partition)].epoch
 
+    def pause_partition(self, record: Record, for_s: float | None = None) -> None:
+        """Stop fetching `record`'s partition for `for_s` seconds (None: until
+        `GroupConsumer.resume`), as `Context.pause_partition`."""
+        for_s = pause_seconds(for_s)
+        self._parts[Partition(record.topic, record.partition)].pause(for_s)
+
     @property
     def cancelled(self) -> bool:
         """True once every partition of the batch was lost, or revoked past its drain budget,
@@ -494,6 +523,7 @@ class _PartContext(NamedTuple):
     cancel: threading.Event
     attempts: dict[int, int]
     epoch: int | None
+    pause: Callable[[float | None], None]
 
 
 class FlushContext:

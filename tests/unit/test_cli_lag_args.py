@@ -62,12 +62,12 @@ def test_bad_values_name_the_argument(
 
 
 def test_a_refusal_never_shows_a_secret() -> None:
-    from weir.cli import _refusal
+    from weir._cli.cluster import refusal
 
     # librdkafka 2.16 names a setting, not its value, in every refusal seen (a string setting
     # such as sasl.password takes any value); a future one that quotes the value must not leak.
     refused = KafkaException(KafkaError(KafkaError._INVALID_ARG, 'Invalid value "hunter2" for x'))
-    message = _refusal(refused, {"sasl.password": "hunter2", "client.id": "Invalid"})
+    message = refusal(refused, {"sasl.password": "hunter2", "client.id": "Invalid"})
     assert message == 'the client refuses the -X settings: Invalid value "***" for x'
 
 

@@ -16,12 +16,13 @@ from weir.testing.errors import BrokerStartError, PostgresStartError
 
 # Private signals that never leave their module (or, for CallAbandoned, the two engine modules
 # that bound a client call; for _TokenProblem, the token provider's wrapper and the start that
-# asks it first), so no caller ever catches them.
+# asks it first; for UsageError, the commands of weir.cli and its main()), so no caller ever
+# catches them.
 INTERNAL = {
     ("weir._engine.bounded", "CallAbandoned"),
     ("weir._engine.stalls", "_Unplaced"),
     ("weir.config", "_TokenProblem"),
-    ("weir.cli", "_UsageError"),
+    ("weir._cli.usage", "UsageError"),
     ("weir.fencing.sqlite", "_Replay"),
     ("weir.offsetmap", "_Corrupt"),
 }

@@ -328,7 +328,9 @@ class AsyncWorkers:
                             attempts = a.attempts
                             attempt = attempts.get(rec.offset, 1) if attempts else 1
                             out: list[Output] | None = [] if self._outputs else None
-                            ctx = Context(a.token, attempt, rec.event_id, a.cancel, a.epoch, out)
+                            ctx = Context(
+                                a.token, attempt, rec.event_id, a.cancel, a.epoch, out, a.pause
+                            )
                             await handle(rec, ctx)
                             if out:
                                 if task.outputs is None:

@@ -258,6 +258,7 @@ class ThreadWorkers:
                         task.finished = i
                 else:
                     token, cancel, attempts, epoch = a.token, a.cancel, a.attempts, a.epoch
+                    pause = a.pause
                     outputs = self._outputs
                     for rec in it:
                         if not a.dispatching:
@@ -267,7 +268,7 @@ class ThreadWorkers:
                         else:
                             attempt = attempts.get(rec.offset, 1) if attempts else 1
                             out: list[Output] | None = [] if outputs else None
-                            ctx = Context(token, attempt, rec.event_id, cancel, epoch, out)
+                            ctx = Context(token, attempt, rec.event_id, cancel, epoch, out, pause)
                             result = handle(rec, ctx)
                             if out:
                                 if task.outputs is None:
@@ -317,7 +318,9 @@ class ThreadWorkers:
                 else:
                     attempt = a.attempts.get(rec.offset, 1) if a.attempts else 1
                     produced = [] if self._outputs else None
-                    ctx = Context(a.token, attempt, rec.event_id, a.cancel, a.epoch, produced)
+                    ctx = Context(
+                        a.token, attempt, rec.event_id, a.cancel, a.epoch, produced, a.pause
+                    )
                     result = handle(rec, ctx)
                 if result is not None:
                     _refuse_awaitable(self._fn or handle, result)
@@ -417,7 +420,7 @@ def batch_calls(
     for t in live:
         a = t.assignment
         records += t.records
-        parts[a.tp] = _PartContext(a.token, a.cancel, a.attempts, a.epoch)
+        parts[a.tp] = _PartContext(a.token, a.cancel, a.attempts, a.epoch, a.pause)
     ctx = BatchContext(records, parts)
     error = yield records, ctx
     marks = ctx._marks
