@@ -350,8 +350,8 @@ class GroupConsumer:
         return self._life.started.wait(timeout)
 
     def stats(self) -> ConsumerStats:
-        """The latest snapshot published by the owner thread (at every commit: about once per
-        `commit_interval_s`, and at shutdown)."""
+        """The latest snapshot published by the owner thread (at a commit, at most twice per
+        `commit_interval_s`; at least once a second; and at shutdown)."""
         return self._life.stats
 
     def health(self) -> Health:

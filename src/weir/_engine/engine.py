@@ -74,7 +74,7 @@ log = get_logger(__name__)
 # How long the owner waits on the completion queue when work is in flight and nothing was fetched:
 # short enough that new records are picked up promptly, long enough not to spin.
 _IDLE_WAIT = 0.01
-# Stats are published at every commit, and at least this often.
+# Stats are published at a commit (at most twice per commit interval) and at least this often.
 _PUBLISH_EVERY = 1.0
 # While every broker is reported down: the longest the owner waits for one to answer, once a
 # second (`Lifecycle.broker_probe_due`).
@@ -476,8 +476,7 @@ class Engine:
         now = self.clock.monotonic()
         if polled:
             self.life.polled_at = now
-        failures = self.failures
-        if failures.turn(now):
+        if self.failures.turn(now):
             self.scheduler.dispatch()  # retries due now go out this turn, not after a poll
         self.requests.serve()
         self.pauses.turn(now)
@@ -488,11 +487,11 @@ class Engine:
         self.stalls.turn(now)
         if self.eos is not None:
             if self.eos.turn(now):
-                self._publish(running=True)
+                self._publish(running=True, commit=True)
         elif self.committer.due(now) and self.commits.ready(now):
             self.flushing.flush()
             self.commits.send_async(now)
-            self._publish(running=True)
+            self._publish(running=True, commit=True)
         if now >= self._next_publish:
             # Stats at least this often, however long the commit interval.
             self.commits.catch_up_positions()
@@ -772,8 +771,10 @@ class Engine:
 
     # -- observability ---------------------------------------------------------------------
 
-    def _publish(self, *, running: bool) -> None:
-        now = self.clock.monotonic()
+    def _publish(self, *, running: bool, commit: bool = False) -> None:
+        now = self.clock.monotonic()  # a snapshot is O(partitions): not each of tens of commits/s
+        if commit and now < self._next_publish - _PUBLISH_EVERY + self.cfg.commit_interval_s / 2:
+            return
         self._next_publish = now + _PUBLISH_EVERY
         self.life.publish(self.snapshot.take(running=running, now=now))
 
