@@ -14,6 +14,7 @@ from typing import Literal
 
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
+from tests.accumulators import Accumulator
 from tests.consumer_overrides import Overrides
 from tests.unit.test_batch_handlers import poisoned_member
 from tests.waiting import wait_until
@@ -22,6 +23,8 @@ from typing_extensions import Unpack
 from weir import (
     BatchContext,
     BatchHandler,
+    Context,
+    FlushContext,
     GroupConsumer,
     Record,
 )
@@ -221,3 +224,77 @@ def test_batch_produce_refuses_a_record_of_another_batch_and_a_member_without_a_
     plain = BatchContext([Record(IN, 0, 5, None, b"x")], {})
     with pytest.raises(RuntimeError, match="needs a transactional member"):
         plain.produce(plain._records[0], OUT, b"y")
+
+
+# -- a flush hook in a transactional member ------------------------------------------------------
+
+
+class Producing(Accumulator):
+    """An `Accumulator` (a buffer of its own, written by `on_flush`; the first `fail_flushes`
+    flushes raise) whose records each produce an output `<partition>:<offset>`."""
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        ctx.produce(OUT, f"{record.partition}:{record.offset}", record.key)
+        super().handle(record, ctx)
+
+
+class BatchProducing(BatchHandler):
+    """`Producing` as a batch handler: each batch's records go to the buffer, and each
+    produces its output."""
+
+    def __init__(self, fail_flushes: int = 0) -> None:
+        self.sink = Accumulator(fail_flushes)
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> Awaitable[None] | None:
+        with self.sink.lock:
+            for r in records:
+                ctx.produce(r, OUT, f"{r.partition}:{r.offset}", r.key)
+                self.sink.handled.append((r.partition, r.offset))
+                self.sink.buffer.append((r.topic, r.partition, r.offset, ctx.token(r)))
+        return None
+
+    def on_flush(self, ctx: FlushContext) -> None:
+        self.sink.on_flush(ctx)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["handle", "handle_batch"])
+def test_a_flush_hook_runs_before_each_transaction_commits_and_a_failed_one_writes_nothing(
+    members: list[GroupConsumer], batch: bool
+) -> None:
+    """With transactional_id and on_flush, a record's outputs are written into the transaction
+    when the flush that covers it has returned, before that transaction commits: the output
+    topic and the committed offsets reach the end while the member runs (not only at its
+    shutdown), and no output of a record is committed before its flush wrote it. The first two
+    flushes fail: their records count for nothing, run again, and their outputs are committed
+    once, from the run whose flush succeeded."""
+    broker = broker_with(400)
+    h = BatchProducing(fail_flushes=2) if batch else Producing(fail_flushes=2)
+    sink = h.sink if isinstance(h, BatchProducing) else h
+    settings: Overrides = {
+        "transactional_id": "tx-1",
+        "transaction_interval_s": 0.05,
+        "ordering": "key",
+        "callback_errors": "log",
+    }
+    if batch:
+        settings.update({"batch_max_records": 100, "batch_max_wait_s": 0.05})
+    gc = GroupConsumer(
+        h,
+        bootstrap_servers="fake:9092",
+        group_id="g",
+        topics=[IN],
+        consumer_factory=broker.consumer_factory,
+        producer_factory=broker.producer_factory,
+        **settings,
+    )
+    members.append(gc)
+    gc.start()
+    wait_until(lambda: all_committed(broker, {0: 200, 1: 200}), "all committed", 20)
+    written = outputs(broker)
+    assert gc.state.name == "RUNNING"
+    with sink.lock:
+        durable = set(sink.durable)
+        assert sink.flushes > 2
+    assert written == Counter(f"{p}:{o}" for p, o in durable)  # each once, and only if flushed
+    assert durable == {(m.partition(), m.offset()) for m in broker.messages(IN)}
+    assert len(sink.handled) > 400  # the failed flushes' records ran again
