@@ -6,8 +6,6 @@ dead-lettered records never."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections import Counter
 from collections.abc import Awaitable
 from typing import Literal
@@ -15,6 +13,7 @@ from typing import Literal
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 from tests.accumulators import Accumulator
+from tests.audit.exactly_once import AsyncProduceThenFailBatch, ProduceThenFailBatch
 from tests.consumer_overrides import Overrides
 from tests.unit.test_batch_handlers import poisoned_member
 from tests.waiting import wait_until
@@ -38,41 +37,9 @@ Kind = Literal["threads", "async"]
 Key = tuple[int, int]  # (partition, offset)
 
 
-class Boom(Exception):
-    pass
-
-
-class Enrich(BatchHandler):
-    """One output per record, `<partition>:<offset>@<attempt>`, produced before anything can
-    fail. `fail_once` records are then marked failed (`ctx.fail`) on their first attempt; a
-    call that holds a `poison` record raises, after producing for all its records."""
-
-    def __init__(self, fail_once: set[Key] | None = None, poison: set[Key] | None = None) -> None:
-        self.fail_once = fail_once or set()
-        self.poison = poison or set()
-        self.lock = threading.Lock()
-        self.calls: list[list[Key]] = []
-
-    def handle_batch(self, records: list[Record], ctx: BatchContext) -> Awaitable[None] | None:
-        self.run(records, ctx)
-        return None
-
-    def run(self, records: list[Record], ctx: BatchContext) -> None:
-        with self.lock:
-            self.calls.append([(r.partition, r.offset) for r in records])
-        for r in records:
-            ctx.produce(r, OUT, f"{r.partition}:{r.offset}@{ctx.attempt(r)}", r.key)
-        for r in records:
-            if (r.partition, r.offset) in self.fail_once and ctx.attempt(r) == 1:
-                ctx.fail(r, Boom(f"record {r.offset} fails once"))
-        if self.poison.intersection((r.partition, r.offset) for r in records):
-            raise Boom("the batch holds a poison record")
-
-
-class AsyncEnrich(Enrich):
-    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
-        await asyncio.sleep(0)
-        self.run(records, ctx)
+def attempted(r: Record, ctx: BatchContext) -> tuple[bytes | None, bytes]:
+    """The output of a record: `<partition>:<offset>@<attempt>`."""
+    return r.key, f"{r.partition}:{r.offset}@{ctx.attempt(r)}".encode()
 
 
 @pytest.fixture(params=["threads", "async"])
@@ -81,8 +48,17 @@ def kind(request: pytest.FixtureRequest) -> Kind:
     return k
 
 
-def enrich(kind: Kind, **kw: set[Key]) -> Enrich:
-    return (Enrich if kind == "threads" else AsyncEnrich)(**kw)
+def enrich(
+    kind: Kind, fail_once: frozenset[Key] = frozenset(), poison: frozenset[Key] = frozenset()
+) -> ProduceThenFailBatch:
+    """One output per record (`attempted`); `fail_once` records are marked failed after
+    producing on their first attempt; a call that holds a `poison` record raises."""
+    return (ProduceThenFailBatch if kind == "threads" else AsyncProduceThenFailBatch)(
+        OUT,
+        value=attempted,
+        fail_once=lambda r: (r.partition, r.offset) in fail_once,
+        poison=poison,
+    )
 
 
 def broker_with(records: int, partitions: int = 2) -> FakeBroker:
@@ -101,7 +77,7 @@ def broker_with(records: int, partitions: int = 2) -> FakeBroker:
 
 
 def member(
-    broker: FakeBroker, handler: Enrich, members: list[GroupConsumer], **kw: Unpack[Overrides]
+    broker: FakeBroker, handler: BatchHandler, members: list[GroupConsumer], **kw: Unpack[Overrides]
 ) -> GroupConsumer:
     """A transactional member of group `g` on `orders` (dead letters to `orders.dlq`; 2
     attempts of a batch, then the split)."""
@@ -171,8 +147,8 @@ def test_outputs_of_failed_and_held_records_are_never_committed(
     every call that held it, are never committed, and the records that were in those calls
     with it write theirs once."""
     broker = broker_with(400)
-    fail_once = {(1, 17), (0, 42), (1, 101)}
-    poison = {(0, 150)}
+    fail_once = frozenset({(1, 17), (0, 42), (1, 101)})
+    poison = frozenset({(0, 150)})
     h = enrich(kind, fail_once=fail_once, poison=poison)
     gc = member(broker, h, members, ordering=ordering)
     wait_until(lambda: all_committed(broker, {0: 200, 1: 200}), "all committed", 30)
