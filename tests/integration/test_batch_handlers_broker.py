@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.accumulators import Accumulator
+from tests.accumulators import Accumulator, AsyncBatchAccumulator
 from tests.audit.exactly_once import (
     AsyncProduceThenFailBatch,
     ProduceThenFailBatch,
@@ -20,6 +21,7 @@ from tests.audit.exactly_once import (
 from tests.consumer_overrides import Overrides
 from tests.integration.kafka_helpers import committed, end_offsets, keyed_orders, member, produce
 from tests.integration.kafka_helpers import wait_until as wait_for
+from tests.unit.test_batch_handlers import bulk_write
 from weir import BatchContext, BatchHandler, CommitEvent, FailurePolicy, Record, RetryPolicy
 from weir.testing.pytest_plugin import TopicFactory, consume_all, wait_for_committed
 
@@ -82,12 +84,17 @@ def test_a_batch_handler_consumes_in_key_order_and_commits_every_partition(
     assert len(h.sizes) < 300  # batches, not record by record
 
 
+@pytest.mark.parametrize(
+    "kind", [Accumulator, AsyncBatchAccumulator], ids=["handle", "async handle_batch"]
+)
 def test_a_revoke_flushes_the_handlers_buffer_before_its_commit(
-    kafka_bootstrap: str, make_topic: TopicFactory
+    kafka_bootstrap: str, make_topic: TopicFactory, kind: type[Accumulator]
 ) -> None:
     """Member A keeps every record in its buffer (no periodic commit); B joining takes
     partitions from A: A's hand-off commit comes after its flush, so it covers all of A's
-    records, and B runs none of them again. No commit ever passes a record only buffered."""
+    records, and B runs none of them again. No commit ever passes a record only buffered.
+    The same with an `async def handle_batch` member, whose buffer its calls fill on the
+    event loop."""
     topic = make_topic(2)
     produce(kafka_bootstrap, topic, keyed_orders(200, 20))
     group = f"g-{uuid.uuid4().hex[:10]}"
@@ -97,7 +104,7 @@ def test_a_revoke_flushes_the_handlers_buffer_before_its_commit(
         "commit_every_records": 1_000_000,
         "assignment_strategy": "cooperative-sticky",
     }
-    a, b = Accumulator(), Accumulator()
+    a, b = kind(), kind()
     passed: list[str] = []
 
     def check(h: Accumulator) -> Callable[[CommitEvent], None]:
@@ -186,3 +193,96 @@ def test_batch_outputs_are_written_exactly_once_in_the_transactions(
     report = compare(inputs, consume_all(kafka_bootstrap, out))
     assert report.exactly_once, report.summary()
     assert report.outputs == 599
+
+
+# -- async def handle_batch: a lost partition, a poison record ----------------------------------
+
+
+@pytest.mark.slow
+def test_a_lost_partitions_buffer_is_dropped_never_flushed_or_committed(
+    kafka_bootstrap: str, make_topic: TopicFactory
+) -> None:
+    """An `async def handle_batch` member keeps its records in a buffer of its own. The owner
+    thread is held (a commit listener that blocks) past `max_poll_interval_s` while a slow call
+    still runs on the loop: the call returns during the stall, its record buffered under the
+    partition's old token, and the partition is lost. That record is never flushed (the flush
+    hook is told the old token is no longer owned, and drops it) and no commit passes it
+    before it is handled again in the partition's new assignment and flushed there."""
+    topic = make_topic(1)
+    produce(kafka_bootstrap, topic, keyed_orders(10, 5), partition=0)
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    h = AsyncBatchAccumulator(slow=frozenset({11}), delay=1.5)
+    block = threading.Event()
+    passed: list[str] = []
+
+    def listener(event: CommitEvent) -> None:
+        if event.status != "sent":
+            return
+        with h.lock:
+            if any((0, o) not in h.durable for o in range(event.offset)):
+                passed.append(f"{event.tp}@{event.offset}")
+        if block.is_set():
+            block.clear()
+            time.sleep(3.0)  # past max.poll.interval.ms: the owner does not poll meanwhile
+
+    gc = member(
+        h,
+        kafka_bootstrap,
+        group,
+        [topic],
+        ordering="unordered",
+        batch_max_records=1,  # offset 10 and the slow 11 in calls of their own
+        batch_max_wait_s=0.0,
+        max_in_flight=4,
+        session_timeout_s=1.0,
+        heartbeat_interval_s=0.3,
+        max_poll_interval_s=1.0,
+        revoke_timeout_s=0.4,
+        commit_interval_s=0.1,
+    )
+    gc.add_commit_listener(listener)
+    with gc:
+        wait_for(lambda: len(h.durable) == 10, 30, "the first ten flushed")
+        block.set()
+        # 10 returns at once: its flush and commit come while 11 still sleeps on the loop, and
+        # that commit stalls the owner; 11 returns during the stall, into the buffer.
+        produce(kafka_bootstrap, topic, keyed_orders(2, 2), partition=0)
+        wait_for(lambda: (0, 11) in h.dropped, 30, "offset 11 dropped by a flush")
+        wait_for(lambda: (0, 11) in h.durable, 30, "offset 11 handled again and flushed")
+        wait_for(lambda: committed(kafka_bootstrap, group, topic, 1) == [12], 30, "committed")
+    assert h.handled.count((0, 11)) == 2  # its first run was buffered, dropped, and run again
+    assert not passed, passed
+
+
+def test_a_poison_record_in_an_async_batch_of_500_is_dead_lettered_alone(
+    kafka_bootstrap: str, make_topic: TopicFactory
+) -> None:
+    """An `async def handle_batch` bulk write that fails while its batch holds offset 317 of
+    500: the batch is retried, then split until 317 fails alone; it alone is dead-lettered,
+    every other record is written once, and the partition is committed to its end."""
+    topic, dlq = make_topic(1), make_topic(1)
+    produce(kafka_bootstrap, topic, keyed_orders(500, 20), partition=0)
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    h = bulk_write("async", poison={317})
+    gc = member(
+        h,
+        kafka_bootstrap,
+        group,
+        [topic],
+        ordering="key",
+        batch_max_records=500,
+        batch_max_wait_s=0.5,
+        failure=FailurePolicy(
+            retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.01, jitter=0.0),
+            final="dead_letter",
+            dead_letter_topic=dlq,
+        ),
+    )
+    with gc:
+        wait_for_committed(kafka_bootstrap, group, topic, [500], timeout=60)
+        assert gc.stats().dead_lettered == 1
+    dead = [dict(r.headers)["weir.dlq.offset"] for r in consume_all(kafka_bootstrap, dlq)]
+    assert dead == [b"317"]
+    assert sorted(h.written) == [o for o in range(500) if o != 317]  # each once
+    assert [317] in h.calls  # found failing alone
+    assert len(h.calls) < 40, [len(c) for c in h.calls]  # about two calls per halving
