@@ -489,11 +489,11 @@ class BatchContext:
         # member without transactional_id (`produce` refuses).
         self._outputs: dict[int, list[Output]] | None = {} if outputs else None
 
-    def _position(self, record: Record) -> int:
+    def _position(self, record: Record, doing: str = "mark") -> int:
         i = self._index.get(id(record))
         if i is None or self._records[i] is not record:
             raise ValueError(
-                f"{record!r} is not a record of this batch: mark only the records "
+                f"{record!r} is not a record of this batch: {doing} only the records "
                 "handle_batch was given"
             )
         return i
@@ -536,8 +536,13 @@ class BatchContext:
         marked `done`) are dropped, and the call that finishes it on a retry produces them again
         (docs/exactly-once.md#batch-handlers)."""
         outputs = _producing(self._outputs)
+        if not isinstance(record, Record):
+            raise TypeError(
+                f"BatchContext.produce takes the record the output belongs to first, got "
+                f"{record!r}: ctx.produce(record, topic, value, key)"
+            )
         out = _output(topic, value, key, headers, partition)
-        outputs.setdefault(self._position(record), []).append(out)
+        outputs.setdefault(self._position(record, "produce for"), []).append(out)
 
     def attempt(self, record: Record) -> int:
         """The attempt `record` is on: 1 the first time, more when it is retried."""

@@ -193,8 +193,10 @@ def test_batch_produce_refuses_a_record_of_another_batch_and_a_member_without_a_
         {},
         outputs=True,
     )
-    with pytest.raises(ValueError, match="not a record of this batch"):
+    with pytest.raises(ValueError, match="not a record of this batch: produce for only"):
         ctx.produce(Record(IN, 0, 5, None, b"x"), OUT, b"y")  # equal, not the one given
+    with pytest.raises(TypeError, match=r"takes the record .* first.*ctx.produce\(record, topic"):
+        ctx.produce(OUT, b"y")  # type: ignore[arg-type]  # a Handler's ctx.produce(topic, value)
     with pytest.raises(TypeError, match="topic must be a non-empty str"):
         ctx.produce(ctx._records[0], "", b"y")
     plain = BatchContext([Record(IN, 0, 5, None, b"x")], {})
