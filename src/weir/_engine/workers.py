@@ -462,15 +462,14 @@ def _produced(
     results: list[BaseException | None],
 ) -> None:
     """The outputs one call produced for the records `indexes` of the batch (`outputs` by
-    their place in the call) that are done: theirs, whatever an earlier call produced for
-    them. A failed record's outputs are dropped; the call that finishes it produces them."""
+    their place in the call) that it finished. A record is finished by one call at most (a
+    split calls again only the records that failed), and a failed record's outputs are
+    dropped: the call that finishes it produces them again."""
     for j, i in enumerate(indexes):
         if results[i] is None:
             out = outputs.get(j)
             if out:
                 produced[i] = out
-            else:
-                produced.pop(i, None)
 
 
 def _outputs_of(t: Task, outputs: dict[int, list[Output]], at: int) -> None:
