@@ -280,7 +280,7 @@ def test_a_poison_record_in_an_async_batch_of_500_is_dead_lettered_alone(
     )
     with gc:
         wait_for_committed(kafka_bootstrap, group, topic, [500], timeout=60)
-        assert gc.stats().dead_lettered == 1
+        wait_for(lambda: gc.stats().dead_lettered == 1, 5, "the stats publish the dead letter")
     dead = [dict(r.headers)["weir.dlq.offset"] for r in consume_all(kafka_bootstrap, dlq)]
     assert dead == [b"317"]
     assert sorted(h.written) == [o for o in range(500) if o != 317]  # each once

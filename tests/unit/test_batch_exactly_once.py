@@ -160,7 +160,7 @@ def test_outputs_of_failed_and_held_records_are_never_committed(
     # What the failed attempt produced (`@1`) is not among them: the retry's is.
     assert not {f"{p}:{o}@1" for p, o in fail_once} & set(written)
     assert [(0, 150)] in h.calls  # the split found it alone
-    assert gc.stats().dead_lettered == 1
+    wait_until(lambda: gc.stats().dead_lettered == 1, "the stats publish the dead letter", 5)
 
 
 def test_an_aborted_transaction_runs_its_batches_again_and_writes_their_outputs_once(
