@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from tests.audit.exactly_once import transform
 from weir import BatchContext, BatchHandler, Context, FlushContext, Handler, Record
 
 Key = tuple[int, int]  # (partition, offset)
@@ -66,3 +67,18 @@ class AsyncBatchAccumulator(BatchHandler, Accumulator):
             for r in records:
                 self.handled.append((r.partition, r.offset))
                 self.buffer.append((r.topic, r.partition, r.offset, ctx.token(r)))
+
+
+class ProducingBatchAccumulator(AsyncBatchAccumulator):
+    """`AsyncBatchAccumulator` in a transactional member: each record also produces its
+    transform (`tests.audit.exactly_once.transform`) into `output`."""
+
+    def __init__(self, output: str, fail_flushes: int = 0) -> None:
+        super().__init__(fail_flushes)
+        self.output = output
+
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        for r in records:
+            key, value = transform(r.partition, r.offset, r.key, r.value)
+            ctx.produce(r, self.output, value, key)
+        await super().handle_batch(records, ctx)

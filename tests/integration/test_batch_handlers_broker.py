@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.accumulators import Accumulator, AsyncBatchAccumulator
+from tests.accumulators import Accumulator, AsyncBatchAccumulator, ProducingBatchAccumulator
 from tests.audit.exactly_once import (
     AsyncProduceThenFailBatch,
     ProduceThenFailBatch,
@@ -286,3 +286,36 @@ def test_a_poison_record_in_an_async_batch_of_500_is_dead_lettered_alone(
     assert sorted(h.written) == [o for o in range(500) if o != 317]  # each once
     assert [317] in h.calls  # found failing alone
     assert len(h.calls) < 40, [len(c) for c in h.calls]  # about two calls per halving
+
+
+def test_a_flush_hook_in_a_transactional_member_writes_each_output_once(
+    kafka_bootstrap: str, make_topic: TopicFactory
+) -> None:
+    """Real transactions with an `async def handle_batch` that keeps its records in a buffer
+    and produces each one's transform: the flush runs before each transaction commits, so the
+    group's offsets reach the end while the member runs, and a read_committed reader sees every
+    output once; the first flush fails, and the records it was to cover run again without their
+    first outputs ever being committed."""
+    src, out = make_topic(2), make_topic(2)
+    produce(kafka_bootstrap, src, keyed_orders(400, 13))
+    group = f"eos-{uuid.uuid4().hex[:10]}"
+    h = ProducingBatchAccumulator(out, fail_flushes=1)
+    gc = member(
+        h,
+        kafka_bootstrap,
+        group,
+        [src],
+        ordering="key",
+        batch_max_records=100,
+        transactional_id=f"{group}-a",
+        callback_errors="log",
+    )
+    ends = end_offsets(kafka_bootstrap, src, 2)
+    with gc:
+        wait_for_committed(kafka_bootstrap, group, src, ends, timeout=60)
+    assert h.flushes > 1 and len(h.handled) > 400  # the failed flush's records ran again
+    assert h.durable == {(r.partition, r.offset) for r in consume_all(kafka_bootstrap, src)}
+    wait_for_no_open_transaction(kafka_bootstrap, out, 30)
+    report = compare(consume_all(kafka_bootstrap, src), consume_all(kafka_bootstrap, out))
+    assert report.exactly_once, report.summary()
+    assert report.outputs == 400
