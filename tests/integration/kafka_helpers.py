@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from typing_extensions import Unpack
 
 from tests.consumer_overrides import Overrides
@@ -60,30 +60,11 @@ def wait_until(pred: Callable[[], object], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-_COORDINATOR_MOVING = {
-    KafkaError.NOT_COORDINATOR,
-    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-    KafkaError.COORDINATOR_NOT_AVAILABLE,
-}
-
-
 def committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
-    """The group's committed offsets. A coordinator that moves or loads, or an error librdkafka
-    calls retriable, is asked again for up to 15 s: a chaos run's wait was seen to end on one
-    NOT_COORDINATOR from a busy broker."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    deadline = time.monotonic() + 15
     try:
-        while True:
-            try:
-                tps = [TopicPartition(topic, p) for p in range(partitions)]
-                return [r.offset for r in c.committed(tps, timeout=15)]
-            except KafkaException as exc:
-                err = exc.args[0]
-                again = err.retriable() or err.code() in _COORDINATOR_MOVING
-                if not again or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        res = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=15)
+        return [r.offset for r in res]
     finally:
         c.close()
 
