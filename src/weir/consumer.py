@@ -67,18 +67,11 @@ _BATCH_SETTINGS = ("batch_max_records", "batch_max_wait_s", "batch_max_bytes")
 
 
 def _check_batch_settings(handler: Handler, config: ConsumerConfig) -> None:
-    """The batch settings belong to a `BatchHandler`, and a `BatchHandler` to what this release
-    runs in batches: `handle_batch` (plain, on worker threads, or `async def`, on the event
-    loop), without a transaction. A flush hook does not join a transaction yet."""
+    """The batch settings belong to a `BatchHandler`, and `flush_timeout_s` to a flush hook."""
     if handler._flush_hook() is None and "flush_timeout_s" in config.model_fields_set:
         raise ValueError(
             f"flush_timeout_s bounds a handler's on_flush hook, and {type(handler).__qualname__} "
             "defines none: drop the setting, or define on_flush(ctx)"
-        )
-    if handler._flush_hook() is not None and config.transactional_id is not None:
-        raise ValueError(
-            f"{type(handler).__qualname__} defines on_flush(): a handler's own buffer with "
-            "transactional_id (exactly-once outputs) is not supported yet"
         )
     if not isinstance(handler, BatchHandler):
         given = [name for name in _BATCH_SETTINGS if name in config.model_fields_set]
@@ -90,12 +83,6 @@ def _check_batch_settings(handler: Handler, config: ConsumerConfig) -> None:
                 "or subclass weir.BatchHandler"
             )
         return
-    name = type(handler).__qualname__
-    if config.transactional_id is not None:
-        raise ValueError(
-            f"{name} is a BatchHandler: transactional_id (exactly-once outputs) is not "
-            "supported for batch handlers yet"
-        )
 
 
 class GroupConsumer:

@@ -486,7 +486,7 @@ class Engine:
             self.starts.turn(now)
         self.stalls.turn(now)
         if self.eos is not None:
-            if self.eos.turn(now):
+            if self.eos.turn(now, self.flushing.flush):
                 self._publish(running=True, commit=True)
         elif self.committer.due(now) and self.commits.ready(now):
             self.flushing.flush()
