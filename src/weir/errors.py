@@ -20,6 +20,7 @@ __all__ = [
     "DeserializationError",
     "FenceUnavailableError",
     "FencedError",
+    "GroupActiveError",
     "GroupNotFoundError",
     "HandlerError",
     "KafkaFatalError",
@@ -229,3 +230,13 @@ class GroupNotFoundError(LagError):
 
 class TopicNotFoundError(LagError):
     """A topic asked for does not exist."""
+
+
+class GroupActiveError(LagError):
+    """The group has members: its offsets can be changed, or the group deleted, only while it
+    is empty. ``members`` holds ``(member_id, client_id, host)`` of each, as the message names
+    them."""
+
+    def __init__(self, message: str, members: tuple[tuple[str, str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.members = members

@@ -406,9 +406,16 @@ def _committed(
 def _committed_by_consumer(
     config: Mapping[str, Any], group_id: str, asked: list[Any], deadline: _Deadline
 ) -> dict[TopicPartitionKey, int | None]:
-    """The group's committed offsets of ``asked``, read by a consumer that never subscribes
-    (it joins nothing). read_uncommitted: the broker answers with the last committed offset
-    at once instead of waiting while a transaction holds a newer one."""
+    return _offsets_of(_committed_partitions(config, group_id, asked, deadline))
+
+
+def _committed_partitions(
+    config: Mapping[str, Any], group_id: str, asked: list[Any], deadline: _Deadline
+) -> list[Any]:
+    """The group's committed ``TopicPartition``s of ``asked`` (offset and metadata), read by a
+    consumer that never subscribes (it joins nothing). read_uncommitted: the broker answers
+    with the last committed offset at once instead of waiting while a transaction holds a
+    newer one."""
     from confluent_kafka import Consumer
 
     try:
@@ -434,7 +441,7 @@ def _committed_by_consumer(
         raise _as_lag_error(exc, deadline, ("group", group_id)) from exc
     finally:
         consumer.close()
-    return _offsets_of(found)
+    return list(found)
 
 
 def _offsets_of(found: Iterable[Any]) -> dict[TopicPartitionKey, int | None]:
