@@ -1,0 +1,185 @@
+"""`weir offsets` / `weir groups describe|delete` argument handling and weir.admin's plan
+arithmetic, without a broker (tests/integration/test_cli_offsets.py runs them on one)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from weir.admin import (
+    OffsetsError,
+    ResetPlan,
+    ResetTarget,
+    _planned,
+    read_saved_offsets,
+    write_saved_offsets,
+)
+from weir.cli import SUBCOMMANDS, build_parser, main
+from weir.offsetmap import FinishedMap, decode_finished, encode_finished
+
+pytestmark = pytest.mark.timeout(30)
+
+MAP_AT_5 = encode_finished(5, b"\x00\x01\x01\x00\x01\x01").text  # 6, 7, 9, 10 finished
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    assert info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_offsets_is_registered_and_parses() -> None:
+    assert {"offsets", "groups"} <= set(SUBCOMMANDS)
+    args = build_parser().parse_args(
+        ["offsets", "reset", "-b", "h:1", "-g", "g", "-t", "orders:0,2", "--shift-by", "-5"]
+    )
+    assert (args.group, args.topic, args.shift_by, args.execute) == (
+        "g",
+        ("orders", [0, 2]),
+        -5,
+        False,
+    )
+    args = build_parser().parse_args(
+        [
+            "offsets",
+            "reset",
+            "-b",
+            "h:1",
+            "-g",
+            "g",
+            "-t",
+            "orders",
+            "--to-datetime",
+            "2026-12-03T09:30:00Z",
+        ]
+    )
+    assert args.topic == ("orders", None)
+    assert args.to_datetime == dt.datetime(2026, 12, 3, 9, 30, tzinfo=dt.timezone.utc)
+
+
+RESET = ("offsets", "reset", "-b", "h:1", "-g", "g")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ((*RESET, "-t", "t"), "one of the arguments --to-earliest --to-latest"),
+        ((*RESET, "-t", "t", "--to-earliest", "--to-latest"), "not allowed with argument"),
+        ((*RESET, "-t", "t:x", "--to-earliest"), "expected TOPIC or TOPIC:P,P,... with partition"),
+        ((*RESET, "-t", "t:-1", "--to-earliest"), "a partition number is 0 or more"),
+        ((*RESET, "-t", "a b", "--to-earliest"), "'a b' is no topic name"),
+        ((*RESET, "-t", "t", "--to-offset", "-1"), "an offset is 0 or more, got '-1'"),
+        ((*RESET, "-t", "t", "--to-offset", "x"), "expected an offset, got 'x'"),
+        ((*RESET, "-t", "t", "--shift-by", "1.5"), "expected a whole number"),
+        ((*RESET, "-t", "t", "--to-datetime", "2026-12-03T09:30"), "has no time zone: add Z"),
+        ((*RESET, "-t", "t", "--to-datetime", "yesterday"), "expected an ISO 8601 time"),
+        ((*RESET, "--to-earliest"), "the topic is needed: --topic TOPIC[:P,...]"),
+        ((*RESET, "-t", "t", "--from-file", "f.json"), "--from-file names its partitions"),
+        ((*RESET, "-t", "t", "--to-earliest", "--save", "f"), "--save is where --execute saves"),
+        (("offsets", "reset", "-b", "h:1", "-t", "t", "--to-earliest"), "--group/-g"),
+        (("offsets", "delete", "-b", "h:1", "-g", "g"), "--topic/-t"),
+        (("groups", "describe", "-b", "h:1"), "describe needs the group: weir groups describe"),
+        (("groups", "delete", "-b", "h:1"), "delete needs the group"),
+        (("groups", "list", "g", "-b", "h:1"), "list takes no group (got 'g')"),
+        (("groups", "g", "-b", "h:1"), "invalid choice: 'g'"),
+    ],
+)
+def test_bad_input_is_one_usage_line(
+    argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = usage_error(capsys, *argv)
+    assert err.startswith("usage: weir ")
+    last = err.splitlines()[-1]
+    assert last.startswith("weir ") and message in last, err
+    assert "Traceback" not in err
+
+
+def test_groups_alone_still_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = build_parser().parse_args(["groups", "-b", "h:1", "--timeout", "2"])
+    assert (args.action, args.group, args.timeout) == (None, None, 2.0)
+    args = build_parser().parse_args(["groups", "-b", "h:1", "describe", "g", "--json"])
+    assert (args.action, args.group, args.json, args.bootstrap_servers) == (
+        "describe",
+        "g",
+        True,
+        "h:1",
+    )
+
+
+def test_a_saved_file_that_is_not_one_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(OffsetsError, match="is not JSON"):
+        read_saved_offsets(bad)
+    bad.write_text(json.dumps({"group": "g", "partitions": []}))
+    with pytest.raises(OffsetsError, match="not a saved-offsets file of weir"):
+        read_saved_offsets(bad)
+    with pytest.raises(OffsetsError, match="cannot read"):
+        read_saved_offsets(tmp_path / "missing.json")
+    # Read before any client is made: no cluster needed to be refused.
+    argv = ["offsets", "reset", "-b", "127.0.0.1:1", "-g", "g", "--from-file", str(bad)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a saved-offsets file of weir" in err
+
+
+def test_the_saved_file_round_trips_and_is_never_overwritten(tmp_path: Path) -> None:
+    plan = ResetPlan(
+        "g",
+        "offset 0",
+        (
+            _planned(("t", 0), 5, MAP_AT_5, 0, 0, 20, None),
+            _planned(("t", 1), None, None, 0, 0, 20, None),
+        ),
+        (),
+    )
+    path = tmp_path / "saved.json"
+    write_saved_offsets(path, plan)
+    group, saved = read_saved_offsets(path)
+    assert group == "g"
+    assert [(s.topic, s.partition, s.offset, s.metadata) for s in saved] == [
+        ("t", 0, 5, MAP_AT_5),
+        ("t", 1, None, None),
+    ]
+    with pytest.raises(OffsetsError, match="exists: the saved offsets go to a new file"):
+        write_saved_offsets(path, plan)
+
+
+def test_a_rewind_drops_the_map_and_counts_what_it_listed() -> None:
+    p = _planned(("t", 0), 5, MAP_AT_5, 2, 0, 20, None)
+    assert (p.new_metadata, p.reread, p.skipped) == (None, 3 + 4, 0)
+    assert p.map_change == "dropped (4 finished)"
+
+
+def test_a_forward_move_rebases_the_map() -> None:
+    p = _planned(("t", 0), 5, MAP_AT_5, 7, 0, 20, None)
+    assert p.new_metadata is not None
+    found = decode_finished(p.new_metadata, 7)
+    assert isinstance(found, FinishedMap)
+    assert list(found.ranges()) == [(7, 8), (9, 11)]
+    assert (p.reread, p.skipped, p.map_change) == (0, 1, "rebased (3 finished)")
+    past = _planned(("t", 0), 5, MAP_AT_5, 11, 0, 20, None)
+    assert past.new_metadata is None and past.map_change == "dropped (none above the new offset)"
+    assert past.skipped == 6 - 4
+
+
+def test_the_same_offset_keeps_any_metadata_and_a_move_drops_foreign_metadata() -> None:
+    same = _planned(("t", 0), 5, "other tool", 5, 0, 20, None)
+    assert (same.new_metadata, same.changes) == ("other tool", False)
+    moved = _planned(("t", 0), 5, "other tool", 6, 0, 20, None)
+    assert moved.new_metadata is None and moved.map_change == "dropped (no map for the offset)"
+
+
+def test_targets_refuse_bad_values() -> None:
+    with pytest.raises(ValueError, match="0 or more"):
+        ResetTarget.at_offset(-1)
+    with pytest.raises(ValueError, match="must be an int"):
+        ResetTarget.shift_by(True)
+    naive = ResetTarget.at_time(dt.datetime(2026, 1, 1))
+    assert naive.when is not None and naive.when.tzinfo is dt.timezone.utc
