@@ -748,7 +748,7 @@ def execute_reset(admin: AdminClient, plan: ResetPlan, *, timeout: float = 10.0)
         if tp.error is not None
     ]
     if failed:
-        raise OffsetsError(f"the broker refused some offsets: {'; '.join(failed)}")
+        raise _refused(plan.group_id, "reset", OffsetsError("; ".join(failed)))
     log.info(
         "group_offsets_reset",
         group=plan.group_id,

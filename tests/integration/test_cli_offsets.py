@@ -297,6 +297,32 @@ def test_an_active_group_is_refused_naming_its_members(
     assert [p.name for p in tmp_path.iterdir()] == [Path(plan["saved_to"]).name]
 
 
+def test_a_member_that_joins_after_the_check_is_refused_by_the_broker(
+    setup: Setup,
+    member: tuple[str, Consumer],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The race the check cannot close: Kafka refuses the commit (UNKNOWN_MEMBER_ID per
+    partition), and that is the same one-line refusal, not a list of partition errors."""
+    import weir.admin
+
+    group, _ = member
+    monkeypatch.setattr(weir.admin, "_require_empty", lambda *args: None)
+    before = committed(setup.bootstrap, group, setup.topic)
+    save = str(tmp_path / "saved.json")
+    code, _, err = reset(
+        capsys, setup, group, "-t", setup.topic, "--to-earliest", "--execute", "--save", save
+    )
+    assert code == 1
+    assert err.splitlines()[-1] == (
+        f"weir: group {group!r} has active members (they joined after the check): the broker "
+        f"refused the reset; stop them and try again (cluster {setup.bootstrap})"
+    )
+    assert committed(setup.bootstrap, group, setup.topic) == before
+
+
 # --- delete --------------------------------------------------------------------------------------
 
 
