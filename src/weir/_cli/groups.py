@@ -151,6 +151,8 @@ def _describe(admin: Any, args: argparse.Namespace) -> int:
                 p.member_id or (f"metadata ignored: {p.map_problem}" if p.map_problem else "-"),
             )
         parts += [Text(""), table]
+    else:
+        parts.append(Text("no committed offsets"))
     table_console().print(Group(*parts))
     return 0
 
