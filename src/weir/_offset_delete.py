@@ -48,32 +48,39 @@ _lib: Any = None
 
 
 def _library() -> Any:
-    """The librdkafka confluent-kafka uses: the copy its wheel bundles, else the system's."""
+    """The librdkafka confluent-kafka uses: the copy its wheel bundles, else the system's (the
+    search that runs ldconfig only when the plain names fail)."""
     global _lib
-    if _lib is not None:
-        return _lib
+    if _lib is None:
+        _lib = _load([*_bundled(), "librdkafka.so.1", "librdkafka.1.dylib"])
+    if _lib is None:
+        found = ctypes.util.find_library("rdkafka")
+        _lib = _load([found] if found else [])
+    if _lib is None:
+        raise LagError(
+            "deleting a group's offsets needs librdkafka 1.6 or later, and none was found "
+            "where confluent-kafka keeps it"
+        )
+    return _lib
+
+
+def _bundled() -> list[str]:
     import confluent_kafka
 
     here = os.path.dirname(os.path.abspath(confluent_kafka.__file__))
-    candidates = sorted(
-        glob.glob(os.path.join(here, os.pardir, "confluent_kafka.libs", "librdkafka*"))
-    )
-    found = ctypes.util.find_library("rdkafka")
-    if found:
-        candidates.append(found)
-    for path in candidates:
+    return sorted(glob.glob(os.path.join(here, os.pardir, "confluent_kafka.libs", "librdkafka*")))
+
+
+def _load(paths: list[str]) -> Any:
+    for path in paths:
         try:
             lib = ctypes.CDLL(path)
             lib.rd_kafka_DeleteConsumerGroupOffsets_new  # noqa: B018 (present since 1.6)
         except (OSError, AttributeError):
             continue
         _declare(lib)
-        _lib = lib
         return lib
-    raise LagError(
-        "deleting a group's offsets needs librdkafka 1.6 or later, and none was found "
-        "where confluent-kafka keeps it"
-    )
+    return None
 
 
 def _declare(lib: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,28 @@ def test_targets_refuse_bad_values() -> None:
         ResetTarget.shift_by(True)
     naive = ResetTarget.at_time(dt.datetime(2026, 1, 1))
     assert naive.when is not None and naive.when.tzinfo is dt.timezone.utc
+
+
+def test_offset_delete_through_librdkafka_times_out_cleanly() -> None:
+    """The ctypes call: librdkafka found, the request sent, no answer in time is a
+    BrokerUnreachableError (not a hang or a crash), and every handle is destroyed."""
+    from weir._offset_delete import delete_offsets
+    from weir.errors import BrokerUnreachableError
+
+    started = time.monotonic()
+    with pytest.raises(BrokerUnreachableError, match=r"no broker answered within 0\.5 s"):
+        delete_offsets(
+            {"bootstrap.servers": "127.0.0.1:1", "logger": object()}, "g", [("t", 0)], 0.5
+        )
+    assert time.monotonic() - started < 5
+
+
+def test_offset_delete_refuses_a_bad_setting_by_name_only() -> None:
+    from weir._offset_delete import delete_offsets
+    from weir.errors import LagError
+
+    with pytest.raises(LagError) as info:
+        delete_offsets(
+            {"bootstrap.servers": "h:1", "sasl.password": "hunter2x", "nope.x": "1"}, "g", [], 1
+        )
+    assert str(info.value) == "the client refuses the setting nope.x"
