@@ -360,13 +360,14 @@ class PlannedOffset:
     new and the current offset, and on a rewind those a dropped map listed as finished);
     ``skipped`` the offsets not yet handled that will never be (None when nothing was committed).
     They count offsets: records, on a topic without compaction or transaction markers.
-    ``note`` says what was clamped or assumed."""
+    ``note`` says what was clamped or assumed. ``new`` is None only in a restore, where the
+    group had committed nothing: the partition's offset is deleted."""
 
     topic: str
     partition: int
     current: int | None
     current_metadata: str | None
-    new: int
+    new: int | None
     new_metadata: str | None
     log_start: int | None
     log_end: int | None
@@ -649,17 +650,10 @@ def plan_restore(
     timeout: float = 10.0,
 ) -> ResetPlan:
     """A plan that writes ``saved`` back exactly: offsets and metadata. A partition saved
-    without an offset (the group had committed nothing) cannot be given "nothing" back by a
-    commit: ``OffsetsError`` (delete the topic's offsets with ``delete_group_offsets``)."""
+    without an offset (the group had committed nothing there) gets none again: its committed
+    offset is deleted (Kafka's OffsetDelete)."""
     deadline = _Deadline(timeout, admin)
     description = _describe(admin, [group_id], deadline)[group_id]
-    bare = [f"{s.topic}[{s.partition}]" for s in saved if s.offset is None]
-    if bare:
-        raise OffsetsError(
-            f"the file says the group had no committed offset on {', '.join(bare)}: a commit "
-            "cannot restore that; remove those entries, or delete the topic's offsets with "
-            "`weir offsets delete`"
-        )
     keys = [(s.topic, s.partition) for s in saved]
     for topic in sorted({t for t, _ in keys}):
         _chosen_partitions(admin, topic, [p for t, p in keys if t == topic], deadline)
@@ -669,11 +663,12 @@ def plan_restore(
     rows = []
     for s in saved:
         key = (s.topic, s.partition)
-        assert s.offset is not None
         offset, metadata = current.get(key, (None, None))
         start, end = starts.get(key), ends.get(key)
         note = None
-        if start is not None and s.offset < start:
+        if s.offset is None:
+            note = "nothing was committed: the offset is deleted" if offset is not None else None
+        elif start is not None and s.offset < start:
             note = f"the saved offset is before the log start {start} now"
         elif end is not None and s.offset > end:
             note = f"the saved offset is past the log end {end}"
@@ -700,11 +695,11 @@ def plan_restore(
 
 
 def _restore_counts(
-    current: int | None, metadata: str | None, saved: int, saved_metadata: str | None
+    current: int | None, metadata: str | None, saved: int | None, saved_metadata: str | None
 ) -> tuple[int | None, int | None]:
     """(re-read, skipped) of a move from ``current`` back to ``saved``: the maps on either side
     say which offsets between the two were handled already."""
-    if current is None:
+    if current is None or saved is None:
         return None, None
     if saved <= current:
         restored = decode_finished(saved_metadata, saved) if saved_metadata else None
@@ -721,7 +716,7 @@ def execute_reset(admin: AdminClient, plan: ResetPlan, *, timeout: float = 10.0)
     """Commit ``plan``'s new offsets and metadata for its group, after checking again that the
     group has no members (``GroupActiveError``). Save the old ones first with
     ``write_saved_offsets`` to be able to undo it."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka import TopicPartition
 
     deadline = _Deadline(timeout, admin)
     _require_empty(admin, plan.group_id, "reset its offsets", deadline)
@@ -731,24 +726,15 @@ def execute_reset(admin: AdminClient, plan: ResetPlan, *, timeout: float = 10.0)
         if p.new_metadata is None
         else TopicPartition(p.topic, p.partition, p.new, metadata=p.new_metadata)
         for p in plan.partitions
+        if p.new is not None
     ]
-    if not offsets:
-        return
-    future = admin.alter_consumer_group_offsets(
-        [ConsumerGroupTopicPartitions(plan.group_id, offsets)],
-        request_timeout=deadline.remaining(),
-    )[plan.group_id]
-    try:
-        done = _result(future, deadline, ("group", plan.group_id))
-    except LagError as exc:
-        raise _refused(plan.group_id, "reset", exc) from exc
-    failed = [
-        f"{tp.topic}[{tp.partition}]: {tp.error}"
-        for tp in done.topic_partitions or ()
-        if tp.error is not None
+    deleted = [
+        (p.topic, p.partition) for p in plan.partitions if p.new is None and p.current is not None
     ]
-    if failed:
-        raise _refused(plan.group_id, "reset", OffsetsError("; ".join(failed)))
+    if deleted:
+        _delete_committed(admin, plan.group_id, deleted, deadline)
+    if offsets:
+        _alter(admin, plan.group_id, offsets, deadline)
     log.info(
         "group_offsets_reset",
         group=plan.group_id,
@@ -757,9 +743,46 @@ def execute_reset(admin: AdminClient, plan: ResetPlan, *, timeout: float = 10.0)
     )
 
 
+def _alter(admin: AdminClient, group_id: str, offsets: list[Any], deadline: _Deadline) -> None:
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    future = admin.alter_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group_id, offsets)],
+        request_timeout=deadline.remaining(),
+    )[group_id]
+    try:
+        done = _result(future, deadline, ("group", group_id))
+    except LagError as exc:
+        raise _refused(group_id, "reset", exc) from exc
+    failed = [
+        f"{tp.topic}[{tp.partition}]: {tp.error}"
+        for tp in done.topic_partitions or ()
+        if tp.error is not None
+    ]
+    if failed:
+        raise _refused(group_id, "reset", OffsetsError("; ".join(failed)))
+
+
+def _delete_committed(
+    admin: AdminClient, group_id: str, keys: list[TopicPartitionKey], deadline: _Deadline
+) -> None:
+    from weir._offset_delete import delete_offsets
+
+    config = getattr(admin, "weir_client_config", None)
+    if config is None:
+        raise OffsetsError("deleting offsets needs an admin client from weir.lag.admin_client")
+    try:
+        delete_offsets(config, group_id, keys, deadline.remaining())
+    except LagError as exc:
+        raise _refused(group_id, "offsets deletion", exc) from exc
+
+
 def _refused(group_id: str, what: str, exc: LagError) -> LagError:
     text = str(exc)
-    if "UNKNOWN_MEMBER_ID" in text or "GROUP_NOT_EMPTY" in text:
+    if any(
+        code in text
+        for code in ("UNKNOWN_MEMBER_ID", "GROUP_NOT_EMPTY", "GROUP_SUBSCRIBED_TO_TOPIC")
+    ):
         return GroupActiveError(
             f"group {group_id!r} has active members (they joined after the check): "
             f"the broker refused the {what}; stop them and try again"
@@ -791,8 +814,6 @@ def delete_group_offsets(
 ) -> list[TopicPartitionKey]:
     """Delete ``group_id``'s committed offsets of every partition of ``topic``; refused while
     the group has members. Returns the partitions that had an offset."""
-    from weir._offset_delete import delete_offsets
-
     deadline = _Deadline(timeout, admin)
     _require_empty(admin, group_id, "delete its offsets", deadline)
     keys = _partitions(admin, [topic], deadline)[topic]
@@ -803,9 +824,6 @@ def delete_group_offsets(
     ]
     if not had:
         return []
-    config = getattr(admin, "weir_client_config", None)
-    if config is None:
-        raise OffsetsError("deleting offsets needs an admin client from weir.lag.admin_client")
-    delete_offsets(config, group_id, had, deadline.remaining())
+    _delete_committed(admin, group_id, had, deadline)
     log.info("group_offsets_deleted", group=group_id, topic=topic, partitions=[p for _, p in had])
     return had

@@ -208,6 +208,28 @@ def test_execute_moves_exactly_the_plan_and_the_file_undoes_it(
     Path(undo["saved_to"]).unlink()
 
 
+def test_undo_deletes_the_offsets_the_group_did_not_have(
+    setup: Setup, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    group = setup.group()
+    commit(setup.bootstrap, group, setup.topic, {0: (5, MAP_AT_5)})
+    saved = str(tmp_path / "saved.json")
+    code, _, err = reset(
+        capsys, setup, group, "-t", setup.topic, "--to-offset", "6", "--execute", "--save", saved
+    )
+    assert code == 0, err
+    assert [o for o, _ in committed(setup.bootstrap, group, setup.topic).values()] == [6, 6, 6]
+    code, undo, err = reset(capsys, setup, group, "--from-file", saved, "--execute")
+    assert code == 0, err
+    assert rows(undo)[1]["note"] == "nothing was committed: the offset is deleted"
+    assert committed(setup.bootstrap, group, setup.topic) == {
+        0: (5, MAP_AT_5),
+        1: (None, None),
+        2: (None, None),
+    }
+    Path(undo["saved_to"]).unlink()
+
+
 def test_a_forward_reset_keeps_the_map_above_the_new_offset(
     setup: Setup, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

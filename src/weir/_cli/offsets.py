@@ -277,7 +277,7 @@ def _print_plan(plan: ResetPlan, *, executed: bool, changing: bool) -> None:
             p.topic,
             str(p.partition),
             number(p.current),
-            str(p.new),
+            number(p.new),
             number(p.log_start),
             number(p.log_end),
             number(p.reread),
