@@ -123,11 +123,16 @@ def test_a_saved_file_that_is_not_one_is_one_line(
         read_saved_offsets(bad)
     with pytest.raises(OffsetsError, match="cannot read"):
         read_saved_offsets(tmp_path / "missing.json")
-    # Read before any client is made: no cluster needed to be refused.
+    # Read before any client is made: no cluster is asked, none is named.
     argv = ["offsets", "reset", "-b", "127.0.0.1:1", "-g", "g", "--from-file", str(bad)]
     assert main(argv) == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "not a saved-offsets file of weir" in err
+    assert capsys.readouterr().err == (
+        f'weir: {bad}: not a saved-offsets file of weir (no "format": "weir-offsets-v1")\n'
+    )
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"format": "weir-offsets-v1", "group": "h", "partitions": []}))
+    assert main([*argv[:-1], str(other)]) == 1
+    assert capsys.readouterr().err == f"weir: {other} holds the offsets of group 'h', not of 'g'\n"
 
 
 def test_the_saved_file_round_trips_and_is_never_overwritten(tmp_path: Path) -> None:

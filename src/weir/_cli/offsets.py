@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from weir._cli.cluster import add_cluster_arguments, on_cluster
 from weir._cli.console import number, table_console
+from weir._cli.usage import UsageError
 
 if TYPE_CHECKING:
-    from weir.admin import ResetPlan, ResetTarget
+    from weir.admin import ResetPlan, ResetTarget, SavedOffset
     from weir.cli import SubParsers
 
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -176,26 +177,35 @@ def _reset(args: argparse.Namespace) -> int:
         parser.error("--from-file names its partitions: leave out --topic")
     if args.save is not None and not args.execute:
         parser.error("--save is where --execute saves the offsets: add --execute")
-    return on_cluster(args, lambda admin: _reset_with(admin, args))
+    saved = None if args.from_file is None else _read_saved(args)
+    return on_cluster(args, lambda admin: _reset_with(admin, args, saved))
 
 
-def _reset_with(admin: Any, args: argparse.Namespace) -> int:
+def _read_saved(args: argparse.Namespace) -> list[SavedOffset]:
+    """The file's offsets, read before any client is made: its problems are the caller's."""
+    from weir.admin import OffsetsError, read_saved_offsets
+
+    try:
+        group, saved = read_saved_offsets(args.from_file)
+    except OffsetsError as exc:
+        raise UsageError(str(exc)) from None
+    if group != args.group:
+        raise UsageError(
+            f"{args.from_file} holds the offsets of group {group!r}, not of {args.group!r}"
+        )
+    return saved
+
+
+def _reset_with(admin: Any, args: argparse.Namespace, saved: list[SavedOffset] | None) -> int:
     from weir.admin import (
-        OffsetsError,
         execute_reset,
         plan_reset,
         plan_restore,
-        read_saved_offsets,
         require_empty,
         write_saved_offsets,
     )
 
-    if args.from_file is not None:
-        group, saved = read_saved_offsets(args.from_file)
-        if group != args.group:
-            raise OffsetsError(
-                f"{args.from_file} holds the offsets of group {group!r}, not of {args.group!r}"
-            )
+    if saved is not None:
         plan = plan_restore(admin, args.group, saved, timeout=args.timeout)
     else:
         topic, partitions = args.topic
