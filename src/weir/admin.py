@@ -282,12 +282,22 @@ def require_empty(admin: AdminClient, group_id: str, doing: str, *, timeout: flo
     _require_empty(admin, group_id, doing, _Deadline(timeout, admin))
 
 
-def _require_empty(admin: AdminClient, group_id: str, doing: str, deadline: _Deadline) -> Any:
-    description = _describe(admin, [group_id], deadline)[group_id]
-    members = tuple((m.member_id, m.client_id, m.host) for m in description.members)
+def _require_empty(admin: AdminClient, group_id: str, doing: str, deadline: _Deadline) -> None:
+    members = _members(admin, group_id, deadline)
     if members:
         raise GroupActiveError(_active_message(group_id, doing, members), members)
-    return description
+
+
+def _members(
+    admin: AdminClient, group_id: str, deadline: _Deadline
+) -> tuple[tuple[str, str, str], ...]:
+    """(member id, client id, host) of each member; none for a group Kafka does not know (a
+    reset may give a new group its first offsets)."""
+    try:
+        description = _describe(admin, [group_id], deadline)[group_id]
+    except GroupNotFoundError:
+        return ()
+    return tuple((m.member_id, m.client_id, m.host) for m in description.members)
 
 
 def _active_message(group_id: str, doing: str, members: Sequence[tuple[str, str, str]]) -> str:
@@ -426,7 +436,7 @@ def plan_reset(
     An offset before the log start or past the log end is clamped, and the partition's ``note``
     says so. The plan lists the group's members, if any: ``execute_reset`` refuses then."""
     deadline = _Deadline(timeout, admin)
-    description = _describe(admin, [group_id], deadline)[group_id]
+    members = _members(admin, group_id, deadline)
     keys = _chosen_partitions(admin, topic, partitions, deadline)
     current = _committed_with_metadata(admin, group_id, keys, deadline)
     starts = _log_offsets(admin, keys, _offset_spec("earliest"), deadline)
@@ -450,7 +460,6 @@ def plan_reset(
         offset, metadata = current.get(key, (None, None))
         new, note = _new_offset(target, key, offset, start, end, at_time.get(key))
         rows.append(_planned(key, offset, metadata, new, start, end, note))
-    members = tuple((m.member_id, m.client_id, m.host) for m in description.members)
     return ResetPlan(group_id, target.describe(), tuple(rows), members)
 
 
@@ -653,7 +662,7 @@ def plan_restore(
     without an offset (the group had committed nothing there) gets none again: its committed
     offset is deleted (Kafka's OffsetDelete)."""
     deadline = _Deadline(timeout, admin)
-    description = _describe(admin, [group_id], deadline)[group_id]
+    members = _members(admin, group_id, deadline)
     keys = [(s.topic, s.partition) for s in saved]
     for topic in sorted({t for t, _ in keys}):
         _chosen_partitions(admin, topic, [p for t, p in keys if t == topic], deadline)
@@ -690,7 +699,6 @@ def plan_restore(
                 note=note,
             )
         )
-    members = tuple((m.member_id, m.client_id, m.host) for m in description.members)
     return ResetPlan(group_id, "the saved offsets", tuple(rows), members)
 
 

@@ -214,3 +214,19 @@ def test_offset_delete_refuses_a_bad_setting_by_name_only() -> None:
             {"bootstrap.servers": "h:1", "sasl.password": "hunter2x", "nope.x": "1"}, "g", [], 1
         )
     assert str(info.value) == "the client refuses the setting nope.x"
+
+
+def test_a_group_kafka_does_not_know_has_no_members(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some brokers answer DescribeGroups of an unknown group with GROUP_ID_NOT_FOUND (weir.lag
+    raises GroupNotFoundError): a reset may still give such a group its first offsets."""
+    import weir.admin
+    from weir.errors import GroupNotFoundError
+    from weir.lag import _Deadline
+
+    def unknown(*args: object) -> None:
+        raise GroupNotFoundError("group 'new' does not exist")
+
+    monkeypatch.setattr(weir.admin, "_describe", unknown)
+    deadline = _Deadline(1.0)
+    weir.admin._require_empty(None, "new", "reset its offsets", deadline)  # type: ignore[arg-type]
+    assert weir.admin._members(None, "new", deadline) == ()  # type: ignore[arg-type]
