@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from weir.errors import GroupActiveError, GroupNotFoundError, LagError
+from weir.errors import GroupActiveError, GroupNotFoundError, LagError, OffsetsError
 from weir.lag import (
     TopicPartitionKey,
     _committed_partitions,
@@ -82,11 +82,6 @@ __all__ = [
 SAVED_FORMAT = "weir-offsets-v1"
 
 log = get_logger(__name__)
-
-
-class OffsetsError(LagError):
-    """A reset that cannot be planned, a saved-offsets file that cannot be used, or a change the
-    broker refused; the message says which partition and why."""
 
 
 # --- describe ------------------------------------------------------------------------------------

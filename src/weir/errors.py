@@ -28,6 +28,7 @@ __all__ = [
     "NoEpochError",
     "NonRetryable",
     "OffsetResetError",
+    "OffsetsError",
     "TlsError",
     "TopicNotFoundError",
     "TransactionError",
@@ -230,6 +231,11 @@ class GroupNotFoundError(LagError):
 
 class TopicNotFoundError(LagError):
     """A topic asked for does not exist."""
+
+
+class OffsetsError(LagError):
+    """A `weir.admin` reset that cannot be planned, a saved-offsets file that cannot be used, or
+    a change the broker refused; the message says which partition and why."""
 
 
 class GroupActiveError(LagError):
