@@ -3,9 +3,9 @@
 confluent-kafka (2.16) wraps librdkafka's DeleteConsumerGroupOffsets in no Python call, and an
 offset cannot be removed with a commit (AlterConsumerGroupOffsets refuses a negative offset). So
 this calls the librdkafka that confluent-kafka itself loads, through ctypes, with a client of its
-own made from the same settings: one request, its answer, and the client destroyed. Only string
-settings are passed (callbacks and the Python logger are the Python client's); librdkafka's log
-is off (its lines would go to stderr).
+own made from the same settings: one request, its answer, and the client destroyed. The settings
+go over as text; callbacks and the Python logger stay with the Python client (an oauth_cb is
+refused: the token would be missing); librdkafka's log is off (its lines would go to stderr).
 """
 
 from __future__ import annotations
@@ -142,11 +142,14 @@ def delete_offsets(
     """Delete ``group_id``'s committed offsets of ``partitions``; raises ``LagError`` naming
     what the broker refused, ``BrokerUnreachableError`` when it did not answer in time."""
     lib = _library()
+    if config.get("oauth_cb") is not None:
+        raise LagError(
+            "deleting offsets cannot use an oauth_cb (a Python callback its C client cannot "
+            "call): give the token by librdkafka settings (sasl.oauthbearer.method=oidc)"
+        )
     errstr = ctypes.create_string_buffer(_ERRSTR)
     conf = lib.rd_kafka_conf_new()
-    for key, value in config.items():
-        if not isinstance(value, str):
-            continue
+    for key, value in _c_settings(config).items():
         if lib.rd_kafka_conf_set(conf, key.encode(), value.encode(), errstr, _ERRSTR) != 0:
             lib.rd_kafka_conf_destroy(conf)
             raise LagError(f"the client refuses the setting {key}")
@@ -188,6 +191,18 @@ def delete_offsets(
                 destroy(handle)
         lib.rd_kafka_topic_partition_list_destroy(tps)
         lib.rd_kafka_destroy(rk)
+
+
+def _c_settings(config: Mapping[str, Any]) -> dict[str, str]:
+    """The settings as librdkafka's text; callbacks and the Python logger are left out (the
+    error, stats and throttle callbacks only report)."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, bool):
+            out[key] = "true" if value else "false"
+        elif isinstance(value, (str, int, float)):
+            out[key] = str(value)
+    return out
 
 
 def _check(lib: Any, event: Any, group_id: str, timeout: float) -> None:

@@ -230,3 +230,13 @@ def test_a_group_kafka_does_not_know_has_no_members(monkeypatch: pytest.MonkeyPa
     deadline = _Deadline(1.0)
     weir.admin._require_empty(None, "new", "reset its offsets", deadline)  # type: ignore[arg-type]
     assert weir.admin._members(None, "new", deadline) == ()  # type: ignore[arg-type]
+
+
+def test_offset_delete_settings_go_over_as_text() -> None:
+    from weir._offset_delete import _c_settings, delete_offsets
+    from weir.errors import LagError
+
+    config = {"a": "x", "b": 5, "c": True, "d": 0.5, "logger": object(), "error_cb": print}
+    assert _c_settings(config) == {"a": "x", "b": "5", "c": "true", "d": "0.5"}
+    with pytest.raises(LagError, match="cannot use an oauth_cb"):
+        delete_offsets({"bootstrap.servers": "h:1", "oauth_cb": print}, "g", [], 1)
