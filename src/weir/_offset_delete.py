@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from weir._engine.refusals import authorization_error, denied_of
 from weir.errors import BrokerUnreachableError, LagError
 
 _ERRSTR = 512
@@ -205,6 +206,17 @@ def _c_settings(config: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+_NEEDS = "deleting a group's offsets needs DELETE on the group and READ on the topic"
+
+
+def _error(name: str, text: str, group_id: str) -> Exception:
+    """librdkafka's error `name` for the request: an ACL refusal says what it refused."""
+    denied = denied_of(name, "DELETE", group=group_id)
+    if denied is not None:
+        return authorization_error(denied, text, _NEEDS)
+    return LagError(f"{name}: {text}")
+
+
 def _check(lib: Any, event: Any, group_id: str, timeout: float) -> None:
     code = lib.rd_kafka_event_error(event)
     if code == _TIMED_OUT:
@@ -215,8 +227,7 @@ def _check(lib: Any, event: Any, group_id: str, timeout: float) -> None:
         )
     if code != 0:
         text = (lib.rd_kafka_event_error_string(event) or b"").decode(errors="replace")
-        name = lib.rd_kafka_err2name(code).decode()
-        raise LagError(f"{name}: {text}")
+        raise _error(lib.rd_kafka_err2name(code).decode(), text, group_id)
     result = lib.rd_kafka_event_DeleteConsumerGroupOffsets_result(event)
     if not result:
         raise LagError("librdkafka answered the offsets deletion with another event")
@@ -228,7 +239,7 @@ def _check(lib: Any, event: Any, group_id: str, timeout: float) -> None:
         if error:
             name = lib.rd_kafka_error_name(error).decode()
             text = lib.rd_kafka_error_string(error).decode(errors="replace")
-            raise LagError(f"{name}: {text} (group {group_id!r})")
+            raise _error(name, text, group_id)
         tps = lib.rd_kafka_group_result_partitions(group)
         failed = []
         if tps:
@@ -238,6 +249,9 @@ def _check(lib: Any, event: Any, group_id: str, timeout: float) -> None:
                 if element.err:
                     topic = (element.topic or b"").decode(errors="replace")
                     name = lib.rd_kafka_err2name(element.err).decode()
+                    denied = denied_of(name, "READ", topic=topic)
+                    if denied is not None:
+                        raise authorization_error(denied, name, _NEEDS)
                     failed.append(f"{topic}[{element.partition}]: {name}")
         if failed:
             raise LagError(f"the broker kept some offsets: {'; '.join(failed)}")
