@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from weir._engine.refusals import authorization_error, denied_of
 from weir.errors import GroupActiveError, GroupNotFoundError, LagError, OffsetsError
 from weir.lag import (
     TopicPartitionKey,
@@ -82,6 +83,10 @@ __all__ = [
 SAVED_FORMAT = "weir-offsets-v1"
 
 log = get_logger(__name__)
+
+# What the broker's ACLs must allow for a change, as an ACL refusal of it says.
+_COMMIT = ("READ", "resetting a group's offsets needs READ on the group and on the topic")
+_DELETE = ("DELETE", "deleting a group needs DELETE on it")
 
 
 # --- describe ------------------------------------------------------------------------------------
@@ -754,16 +759,21 @@ def _alter(admin: AdminClient, group_id: str, offsets: list[Any], deadline: _Dea
         request_timeout=deadline.remaining(),
     )[group_id]
     try:
-        done = _result(future, deadline, ("group", group_id))
+        done = _result(future, deadline, ("group", group_id), asking=_COMMIT)
     except LagError as exc:
         raise _refused(group_id, "reset", exc) from exc
-    failed = [
-        f"{tp.topic}[{tp.partition}]: {tp.error}"
-        for tp in done.topic_partitions or ()
-        if tp.error is not None
-    ]
-    if failed:
-        raise _refused(group_id, "reset", OffsetsError("; ".join(failed)))
+    refused = [tp for tp in done.topic_partitions or () if tp.error is not None]
+    for tp in refused:
+        # The broker answers an ACL refusal of the commit per partition.
+        code = tp.error.name()
+        denied = denied_of(code, _COMMIT[0], group=group_id, topic=tp.topic)
+        if denied is not None:
+            raise authorization_error(denied, tp.error.str(), _COMMIT[1])
+    if refused:
+        failed = "; ".join(
+            f"{tp.topic}[{tp.partition}]: {tp.error.name()}: {tp.error.str()}" for tp in refused
+        )
+        raise _refused(group_id, "reset", OffsetsError(failed))
 
 
 def _delete_committed(
@@ -804,7 +814,7 @@ def delete_group(admin: AdminClient, group_id: str, *, timeout: float = 10.0) ->
         group_id
     ]
     try:
-        _result(future, deadline, ("group", group_id))
+        _result(future, deadline, ("group", group_id), asking=_DELETE)
     except LagError as exc:
         if "GROUP_ID_NOT_FOUND" in str(exc):
             raise GroupNotFoundError(f"group {group_id!r} does not exist") from exc

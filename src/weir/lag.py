@@ -515,7 +515,11 @@ def _offset_spec(which: str) -> Any:
 
 
 def _result(
-    future: concurrent.futures.Future[Any], deadline: _Deadline, subject: Subject | None = None
+    future: concurrent.futures.Future[Any],
+    deadline: _Deadline,
+    subject: Subject | None = None,
+    *,
+    asking: tuple[str, str] = ("DESCRIBE", _NEEDS),
 ) -> Any:
     # The request carries the timeout; the extra second lets its own error arrive first.
     end = deadline.end + 1.0
@@ -530,11 +534,18 @@ def _result(
             if left <= _REFUSAL_CHECK_S:
                 raise deadline.unreachable() from exc
         except Exception as exc:
-            raise _as_lag_error(exc, deadline, subject) from exc
+            raise _as_lag_error(exc, deadline, subject, asking=asking) from exc
 
 
-def _as_lag_error(exc: Any, deadline: _Deadline, subject: Subject | None = None) -> WeirError:
-    """`exc` as the error of a call about `subject` (an ACL refusal names it)."""
+def _as_lag_error(
+    exc: Any,
+    deadline: _Deadline,
+    subject: Subject | None = None,
+    *,
+    asking: tuple[str, str] = ("DESCRIBE", _NEEDS),
+) -> WeirError:
+    """`exc` as the error of a call about `subject` (an ACL refusal names it, and what the
+    request needs: `asking` is the operation and a sentence saying what it takes)."""
     from weir._engine.refusals import authorization_error, denied_of
 
     if isinstance(exc, WeirError):
@@ -544,14 +555,15 @@ def _as_lag_error(exc: Any, deadline: _Deadline, subject: Subject | None = None)
     if code in _UNREACHABLE:
         return deadline.unreachable(text)
     kind, name = subject or ("", "")
+    operation, needs = asking
     denied = denied_of(
         code or "",
-        "DESCRIBE",
+        operation,
         topic=name if kind == "topic" else None,
         group=name if kind == "group" else None,
     )
     if denied is not None:
-        return authorization_error(denied, text, _NEEDS)
+        return authorization_error(denied, text, needs)
     return LagError(f"{code or type(exc).__name__}: {text}")
 
 

@@ -28,10 +28,19 @@ def test_reset_and_deletes_with_the_acls_they_need(
     topic = create_topic(internal, partitions=2)
     produce(internal, topic, [(None, f"v{i}") for i in range(4)], partition=0)
     commit_offsets(internal, group, topic, {0: 3, 1: 0})
-    allow(kafka_secure_admin, principal, topics=[topic], groups=[group])  # READ and DESCRIBE
+    allow(kafka_secure_admin, principal, topics=[topic])  # READ and DESCRIBE
+    allow(kafka_secure_admin, principal, groups=[group], operations=["DESCRIBE"])
+    reset = ("offsets", "reset", "-g", group, "-t", topic, "--to-earliest")
+    code, _, err = cli(capsys, who, *reset, "--execute", "--save", f"{tmp_path}/refused.json")
+    assert code == 1
+    assert err.splitlines()[-1] == (
+        "weir: authorization failed: the broker's ACLs do not allow this client READ on group "
+        f"{group!r} (GROUP_AUTHORIZATION_FAILED: Broker: Group authorization failed): resetting "
+        "a group's offsets needs READ on the group and on the topic"
+    ), err
+    allow(kafka_secure_admin, principal, groups=[group], operations=["READ"])
 
     save = f"{tmp_path}/saved.json"
-    reset = ("offsets", "reset", "-g", group, "-t", topic, "--to-earliest")
     code, out, err = cli(capsys, who, *reset, "--execute", "--save", save)
     assert code == 0, err
     code, out, err = cli(capsys, who, "offsets", "reset", "-g", group, "--from-file", save)
