@@ -363,16 +363,33 @@ def _groups_lag(
     return lags
 
 
+# A group's coordinator is not ready yet: on a new cluster the first group call creates
+# __consumer_offsets, and a coordinator that moved or is loading answers these for a while.
+_COORDINATOR_NOT_READY = frozenset(
+    {"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE"}
+)
+_COORDINATOR_RETRY_S = 0.2
+
+
 def _describe(admin: AdminClient, group_ids: list[str], deadline: _Deadline) -> dict[str, Any]:
-    futures = admin.describe_consumer_groups(group_ids, request_timeout=deadline.remaining())
     found: dict[str, Any] = {}
-    for group_id, future in futures.items():
-        try:
-            found[group_id] = _result(future, deadline, ("group", group_id))
-        except LagError as exc:
-            if _code(exc.__cause__) == "GROUP_ID_NOT_FOUND":
-                raise GroupNotFoundError(f"group {group_id!r} does not exist") from exc
-            raise
+    asked = list(group_ids)
+    while asked:
+        futures = admin.describe_consumer_groups(asked, request_timeout=deadline.remaining())
+        again = []
+        for group_id, future in futures.items():
+            try:
+                found[group_id] = _result(future, deadline, ("group", group_id))
+            except LagError as exc:
+                code = _code(exc.__cause__)
+                if code == "GROUP_ID_NOT_FOUND":
+                    raise GroupNotFoundError(f"group {group_id!r} does not exist") from exc
+                if code not in _COORDINATOR_NOT_READY or deadline.end - time.monotonic() < 1:
+                    raise
+                again.append(group_id)
+        if again:
+            time.sleep(_COORDINATOR_RETRY_S)
+        asked = again
     return found
 
 
