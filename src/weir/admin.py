@@ -35,7 +35,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -73,8 +73,10 @@ __all__ = [
     "delete_group_offsets",
     "describe_group",
     "execute_reset",
+    "plan_offsets",
     "plan_reset",
     "plan_restore",
+    "read_offsets_csv",
     "read_saved_offsets",
     "require_empty",
     "write_saved_offsets",
@@ -319,7 +321,7 @@ def _active_message(group_id: str, doing: str, members: Sequence[tuple[str, str,
 class ResetTarget:
     """Where a reset moves each partition: make one with a class method."""
 
-    kind: Literal["earliest", "latest", "datetime", "offset", "shift"]
+    kind: Literal["earliest", "latest", "datetime", "offset", "shift", "offsets"]
     offset: int = 0
     when: dt.datetime | None = None
 
@@ -360,6 +362,8 @@ class ResetTarget:
         if self.kind == "datetime":
             assert self.when is not None
             return f"the first record at or after {self.when.isoformat()}"
+        if self.kind == "offsets":
+            return "the offsets given per partition"
         return f"the {self.kind} offset"
 
 
@@ -438,17 +442,48 @@ def plan_reset(
     deadline = _Deadline(timeout, admin)
     members = _members(admin, group_id, deadline)
     keys = _chosen_partitions(admin, topic, partitions, deadline)
-    current = _committed_with_metadata(admin, group_id, keys, deadline)
-    starts = _log_offsets(admin, keys, _offset_spec("earliest"), deadline)
-    ends = _log_offsets(admin, keys, _offset_spec("latest"), deadline)
-    at_time: dict[TopicPartitionKey, int | None] = {}
+    resolved: dict[TopicPartitionKey, int | None] = {}
     if target.kind == "datetime":
         from confluent_kafka.admin import OffsetSpec
 
         assert target.when is not None
         millis = int(target.when.timestamp() * 1000)
         spec = OffsetSpec.for_timestamp(millis)
-        at_time = _log_offsets(admin, keys, spec, deadline)
+        resolved = _log_offsets(admin, keys, spec, deadline)
+    return _plan_keys(admin, group_id, keys, target, resolved, members, deadline)
+
+
+def plan_offsets(
+    admin: AdminClient,
+    group_id: str,
+    offsets: Mapping[TopicPartitionKey, int],
+    *,
+    timeout: float = 10.0,
+) -> ResetPlan:
+    """A reset of each partition of ``offsets`` to its own offset (what Kafka's tool reads from
+    a ``topic,partition,offset`` file), clamped and with the offset map handled as any reset's;
+    changes nothing."""
+    deadline = _Deadline(timeout, admin)
+    members = _members(admin, group_id, deadline)
+    keys = sorted(offsets)
+    for topic in sorted({t for t, _ in keys}):
+        _chosen_partitions(admin, topic, [p for t, p in keys if t == topic], deadline)
+    target = ResetTarget("offsets")
+    return _plan_keys(admin, group_id, keys, target, dict(offsets), members, deadline)
+
+
+def _plan_keys(
+    admin: AdminClient,
+    group_id: str,
+    keys: list[TopicPartitionKey],
+    target: ResetTarget,
+    resolved: Mapping[TopicPartitionKey, int | None],
+    members: tuple[tuple[str, str, str], ...],
+    deadline: _Deadline,
+) -> ResetPlan:
+    current = _committed_with_metadata(admin, group_id, keys, deadline)
+    starts = _log_offsets(admin, keys, _offset_spec("earliest"), deadline)
+    ends = _log_offsets(admin, keys, _offset_spec("latest"), deadline)
     rows = []
     for key in keys:
         start, end = starts.get(key), ends.get(key)
@@ -458,7 +493,7 @@ def plan_reset(
                 "try again"
             )
         offset, metadata = current.get(key, (None, None))
-        new, note = _new_offset(target, key, offset, start, end, at_time.get(key))
+        new, note = _new_offset(target, key, offset, start, end, resolved.get(key))
         rows.append(_planned(key, offset, metadata, new, start, end, note))
     return ResetPlan(group_id, target.describe(), tuple(rows), members)
 
@@ -485,18 +520,23 @@ def _new_offset(
     current: int | None,
     start: int,
     end: int,
-    at_time: int | None,
+    resolved: int | None,
 ) -> tuple[int, str | None]:
+    """The new offset, and a note; ``resolved`` is the partition's offset for the time, or the
+    one given for it."""
     if target.kind == "earliest":
         return start, None
     if target.kind == "latest":
         return end, None
+    if target.kind == "offsets":
+        assert resolved is not None
+        return _clamped(resolved, start, end)
     if target.kind == "datetime":
-        if at_time is None:
+        if resolved is None:
             raise OffsetsError(f"{key[0]}[{key[1]}]: the broker did not resolve the time")
-        if at_time < 0:
+        if resolved < 0:
             return end, "no record at or after that time: the log end"
-        return _clamped(at_time, start, end)
+        return _clamped(resolved, start, end)
     if target.kind == "offset":
         return _clamped(target.offset, start, end)
     if current is None:
@@ -619,6 +659,31 @@ def write_saved_offsets(path: Path, plan: ResetPlan) -> None:
         handle.write("\n")
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def read_offsets_csv(text: str, name: str = "the file") -> dict[TopicPartitionKey, int]:
+    """``topic,partition,offset`` lines (Kafka's reset file; blank lines and ``#`` comments
+    skipped) as a mapping for ``plan_offsets``."""
+    offsets: dict[TopicPartitionKey, int] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        try:
+            topic, partition, offset = cells[0], int(cells[1]), int(cells[2])
+        except (ValueError, IndexError):
+            topic, partition, offset = "", -1, -1
+        if len(cells) != 3 or not topic or partition < 0 or offset < 0:
+            raise OffsetsError(
+                f"{name} line {number}: expected topic,partition,offset, got {line!r}"
+            )
+        if (topic, partition) in offsets:
+            raise OffsetsError(f"{name} line {number}: {topic}[{partition}] is listed twice")
+        offsets[(topic, partition)] = offset
+    if not offsets:
+        raise OffsetsError(f"{name} lists no topic,partition,offset")
+    return offsets
 
 
 def read_saved_offsets(path: Path) -> tuple[str, list[SavedOffset]]:

@@ -251,6 +251,26 @@ def test_a_forward_reset_keeps_the_map_above_the_new_offset(
     assert committed(setup.bootstrap, group, setup.topic)[0] == (7, metadata)
 
 
+def test_a_kafka_offsets_file_moves_only_its_partitions(
+    setup: Setup, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The runbook's "skip a poison record": topic,partition,offset lines, as Kafka's tool
+    reads them; the partition's map is kept above the new offset as in any forward reset."""
+    group = setup.group()
+    commit(setup.bootstrap, group, setup.topic, {0: (5, MAP_AT_5), 1: (10, None)})
+    skip = tmp_path / "skip.csv"
+    skip.write_text(f"{setup.topic},0,6\n")
+    argv = ("-t", setup.topic, "--from-file", str(skip), "--execute", "--save")
+    code, plan, err = reset(capsys, setup, group, *argv, str(tmp_path / "saved.json"))
+    assert code == 0, err
+    assert [(r["partition"], r["new"], r["skipped"]) for r in plan["partitions"]] == [(0, 6, 1)]
+    after = committed(setup.bootstrap, group, setup.topic)
+    assert after[1] == (10, None) and after[0][0] == 6
+    found = decode_finished(after[0][1] or "", 6)
+    assert isinstance(found, FinishedMap)
+    assert list(found.ranges()) == [(6, 8), (9, 11)]
+
+
 @pytest.mark.parametrize(
     ("target", "new", "note"),
     [

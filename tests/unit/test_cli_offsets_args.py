@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import time
 from pathlib import Path
 
@@ -79,7 +80,6 @@ RESET = ("offsets", "reset", "-b", "h:1", "-g", "g")
         ((*RESET, "-t", "t", "--to-datetime", "2026-12-03T09:30"), "has no time zone: add Z"),
         ((*RESET, "-t", "t", "--to-datetime", "yesterday"), "expected an ISO 8601 time"),
         ((*RESET, "--to-earliest"), "the topic is needed: --topic TOPIC[:P,...]"),
-        ((*RESET, "-t", "t", "--from-file", "f.json"), "--from-file names its partitions"),
         ((*RESET, "-t", "t", "--to-earliest", "--save", "f"), "--save is where --execute saves"),
         (("offsets", "reset", "-b", "h:1", "-t", "t", "--to-earliest"), "--group/-g"),
         (("offsets", "delete", "-b", "h:1", "-g", "g"), "--topic/-t"),
@@ -240,3 +240,30 @@ def test_offset_delete_settings_go_over_as_text() -> None:
     assert _c_settings(config) == {"a": "x", "b": "5", "c": "true", "d": "0.5"}
     with pytest.raises(LagError, match="cannot use an oauth_cb"):
         delete_offsets({"bootstrap.servers": "h:1", "oauth_cb": print}, "g", [], 1)
+
+
+def test_a_topic_partition_offset_file_is_read_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from weir.admin import read_offsets_csv
+
+    assert read_offsets_csv("# skip the poison record\norders,3,1043\n\n orders , 1 , 7\n") == {
+        ("orders", 3): 1043,
+        ("orders", 1): 7,
+    }
+    for text, problem in [
+        ("orders,3", "line 1: expected topic,partition,offset, got 'orders,3'"),
+        ("orders,x,1", "line 1: expected topic,partition,offset"),
+        ("orders,1,-5", "line 1: expected topic,partition,offset"),
+        ("orders,1,5\norders,1,6", "line 2: orders[1] is listed twice"),
+        ("# nothing\n", "lists no topic,partition,offset"),
+    ]:
+        with pytest.raises(OffsetsError, match=re.escape(problem)):
+            read_offsets_csv(text, "f.csv")
+    skip = tmp_path / "skip.csv"
+    skip.write_text("orders,3,1043\nother,0,1\n")
+    argv = ["offsets", "reset", "-b", "127.0.0.1:1", "-g", "g", "--from-file", str(skip)]
+    assert main([*argv, "-t", "orders"]) == 1
+    assert capsys.readouterr().err == f"weir: {skip} names other[0], outside --topic orders\n"
+    assert main([*argv, "-t", "orders:1"]) == 1
+    assert "names orders[3], other[0], outside --topic orders" in capsys.readouterr().err

@@ -44,8 +44,8 @@ def register_offsets(commands: SubParsers) -> None:
         "-t",
         type=topic_partitions,
         metavar="TOPIC[:P,...]",
-        help="the topic, all its partitions or those listed (not with --from-file: the file "
-        "names them)",
+        help="the topic, all its partitions or those listed (with --from-file: what the file "
+        "may name)",
     )
     to = reset.add_mutually_exclusive_group(required=True)
     to.add_argument("--to-earliest", action="store_true", help="the log start")
@@ -64,7 +64,8 @@ def register_offsets(commands: SubParsers) -> None:
         "--from-file",
         type=Path,
         metavar="FILE",
-        help="the offsets and maps a reset saved: undoes it exactly",
+        help="the offsets and maps a reset saved (undoes it exactly), or topic,partition,offset "
+        "lines as Kafka's tool reads them",
     )
     reset.add_argument(
         "--execute", action="store_true", help="change the offsets (default: only print the plan)"
@@ -173,39 +174,64 @@ def _reset(args: argparse.Namespace) -> int:
     parser: argparse.ArgumentParser = args.offsets_parser
     if args.from_file is None and args.topic is None:
         parser.error("the topic is needed: --topic TOPIC[:P,...]")
-    if args.from_file is not None and args.topic is not None:
-        parser.error("--from-file names its partitions: leave out --topic")
     if args.save is not None and not args.execute:
         parser.error("--save is where --execute saves the offsets: add --execute")
-    saved = None if args.from_file is None else _read_saved(args)
+    saved = None if args.from_file is None else _read_file(args)
     return on_cluster(args, lambda admin: _reset_with(admin, args, saved))
 
 
-def _read_saved(args: argparse.Namespace) -> list[SavedOffset]:
-    """The file's offsets, read before any client is made: its problems are the caller's."""
-    from weir.admin import OffsetsError, read_saved_offsets
+def _read_file(args: argparse.Namespace) -> list[SavedOffset] | dict[tuple[str, int], int]:
+    """The file's offsets, read before any client is made (its problems are the caller's): a
+    file a reset saved (JSON, restored exactly), or Kafka's topic,partition,offset lines (each
+    partition reset to its offset). --topic, if given, must hold every partition it names."""
+    from weir.admin import OffsetsError, read_offsets_csv, read_saved_offsets
 
+    path = args.from_file
     try:
-        group, saved = read_saved_offsets(args.from_file)
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        if text.lstrip().startswith("{"):
+            group, saved = read_saved_offsets(path)
+            if group != args.group:
+                raise UsageError(
+                    f"{path} holds the offsets of group {group!r}, not of {args.group!r}"
+                )
+            named = [(s.topic, s.partition) for s in saved]
+            found: list[SavedOffset] | dict[tuple[str, int], int] = saved
+        else:
+            found = read_offsets_csv(text, str(path))
+            named = list(found)
     except OffsetsError as exc:
         raise UsageError(str(exc)) from None
-    if group != args.group:
-        raise UsageError(
-            f"{args.from_file} holds the offsets of group {group!r}, not of {args.group!r}"
-        )
-    return saved
+    if args.topic is not None:
+        topic, partitions = args.topic
+        outside = [
+            f"{t}[{p}]" for t, p in named if t != topic or (partitions and p not in partitions)
+        ]
+        if outside:
+            raise UsageError(f"{path} names {', '.join(outside)}, outside --topic {topic}")
+    return found
 
 
-def _reset_with(admin: Any, args: argparse.Namespace, saved: list[SavedOffset] | None) -> int:
+def _reset_with(
+    admin: Any,
+    args: argparse.Namespace,
+    saved: list[SavedOffset] | dict[tuple[str, int], int] | None,
+) -> int:
     from weir.admin import (
         execute_reset,
+        plan_offsets,
         plan_reset,
         plan_restore,
         require_empty,
         write_saved_offsets,
     )
 
-    if saved is not None:
+    if isinstance(saved, dict):
+        plan = plan_offsets(admin, args.group, saved, timeout=args.timeout)
+    elif saved is not None:
         plan = plan_restore(admin, args.group, saved, timeout=args.timeout)
     else:
         topic, partitions = args.topic
