@@ -31,6 +31,8 @@ from weir._cli.cluster import (
     positive_seconds,
 )
 from weir._cli.console import number, table_console
+from weir._cli.groups import register_groups
+from weir._cli.offsets import register_offsets
 from weir._cli.usage import UsageError
 
 if TYPE_CHECKING:
@@ -504,7 +506,7 @@ def _terminate(pid: int, timeout: float) -> None:
         time.sleep(0.05)
 
 
-# --- weir lag / weir groups ----------------------------------------------------------------------
+# --- weir lag --------------------------------------------------------------------------------
 
 
 def _register_lag(commands: SubParsers) -> None:
@@ -531,16 +533,6 @@ def _register_lag(commands: SubParsers) -> None:
     )
     add_cluster_arguments(lag)
     lag.set_defaults(handler=_lag)
-
-
-def _register_groups(commands: SubParsers) -> None:
-    groups = commands.add_parser(
-        "groups",
-        help="list consumer groups with their state, members and total lag",
-        description="Every consumer group of the cluster: state, type, member count, total lag.",
-    )
-    add_cluster_arguments(groups)
-    groups.set_defaults(handler=_groups)
 
 
 def _lag(args: argparse.Namespace) -> int:
@@ -688,62 +680,13 @@ def _lag_view(lag: Any, args: argparse.Namespace) -> Any:
     return Group(heading, table)
 
 
-def _groups(args: argparse.Namespace) -> int:
-    from weir.errors import WeirError
-    from weir.lag import all_groups_lag
-
-    admin = admin_for(args)
-    try:
-        lags = all_groups_lag(admin, timeout=args.timeout)
-    except WeirError as exc:
-        print(f"weir: {cluster_error_message(exc, args)}", file=sys.stderr)
-        return 1
-    finally:
-        admin.poll(0)
-    if args.json:
-        rows = [
-            {
-                "group": lag.group_id,
-                "state": lag.state,
-                "type": lag.group_type,
-                "simple": lag.simple,
-                "members": lag.members,
-                "total_lag": lag.total_lag,
-            }
-            for lag in lags
-        ]
-        print(json.dumps(rows))
-        return 0
-    from rich.table import Table
-
-    console = table_console()
-    if not lags:
-        console.print(f"no consumer groups on {args.bootstrap_servers}")
-        return 0
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    table.add_column("GROUP", overflow="fold")
-    table.add_column("STATE")
-    table.add_column("TYPE")
-    table.add_column("MEMBERS", justify="right")
-    table.add_column("LAG", justify="right")
-    for lag in lags:
-        table.add_row(
-            lag.group_id,
-            lag.state,
-            lag.group_type + (" (simple)" if lag.simple else ""),
-            str(lag.members),
-            str(lag.total_lag),
-        )
-    console.print(table)
-    return 0
-
-
 # --- entry point ---------------------------------------------------------------------------------
 
 SUBCOMMANDS: dict[str, Registrar] = {
     "broker": _register_broker,
     "lag": _register_lag,
-    "groups": _register_groups,
+    "groups": register_groups,
+    "offsets": register_offsets,
 }
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "DeserializationError",
     "FenceUnavailableError",
     "FencedError",
+    "GroupActiveError",
     "GroupNotFoundError",
     "HandlerError",
     "KafkaFatalError",
@@ -27,6 +28,7 @@ __all__ = [
     "NoEpochError",
     "NonRetryable",
     "OffsetResetError",
+    "OffsetsError",
     "TlsError",
     "TopicNotFoundError",
     "TransactionError",
@@ -229,3 +231,18 @@ class GroupNotFoundError(LagError):
 
 class TopicNotFoundError(LagError):
     """A topic asked for does not exist."""
+
+
+class OffsetsError(LagError):
+    """A `weir.admin` reset that cannot be planned, a saved-offsets file that cannot be used, or
+    a change the broker refused; the message says which partition and why."""
+
+
+class GroupActiveError(LagError):
+    """The group has members: its offsets can be changed, or the group deleted, only while it
+    is empty. ``members`` holds ``(member_id, client_id, host)`` of each, as the message names
+    them."""
+
+    def __init__(self, message: str, members: tuple[tuple[str, str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.members = members

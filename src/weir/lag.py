@@ -363,16 +363,33 @@ def _groups_lag(
     return lags
 
 
+# A group's coordinator is not ready yet: on a new cluster the first group call creates
+# __consumer_offsets, and a coordinator that moved or is loading answers these for a while.
+_COORDINATOR_NOT_READY = frozenset(
+    {"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE"}
+)
+_COORDINATOR_RETRY_S = 0.2
+
+
 def _describe(admin: AdminClient, group_ids: list[str], deadline: _Deadline) -> dict[str, Any]:
-    futures = admin.describe_consumer_groups(group_ids, request_timeout=deadline.remaining())
     found: dict[str, Any] = {}
-    for group_id, future in futures.items():
-        try:
-            found[group_id] = _result(future, deadline, ("group", group_id))
-        except LagError as exc:
-            if _code(exc.__cause__) == "GROUP_ID_NOT_FOUND":
-                raise GroupNotFoundError(f"group {group_id!r} does not exist") from exc
-            raise
+    asked = list(group_ids)
+    while asked:
+        futures = admin.describe_consumer_groups(asked, request_timeout=deadline.remaining())
+        again = []
+        for group_id, future in futures.items():
+            try:
+                found[group_id] = _result(future, deadline, ("group", group_id))
+            except LagError as exc:
+                code = _code(exc.__cause__)
+                if code == "GROUP_ID_NOT_FOUND":
+                    raise GroupNotFoundError(f"group {group_id!r} does not exist") from exc
+                if code not in _COORDINATOR_NOT_READY or deadline.end - time.monotonic() < 1:
+                    raise
+                again.append(group_id)
+        if again:
+            time.sleep(_COORDINATOR_RETRY_S)
+        asked = again
     return found
 
 
@@ -406,9 +423,16 @@ def _committed(
 def _committed_by_consumer(
     config: Mapping[str, Any], group_id: str, asked: list[Any], deadline: _Deadline
 ) -> dict[TopicPartitionKey, int | None]:
-    """The group's committed offsets of ``asked``, read by a consumer that never subscribes
-    (it joins nothing). read_uncommitted: the broker answers with the last committed offset
-    at once instead of waiting while a transaction holds a newer one."""
+    return _offsets_of(_committed_partitions(config, group_id, asked, deadline))
+
+
+def _committed_partitions(
+    config: Mapping[str, Any], group_id: str, asked: list[Any], deadline: _Deadline
+) -> list[Any]:
+    """The group's committed ``TopicPartition``s of ``asked`` (offset and metadata), read by a
+    consumer that never subscribes (it joins nothing). read_uncommitted: the broker answers
+    with the last committed offset at once instead of waiting while a transaction holds a
+    newer one."""
     from confluent_kafka import Consumer
 
     try:
@@ -434,7 +458,7 @@ def _committed_by_consumer(
         raise _as_lag_error(exc, deadline, ("group", group_id)) from exc
     finally:
         consumer.close()
-    return _offsets_of(found)
+    return list(found)
 
 
 def _offsets_of(found: Iterable[Any]) -> dict[TopicPartitionKey, int | None]:
@@ -508,7 +532,11 @@ def _offset_spec(which: str) -> Any:
 
 
 def _result(
-    future: concurrent.futures.Future[Any], deadline: _Deadline, subject: Subject | None = None
+    future: concurrent.futures.Future[Any],
+    deadline: _Deadline,
+    subject: Subject | None = None,
+    *,
+    asking: tuple[str, str] = ("DESCRIBE", _NEEDS),
 ) -> Any:
     # The request carries the timeout; the extra second lets its own error arrive first.
     end = deadline.end + 1.0
@@ -523,11 +551,18 @@ def _result(
             if left <= _REFUSAL_CHECK_S:
                 raise deadline.unreachable() from exc
         except Exception as exc:
-            raise _as_lag_error(exc, deadline, subject) from exc
+            raise _as_lag_error(exc, deadline, subject, asking=asking) from exc
 
 
-def _as_lag_error(exc: Any, deadline: _Deadline, subject: Subject | None = None) -> WeirError:
-    """`exc` as the error of a call about `subject` (an ACL refusal names it)."""
+def _as_lag_error(
+    exc: Any,
+    deadline: _Deadline,
+    subject: Subject | None = None,
+    *,
+    asking: tuple[str, str] = ("DESCRIBE", _NEEDS),
+) -> WeirError:
+    """`exc` as the error of a call about `subject` (an ACL refusal names it, and what the
+    request needs: `asking` is the operation and a sentence saying what it takes)."""
     from weir._engine.refusals import authorization_error, denied_of
 
     if isinstance(exc, WeirError):
@@ -537,14 +572,15 @@ def _as_lag_error(exc: Any, deadline: _Deadline, subject: Subject | None = None)
     if code in _UNREACHABLE:
         return deadline.unreachable(text)
     kind, name = subject or ("", "")
+    operation, needs = asking
     denied = denied_of(
         code or "",
-        "DESCRIBE",
+        operation,
         topic=name if kind == "topic" else None,
         group=name if kind == "group" else None,
     )
     if denied is not None:
-        return authorization_error(denied, text, _NEEDS)
+        return authorization_error(denied, text, needs)
     return LagError(f"{code or type(exc).__name__}: {text}")
 
 

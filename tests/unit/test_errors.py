@@ -79,6 +79,8 @@ def test_each_concept_has_one_class() -> None:
         ("weir.lag", "BrokerRefusedError"),
         ("weir.lag", "AuthenticationError"),
         ("weir.lag", "TlsError"),
+        ("weir.admin", "GroupActiveError"),
+        ("weir.admin", "OffsetsError"),
     ],
 )
 def test_the_documented_import_paths_name_the_same_class(module: str, name: str) -> None:

@@ -7,6 +7,8 @@ import argparse
 import logging
 import math
 import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from weir._cli.usage import UsageError
@@ -99,6 +101,21 @@ def admin_for(args: argparse.Namespace) -> Any:
         return admin_client(config)
     except Exception as exc:  # whatever the client raises while it is built is its refusal
         raise UsageError(refusal(exc, settings)) from None
+
+
+def on_cluster(args: argparse.Namespace, work: Callable[[Any], int]) -> int:
+    """``work(admin)`` with the admin client ``args`` ask for: a ``WeirError`` it raises is one
+    line on stderr and exit status 1."""
+    from weir.errors import WeirError
+
+    admin = admin_for(args)
+    try:
+        return work(admin)
+    except WeirError as exc:
+        print(f"weir: {cluster_error_message(exc, args)}", file=sys.stderr)
+        return 1
+    finally:
+        admin.poll(0)  # hand the queued librdkafka log lines to the (quiet) logger
 
 
 def refusal(exc: Exception, settings: dict[str, str]) -> str:
