@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeAlias, cast
 
 import structlog
 
+from weir._cli import tail
 from weir._cli.cluster import (
     add_cluster_arguments,
     admin_for,
@@ -744,6 +745,7 @@ SUBCOMMANDS: dict[str, Registrar] = {
     "broker": _register_broker,
     "lag": _register_lag,
     "groups": _register_groups,
+    "tail": tail.register,
 }
 
 
