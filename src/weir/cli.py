@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeAlias, cast
 
 import structlog
 
-from weir._cli import tail
+from weir._cli import dlq, tail
 from weir._cli.cluster import (
     add_cluster_arguments,
     admin_for,
@@ -746,6 +746,7 @@ SUBCOMMANDS: dict[str, Registrar] = {
     "lag": _register_lag,
     "groups": _register_groups,
     "tail": tail.register,
+    "dlq": dlq.register,
 }
 
 
