@@ -36,7 +36,8 @@ class Position:
 
     kind: Literal["beginning", "end", "offset", "time"]
     offset: int = 0
-    """For "offset": the offset (below 0: that many records before the end)."""
+    """For "offset": the offset (below 0: that many offsets before the end; a
+    transaction's marker takes an offset too)."""
     time_ms: int = 0
     """For "time": ms since the epoch; the first record at or after it."""
 

@@ -68,7 +68,7 @@ def add_start_arguments(parser: argparse.ArgumentParser, *, default: str) -> Non
         "--from-offset",
         type=_offset,
         metavar="N",
-        help="from offset N of each partition (below 0: that many records before its end); "
+        help="from offset N of each partition (below 0: that many offsets before its end); "
         "an offset outside the log is moved to its nearest end, and said so",
     )
     start.add_argument(
