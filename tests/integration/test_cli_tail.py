@@ -181,7 +181,7 @@ def test_a_missing_topic_or_partition_is_one_line(
 
 @pytest.mark.slow  # two processes of their own: about 7 s
 def test_ctrl_c_ends_a_follower_and_a_closed_pipe_ends_it_quietly(
-    kafka_bootstrap: str, topic: str
+    kafka_bootstrap: str, topic: str, make_topic: TopicFactory
 ) -> None:
     follower = subprocess.Popen(
         [str(WEIR), "tail", topic, "-b", kafka_bootstrap, "-p", "0", "--from-offset", "4"],
@@ -200,12 +200,16 @@ def test_ctrl_c_ends_a_follower_and_a_closed_pipe_ends_it_quietly(
     finally:
         follower.kill()
         follower.wait(10)
+    # More than a pipe holds (64 KiB): the writes after `head` has gone fail, whenever it goes.
+    # (Following an idle topic, a closed pipe is seen at the next record's write, as `tail -f`.)
+    many = make_topic(1, name_prefix="tail-many")
+    produce(kafka_bootstrap, many, [(f"k{i}", "x" * 100) for i in range(2000)])
     piped = subprocess.run(
         [
             "bash",
             "-c",
-            f"set -o pipefail; {WEIR} tail {topic} -b {kafka_bootstrap} "
-            "--from-beginning | head -n 1",
+            f"set -o pipefail; {WEIR} tail {many} -b {kafka_bootstrap} --from-beginning "
+            "--no-follow | head -n 1",
         ],
         capture_output=True,
         text=True,
