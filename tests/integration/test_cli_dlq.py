@@ -167,6 +167,9 @@ def test_a_dry_run_sends_nothing(
     assert out.splitlines()[-1] == (
         f"dry run: would send 5 dead letters of {letters.dlq}; nothing sent (add --execute)"
     )
+    one = ("--source-partition", "1", "--offset-range", "2-2", "--to", target)
+    code, out, _ = weir(capsys, "dlq", "redrive", letters.dlq, "-b", letters.bootstrap, *one)
+    assert out.splitlines()[-1].startswith(f"dry run: would send 1 dead letter of {letters.dlq};")
 
 
 def test_a_redrive_sends_exactly_the_selection(
@@ -253,5 +256,5 @@ def test_records_without_weir_headers_are_shown_and_never_redriven(
     code, out, _ = weir(capsys, "dlq", "redrive", dlq, "-b", kafka_bootstrap, "--execute")
     assert code == 0
     assert out.splitlines()[-1] == (
-        f"no dead letters of {dlq} selected; 1 records without weir.dlq headers, never redriven"
+        f"no dead letters of {dlq} selected; 1 record without weir.dlq headers, never redriven"
     )

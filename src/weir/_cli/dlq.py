@@ -168,7 +168,7 @@ def _print_letters(letters: list[DeadLetter], topic: str) -> None:
             error or "-",
         )
     console.print(table)
-    console.print(f"{len(letters)} dead letters in {topic}")
+    console.print(f"{_count(len(letters), 'dead letter')} in {topic}")
 
 
 # --- weir dlq redrive ---------------------------------------------------------------------------
@@ -263,14 +263,15 @@ def _print_plan(plan: RedrivePlan, executed: bool) -> None:
     sending, already = len(plan.to_send), len(plan.already_sent)
     skipped = f"; {already} redriven before, left out" if already else ""
     if plan.not_weir:
-        skipped += f"; {plan.not_weir} records without weir.dlq headers, never redriven"
+        skipped += f"; {_count(plan.not_weir, 'record')} without weir.dlq headers, never redriven"
     if not plan.items:
         console.print(f"no dead letters of {plan.dead_letter_topic} selected{skipped}")
     elif executed:
-        console.print(f"sent {sending} dead letters of {plan.dead_letter_topic}{skipped}")
+        console.print(f"sent {_count(sending, 'dead letter')} of {plan.dead_letter_topic}{skipped}")
     else:
         console.print(
-            f"dry run: would send {sending} dead letters of {plan.dead_letter_topic}{skipped}; "
+            f"dry run: would send {_count(sending, 'dead letter')} of {plan.dead_letter_topic}"
+            f"{skipped}; "
             "nothing sent (add --execute)"
         )
 
@@ -291,6 +292,10 @@ def _offset_range(text: str) -> tuple[int, int | None]:
             f"expected offsets of 0 or more with FIRST not past LAST, got {text!r}"
         )
     return start, end
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
 
 
 def _text(data: bytes | None) -> str | None:
