@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from weir.errors import WeirError
 
-__all__ = ["ISOLATIONS", "Position", "ReadError", "Reader", "parse_datetime"]
+__all__ = ["ISOLATIONS", "Position", "ReadError", "Reader", "parse_datetime", "refused"]
 
 ISOLATIONS = ("read_committed", "read_uncommitted")
 # The group id librdkafka requires of every consumer; it is never joined nor committed to.
@@ -101,7 +101,7 @@ class Reader:
         try:
             consumer = Consumer(conf)
         except (KafkaException, ValueError, TypeError) as exc:
-            raise ReadError(f"the client refuses its settings: {_words(exc)}") from None
+            raise ReadError(refused(exc, config)) from None
         reader = cls(consumer, topic, ())
         try:
             reader.partitions = reader._partitions(partitions, timeout)
@@ -213,6 +213,20 @@ class Reader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def refused(exc: Exception, config: Mapping[str, Any]) -> str:
+    """librdkafka's reason for refusing a client's settings, without the value of a secret
+    (it quotes an invalid value back)."""
+    from weir._secrets import is_secret_key
+
+    reason = _words(exc)
+    for prefix in ("Failed to create consumer: ", "Failed to create producer: "):
+        reason = reason.removeprefix(prefix)
+    for key, value in config.items():
+        if is_secret_key(key) and isinstance(value, str) and value:
+            reason = reason.replace(value, "***")
+    return f"the client refuses its settings: {reason}"
 
 
 def _partition_eof() -> int:

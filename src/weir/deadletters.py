@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weir._engine.deadletter import HEADERS
-from weir._reading import Position, Reader
+from weir._reading import Position, Reader, refused
 from weir.errors import WeirError
 from weir.logs import get_logger
 
@@ -277,15 +277,18 @@ def redrive(
     an earlier run left open is aborted and a concurrent run fenced first."""
     from confluent_kafka import KafkaException, Producer
 
-    producer = Producer(
-        {
-            **config,
-            "transactional.id": redrive_transactional_id(dead_letter_topic),
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-        }
-    )
+    try:
+        producer = Producer(
+            {
+                **config,
+                "transactional.id": redrive_transactional_id(dead_letter_topic),
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+            }
+        )
+    except (KafkaException, ValueError, TypeError) as exc:
+        raise RedriveError(refused(exc, config)) from None
     try:
         producer.init_transactions(timeout)
         plan = plan_redrive(config, dead_letter_topic, selection, to=to, timeout=timeout)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from tests.unit.test_cli_tail_args import usage_error
 
-from weir.cli import SUBCOMMANDS, build_parser
+from weir.cli import SUBCOMMANDS, build_parser, main
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -59,3 +59,24 @@ def test_bad_values_are_one_line_usage_errors(
 def test_the_topic_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     assert "required: topic" in usage_error(capsys, "dlq", "redrive", "-b", "h")
     assert "required: topic" in usage_error(capsys, "dlq", "show", "-b", "h")
+
+
+@pytest.mark.parametrize("action", [["dlq", "redrive", "d", "--execute"], ["tail", "t"]])
+def test_settings_the_client_refuses_are_one_line(
+    action: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: `weir dlq redrive --execute -X foo=bar` ended in a KafkaException traceback
+    (the transactional producer was built outside the error handling). A secret's value never
+    shows, even where librdkafka quotes it back."""
+    bad = ["-X", "foo=bar", "-X", "sasl.password=PLAIN"]
+    assert main([*action, "-b", "127.0.0.1:1", *bad]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        'weir: the client refuses its settings: No such configuration property: "foo"'
+    )
+    assert err.count("\n") == 1
+    secret = ["-X", "sasl.password=BOGUS", "-X", "security.protocol=BOGUS"]
+    assert main([*action, "-b", "127.0.0.1:1", *secret]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("weir: the client refuses its settings: ") and "BOGUS" not in err
+    assert err.count("\n") == 1
