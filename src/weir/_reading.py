@@ -198,6 +198,10 @@ class Reader:
                 if error.code() == _partition_eof():
                     at_end.add(msg.partition())
                     continue
+                if error.code() == _group_refused():
+                    # librdkafka looks up the coordinator of the throwaway group.id anyway: a
+                    # client without a group ACL is refused that, which a reader never needs.
+                    continue
                 raise ReadError(f"reading {self.topic!r} failed: {error.str()}")
             yield msg
             seen += 1
@@ -233,6 +237,12 @@ def _partition_eof() -> int:
     from confluent_kafka import KafkaError
 
     return int(KafkaError._PARTITION_EOF)
+
+
+def _group_refused() -> int:
+    from confluent_kafka import KafkaError
+
+    return int(KafkaError.GROUP_AUTHORIZATION_FAILED)
 
 
 def _words(exc: Exception) -> str:
