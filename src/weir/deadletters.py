@@ -304,15 +304,11 @@ def redrive(
                     producer.abort_transaction(commit_timeout)
                 raise
     except KafkaException as exc:
-        from weir.lag import error_text
-
-        # A commit that timed out may still complete: a second run finds what it committed.
-        raise RedriveError(
-            f"the redrive of {dead_letter_topic!r} failed: {error_text(exc)}; run it again, "
-            "it sends nothing twice"
-        ) from None
+        raise RedriveError(_failure(exc, dead_letter_topic)) from None
     finally:
-        producer.flush(0)
+        # Serves its last log lines; a producer that failed for good raises its error again.
+        with contextlib.suppress(KafkaException):
+            producer.flush(0)
     log.info(
         "dead_letters_redriven",
         dead_letter_topic=dead_letter_topic,
@@ -321,6 +317,25 @@ def redrive(
         targets=sorted({item.target_topic for item in plan.to_send}),
     )
     return plan
+
+
+def _failure(exc: Exception, dead_letter_topic: str) -> str:
+    from weir.lag import error_text
+
+    error: Any = exc.args[0] if exc.args else None
+    code = str(error.name()) if hasattr(error, "name") else ""
+    if code.endswith("_AUTHORIZATION_FAILED"):
+        return (
+            f"the redrive of {dead_letter_topic!r} was refused by the broker's ACLs ({code}: "
+            f"{error_text(exc)}): a redrive needs READ on the dead-letter topic and the targets, "
+            f"WRITE on the targets, and WRITE and DESCRIBE on the transactional id "
+            f"{redrive_transactional_id(dead_letter_topic)!r}"
+        )
+    # A commit that timed out may still complete: a second run finds what it committed.
+    return (
+        f"the redrive of {dead_letter_topic!r} failed: {error_text(exc)}; run it again, it "
+        "sends nothing twice"
+    )
 
 
 def _send(producer: Any, item: Redriven) -> None:

@@ -111,6 +111,10 @@ def client_config(args: argparse.Namespace) -> dict[str, Any]:
     kafka_log = logging.getLogger(KAFKA_LOG)
     kafka_log.setLevel(logging.CRITICAL)
     kafka_log.propagate = False
+    if not kafka_log.handlers:
+        # Without a handler of its own, Python's last resort would print the lines that pass
+        # the level to stderr: a transactional producer's fatal error is logged as CRITICAL.
+        kafka_log.addHandler(logging.NullHandler())
     return {**dict(args.config), "bootstrap.servers": args.bootstrap_servers, "logger": kafka_log}
 
 
