@@ -4,13 +4,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.weir-installed
 BENCH_STAMP := $(VENV)/.weir-bench-installed
+DOCS_STAMP := $(VENV)/.weir-docs-installed
 PYTEST_ARGS ?=
 # Most broker tests wait on the broker (rebalances, session timeouts), not on a core: make test
 # runs them on several pytest-xdist workers, each with its own embedded broker.
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker clean
+.PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker dist docs api-check promtool clean
 
 # A line per step instead of the commands: pip runs quietly, and a first install takes a minute or
 # two, which must not look like a hang.
@@ -34,11 +35,14 @@ test: lint typecheck
 	$(BIN)/python -m pytest -m "not slow" $(XDIST) --durations=15 $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests examples benchmarks
-	$(BIN)/ruff format --check src tests examples benchmarks
+	$(BIN)/ruff check src tests examples benchmarks tools
+	$(BIN)/ruff format --check src tests examples benchmarks tools
 
+# Then every Python block of README.md and docs/ that is not marked title="fragment", in one
+# mypy --strict run (tools/check_doc_examples.py).
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/python tools/check_doc_examples.py
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit tests/property $(PYTEST_ARGS)
@@ -67,6 +71,20 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	touch $(BENCH_STAMP)
 
+# Breaking changes of the public API since the last release (api/README.md): each must be listed
+# in api/breaking.txt (and said in CHANGELOG.md).
+api-check: $(STAMP)
+	$(BIN)/python tools/api_check.py
+
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+# The site into site/ (mkdocs.yml): --strict, so a broken link, a name missing from the reference
+# or a docstring warning fails. NO_MKDOCS_2_WARNING: Material's banner about its successor.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/backpressure.py
@@ -75,5 +93,25 @@ bench: $(BENCH_STAMP)
 broker: $(STAMP)
 	$(BIN)/weir broker start
 
+# The sdist and the wheel into dist/, checked (twine, check-wheel-contents), then the wheel alone in
+# a clean virtualenv runs the quick start and the CLI against an embedded broker (tools/check-dist).
+dist: $(STAMP)
+	WEIR_DIST_PYTHON=$(PYTHON) tools/check-dist $(BIN)/python
+
+# promtool, Prometheus' rule checker, for tests/integration/test_ops_promtool.py (which skip
+# without it): built with the machine's Go from the Go module proxy into ~/.cache/weir (kept
+# across clones, as the Kafka jars are), half an hour the first time on two busy cores, under a
+# minute with Go's build cache. Prometheus' Go module versions are v0.3XX.Y for its 3.XX.Y.
+PROMTOOL_VERSION ?= v0.316.0
+TOOLS := $(HOME)/.cache/weir/tools/$(PROMTOOL_VERSION)
+promtool: $(TOOLS)/promtool
+
+$(TOOLS)/promtool:
+	@command -v go >/dev/null || { echo "make promtool needs Go (apt-get install golang-go)"; exit 1; }
+	@echo "building promtool $(PROMTOOL_VERSION) into $(TOOLS) with go install" \
+	  "(up to half an hour the first time)..."
+	@GOBIN=$(TOOLS) go install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
+	@echo "built: $(TOOLS)/promtool"
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist site src/*.egg-info

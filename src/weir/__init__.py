@@ -33,6 +33,7 @@ from weir.records import (
     Partition,
     Record,
 )
+from weir.routing import Route
 from weir.stats import ConsumerStats, LatencyHistogram, PartitionStats
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "PartitionStats",
     "Record",
     "RetryPolicy",
+    "Route",
     "State",
     "TlsError",
     "TransactionError",

@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
-from typing_extensions import Required, TypedDict
+from typing_extensions import TypedDict
 
 from weir._ids import id_problem, member_id_problem, shown, text_problem
 from weir._kafka_mapping import FORCED_OFF, TYPED_KEYS, KafkaSetting, KafkaValue, value_problems
@@ -518,8 +518,8 @@ class ConsumerConfig(BaseModel):
     failure_by_topic: Mapping[str, FailurePolicy] = Field(
         default_factory=dict,
         validate_default=True,
-        description="`failure` per topic: names as subscribed, or topics a subscribed pattern "
-        "matches.",
+        description="`failure` per topic: names as subscribed, topics a subscribed pattern "
+        "matches, or a subscribed pattern itself (`^...`: every topic it matches).",
     )
 
     stuck_after_s: float = Field(
@@ -848,8 +848,16 @@ class ConsumerConfig(BaseModel):
         return ConsumerConfig(**{**given, "group_protocol": protocol}), ignored
 
     def policy_for(self, topic: str) -> FailurePolicy:
-        """The failure policy of records of `topic`."""
-        return self.failure_by_topic.get(topic, self.failure)
+        """The failure policy of records of `topic`: its name's, else the first subscribed
+        pattern's (a key starting with `^`) that matches it, else `failure`."""
+        by_topic = self.failure_by_topic
+        policy = by_topic.get(topic)
+        if policy is None:
+            policy = next(
+                (p for name, p in by_topic.items() if name[:1] == "^" and re.match(name, topic)),
+                self.failure,
+            )
+        return policy
 
     def librdkafka_config(self) -> dict[str, Any]:
         """The dict for `confluent_kafka.Consumer`, without callbacks."""
@@ -943,56 +951,66 @@ def _client_value(value: Any) -> Any:
 
 
 # `GroupConsumer(handler, **settings)`'s keyword settings, for type checkers: the fields of
-# ConsumerConfig (a unit test keeps the two equal). The functional form keeps the types objects at
-# run time, so __required_keys__ is right there too (this module postpones annotations, which
-# hides Required from a class body).
-ConsumerSettings = TypedDict(  # noqa: UP013
-    "ConsumerSettings",
-    {
-        "bootstrap_servers": Required[str],
-        "group_id": Required[str],
-        "topics": Required[list[str]],
-        "ordering": Ordering,
-        "workers": int,
-        "max_in_flight": int,
-        "group_protocol": Literal["classic", "consumer", "auto"],
-        "assignment_strategy": Literal["range", "roundrobin", "cooperative-sticky"] | None,
-        "remote_assignor": Literal["uniform", "range"] | None,
-        "group_instance_id": str | None,
-        "session_timeout_s": float | None,
-        "heartbeat_interval_s": float | None,
-        "max_poll_interval_s": float,
-        "auto_offset_reset": Literal["earliest", "latest", "error"],
-        "topic_refresh_s": float,
-        "flow": FlowConfig,
-        "max_batch_records": int,
-        "batch_max_records": int,
-        "batch_max_wait_s": float,
-        "batch_max_bytes": int | None,
-        "flush_timeout_s": float,
-        "poll_timeout_s": float,
-        "commit_interval_s": float,
-        "commit_every_records": int,
-        "revoke_timeout_s": float,
-        "shutdown_timeout_s": float,
-        "startup_timeout_s": float,
-        "transactional_id": str | None,
-        "transaction_interval_s": float,
-        "transaction_max_records": int,
-        "transaction_timeout_s": float,
-        "offset_map": bool,
-        "offset_map_max_bytes": int,
-        "failure": FailurePolicy,
-        "failure_by_topic": Mapping[str, FailurePolicy],
-        "stuck_after_s": float,
-        "partition_stall_s": float | None,
-        "broker_down_unready_s": float | None,
-        "watermark_refresh_s": float | None,
-        "callback_errors": Literal["log", "stop"],
-        "kafka": Mapping[str, KafkaSetting],
-    },
-    total=False,
-)
+# ConsumerConfig (a unit test keeps them equal). Which keys are required follows each class's
+# `total`, not `Required[...]`, which this module's postponed annotations would hide at run time.
+class _OptionalSettings(TypedDict, total=False):
+    ordering: Ordering
+    workers: int
+    max_in_flight: int
+    group_protocol: Literal["classic", "consumer", "auto"]
+    assignment_strategy: Literal["range", "roundrobin", "cooperative-sticky"] | None
+    remote_assignor: Literal["uniform", "range"] | None
+    group_instance_id: str | None
+    session_timeout_s: float | None
+    heartbeat_interval_s: float | None
+    max_poll_interval_s: float
+    auto_offset_reset: Literal["earliest", "latest", "error"]
+    topic_refresh_s: float
+    flow: FlowConfig
+    max_batch_records: int
+    batch_max_records: int
+    batch_max_wait_s: float
+    batch_max_bytes: int | None
+    flush_timeout_s: float
+    poll_timeout_s: float
+    commit_interval_s: float
+    commit_every_records: int
+    revoke_timeout_s: float
+    shutdown_timeout_s: float
+    startup_timeout_s: float
+    transactional_id: str | None
+    transaction_interval_s: float
+    transaction_max_records: int
+    transaction_timeout_s: float
+    offset_map: bool
+    offset_map_max_bytes: int
+    failure: FailurePolicy
+    failure_by_topic: Mapping[str, FailurePolicy]
+    stuck_after_s: float
+    partition_stall_s: float | None
+    broker_down_unready_s: float | None
+    watermark_refresh_s: float | None
+    callback_errors: Literal["log", "stop"]
+    kafka: Mapping[str, KafkaSetting]
+
+
+class _Member(TypedDict):
+    bootstrap_servers: str
+    group_id: str
+
+
+class _Topics(TypedDict, total=False):
+    topics: list[str]
+
+
+class ConsumerSettings(_Member, _OptionalSettings):
+    """`GroupConsumer(handler, **settings)`'s keyword settings."""
+
+    topics: list[str]
+
+
+class RoutedSettings(_Member, _Topics, _OptionalSettings):
+    """`GroupConsumer(routes=..., **settings)`'s: `topics` defaults to what the routes name."""
 
 
 class _TokenProblem(ValueError):

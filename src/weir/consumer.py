@@ -24,7 +24,13 @@ from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle, State
 from weir._engine.protocols import offers_consumer_protocol
 from weir._engine.scheduling import lane_of
-from weir.config import ConsumerConfig, ConsumerSettings, for_async_handler, for_batch_handler
+from weir.config import (
+    ConsumerConfig,
+    ConsumerSettings,
+    RoutedSettings,
+    for_async_handler,
+    for_batch_handler,
+)
 from weir.fencing.base import Fence
 from weir.health import Health, check
 from weir.logs import get_logger
@@ -36,7 +42,9 @@ from weir.records import (
     Record,
     as_handler,
     is_async_handler,
+    pause_seconds,
 )
+from weir.routing import Routes, router
 from weir.serde import (
     AsyncDeserializingBatchHandler,
     AsyncDeserializingHandler,
@@ -59,18 +67,11 @@ _BATCH_SETTINGS = ("batch_max_records", "batch_max_wait_s", "batch_max_bytes")
 
 
 def _check_batch_settings(handler: Handler, config: ConsumerConfig) -> None:
-    """The batch settings belong to a `BatchHandler`, and a `BatchHandler` to what this release
-    runs in batches: `handle_batch` (plain, on worker threads, or `async def`, on the event
-    loop), without a transaction. A flush hook does not join a transaction yet."""
+    """The batch settings belong to a `BatchHandler`, and `flush_timeout_s` to a flush hook."""
     if handler._flush_hook() is None and "flush_timeout_s" in config.model_fields_set:
         raise ValueError(
             f"flush_timeout_s bounds a handler's on_flush hook, and {type(handler).__qualname__} "
             "defines none: drop the setting, or define on_flush(ctx)"
-        )
-    if handler._flush_hook() is not None and config.transactional_id is not None:
-        raise ValueError(
-            f"{type(handler).__qualname__} defines on_flush(): a handler's own buffer with "
-            "transactional_id (exactly-once outputs) is not supported yet"
         )
     if not isinstance(handler, BatchHandler):
         given = [name for name in _BATCH_SETTINGS if name in config.model_fields_set]
@@ -82,12 +83,6 @@ def _check_batch_settings(handler: Handler, config: ConsumerConfig) -> None:
                 "or subclass weir.BatchHandler"
             )
         return
-    name = type(handler).__qualname__
-    if config.transactional_id is not None:
-        raise ValueError(
-            f"{name} is a BatchHandler: transactional_id (exactly-once outputs) is not "
-            "supported for batch handlers yet"
-        )
 
 
 class GroupConsumer:
@@ -101,9 +96,10 @@ class GroupConsumer:
     @overload
     def __init__(
         self,
-        handler: Handler | Callable[[Record], object],
+        handler: Handler | Callable[[Record], object] | None,
         config: ConsumerConfig,
         *,
+        routes: Routes | None = None,
         key_deserializer: Deserializers | None = None,
         value_deserializer: Deserializers | None = None,
         consumer_factory: ClientFactory | None = None,
@@ -126,11 +122,24 @@ class GroupConsumer:
         **settings: Unpack[ConsumerSettings],
     ) -> None: ...
 
+    @overload
     def __init__(
         self,
-        handler: Handler | Callable[[Record], object],
+        *,
+        routes: Routes,
+        consumer_factory: ClientFactory | None = None,
+        producer_factory: ProducerFactory | None = None,
+        fence: Fence[Any] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        **settings: Unpack[RoutedSettings],
+    ) -> None: ...
+
+    def __init__(
+        self,
+        handler: Handler | Callable[[Record], object] | None = None,
         config: ConsumerConfig | None = None,
         *,
+        routes: Routes | None = None,
         key_deserializer: Deserializers | None = None,
         value_deserializer: Deserializers | None = None,
         consumer_factory: ClientFactory | None = None,
@@ -146,11 +155,17 @@ class GroupConsumer:
         see `weir.serde`). `consumer_factory` / `producer_factory` build the Kafka clients
         (`weir.testing.FakeConsumer` for tests without a broker). `fence`: a `weir.fencing`
         fence whose epochs the member acquires for each assigned partition before its first
-        record (`Context.epoch`); a `FencedError` from a handler makes the partition lost."""
+        record (`Context.epoch`); a `FencedError` from a handler makes the partition lost.
+        `routes`: instead of `handler`, a handler per topic or pattern (`weir.Route`,
+        docs/routing.md); `topics` then defaults to what the routes name."""
+        if config is not None and settings:
+            raise TypeError("pass either a ConsumerConfig or keyword settings, not both")
+        if routes is not None:
+            handler, config = _routed(handler, routes, config, settings)
+        elif handler is None:
+            raise TypeError("GroupConsumer needs a handler, or routes= (a handler per topic)")
         if config is None:
             config = ConsumerConfig(**settings)
-        elif settings:
-            raise TypeError("pass either a ConsumerConfig or keyword settings, not both")
         self._handler = as_handler(handler)
         _check_batch_settings(self._handler, config)
         batch = isinstance(self._handler, BatchHandler)
@@ -322,8 +337,8 @@ class GroupConsumer:
         return self._life.started.wait(timeout)
 
     def stats(self) -> ConsumerStats:
-        """The latest snapshot published by the owner thread (at every commit: about once per
-        `commit_interval_s`, and at shutdown)."""
+        """The latest snapshot published by the owner thread (at a commit, at most twice per
+        `commit_interval_s`; at least once a second; and at shutdown)."""
         return self._life.stats
 
     def health(self) -> Health:
@@ -367,6 +382,24 @@ class GroupConsumer:
         future is False otherwise. A bad argument raises here."""
         tp = _partition(partition)
         return self._life.request("skip", tp, _non_negative("offset", offset))
+
+    def pause(
+        self, target: Partition | tuple[str, int] | str, *, for_s: float | None = None
+    ) -> Future[bool]:
+        """Stop fetching `target` (a partition, or a topic's name for all its partitions) until
+        `resume(target)`, or for `for_s` seconds. Safe from any thread. Records already fetched
+        still run; nothing is skipped, and the member stays in its group. The pause belongs to
+        this member, not to one assignment: partitions of a paused topic assigned later, and a
+        paused partition that comes back in a rebalance, start paused. weir's own flow-control
+        pauses neither lift it nor are lifted by it (`pause_reason="app"` in stats). A later
+        pause of the same target replaces its end. The future is True if a partition this
+        member owns now was paused. A bad argument raises here."""
+        return self._life.request("pause", _target(target), pause_seconds(for_s))
+
+    def resume(self, target: Partition | tuple[str, int] | str) -> Future[bool]:
+        """Lift `pause(target)` for exactly that target (a partition of a paused topic stays
+        paused until the topic is resumed). The future is True if `target` was paused."""
+        return self._life.request("resume", _target(target))
 
     # -- asyncio ---------------------------------------------------------------------------
 
@@ -519,3 +552,47 @@ def _partition(value: object) -> Partition:
             f"('orders', 0), got {value!r} ({type(value).__name__})"
         )
     return Partition(value[0], _non_negative("the partition number", value[1]))
+
+
+def _target(value: object) -> Partition | str:
+    """A pause's target: a topic's name, or a partition (checked as `_partition`)."""
+    if isinstance(value, str):
+        if not value:
+            raise ValueError("a topic to pause must be a non-empty name")
+        return value
+    return _partition(value)
+
+
+def _routed(
+    handler: object, routes: Routes, config: ConsumerConfig | None, settings: dict[str, Any]
+) -> tuple[Handler, ConsumerConfig]:
+    """The member's router, and its config with the routes' topics and failure policies: an
+    unrouted subscribed topic, or a route's policy that the config sets too, is refused here."""
+    if handler is not None:
+        raise TypeError("pass a handler or routes=, not both")
+    routed = router(routes)
+    table = routed.table
+    given = (
+        dict(settings)
+        if config is None
+        else {name: getattr(config, name) for name in config.model_fields_set}
+    )
+    topics = given.setdefault("topics", table.subscription())
+    if isinstance(topics, list | tuple):
+        unrouted = table.unrouted(t for t in topics if isinstance(t, str))
+        if unrouted:
+            raise ValueError(
+                f"no route for the subscribed {', '.join(map(repr, unrouted))}: every topic "
+                f"(and pattern) in topics needs a route (routes: {table.names()})"
+            )
+    policies = table.policies()
+    if policies:
+        mine = dict(given.get("failure_by_topic") or {})
+        both = sorted(set(mine) & set(policies))
+        if both:
+            raise ValueError(
+                f"failure_by_topic and the routes both set a policy for {', '.join(both)}: "
+                "set it in one place (Route(failure=...))"
+            )
+        given["failure_by_topic"] = {**mine, **policies}
+    return routed, ConsumerConfig(**given)

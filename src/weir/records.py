@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import inspect
+import math
 import operator
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Literal,
+    NamedTuple,
+    Protocol,
+    TypeVar,
+    runtime_checkable,
+)
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 from typing_extensions import Self
@@ -282,6 +291,41 @@ class Output:
         return f"Output({self.topic!r}, key={self.key!r}, value={self.value!r})"
 
 
+def pause_seconds(for_s: object) -> float | None:
+    """A pause's length, checked in the caller's thread: None (until resumed) or seconds."""
+    if for_s is None:
+        return None
+    if not isinstance(for_s, int | float) or isinstance(for_s, bool):
+        raise TypeError(f"for_s must be seconds (a number) or None, got {for_s!r}")
+    if not (0 < for_s < math.inf):
+        raise ValueError(f"for_s must be more than 0 and finite, got {for_s!r}")
+    return float(for_s)
+
+
+_Outputs = TypeVar("_Outputs", list[Output], dict[int, list[Output]])
+
+
+def _producing(outputs: _Outputs | None) -> _Outputs:
+    """Where a context keeps its outputs; refused in a member that is not transactional."""
+    if outputs is None:
+        raise RuntimeError(
+            "ctx.produce needs a transactional member: set transactional_id (docs/exactly-once.md)"
+        )
+    return outputs
+
+
+def _output(
+    topic: str,
+    value: bytes | str | None,
+    key: bytes | str | None,
+    headers: Sequence[tuple[str, bytes | str | None]] | None,
+    partition: int | None,
+) -> Output:
+    if not isinstance(topic, str) or not topic:
+        raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+    return Output(topic, value, key, headers, partition)
+
+
 class Context:
     """Per-call context handed to `Handler.handle`.
 
@@ -290,7 +334,7 @@ class Context:
     elsewhere must fence (`epoch`, with `weir.fencing`) or write idempotently by `event_id`.
     """
 
-    __slots__ = ("_cancel", "_outputs", "attempt", "epoch", "event_id", "token")
+    __slots__ = ("_cancel", "_outputs", "_pause", "attempt", "epoch", "event_id", "token")
 
     def __init__(
         self,
@@ -300,6 +344,7 @@ class Context:
         cancel: threading.Event,
         epoch: int | None = None,
         outputs: list[Output] | None = None,
+        pause: Callable[[float | None], None] | None = None,
     ) -> None:
         self.token = token
         self.attempt = attempt
@@ -309,6 +354,16 @@ class Context:
         """The partition's ownership epoch from the member's fence (`GroupConsumer(...,
         fence=...)`), acquired before its first record was dispatched; None without a fence."""
         self._outputs = outputs
+        self._pause = pause
+
+    def pause_partition(self, for_s: float | None = None) -> None:
+        """Stop fetching this record's partition for `for_s` seconds (None: until
+        `GroupConsumer.resume`): a circuit breaker for a downstream that is down. Records
+        already fetched still run (raise to send this one to the failure policy); nothing is
+        skipped. Served by the owner thread within a turn; a bad `for_s` raises here."""
+        for_s = pause_seconds(for_s)
+        if self._pause is not None:
+            self._pause(for_s)
 
     def produce(
         self,
@@ -323,14 +378,7 @@ class Context:
         It is written when this handler's record is marked finished, in the same transaction
         as the input's offset: committed together or not at all. Outputs of a call that raises
         are dropped (a retry produces them again)."""
-        if self._outputs is None:
-            raise RuntimeError(
-                "ctx.produce needs a transactional member: set transactional_id "
-                "(docs/exactly-once.md)"
-            )
-        if not isinstance(topic, str) or not topic:
-            raise TypeError(f"topic must be a non-empty str, got {topic!r}")
-        self._outputs.append(Output(topic, value, key, headers, partition))
+        _producing(self._outputs).append(_output(topic, value, key, headers, partition))
 
     @property
     def cancelled(self) -> bool:
@@ -419,22 +467,33 @@ class BatchContext:
     Partial success: `done(record)` and `fail(record, error)` mark single records, whatever the
     call then does. A call that returns finishes every record not marked failed; a call that
     raises fails every record not marked done, as one batch failure (docs/handlers.md).
+    `produce(record, topic, ...)` records an output of one record of the batch: it is written
+    when that record is marked finished, with its offset, in a transactional member.
     """
 
-    __slots__ = ("_index", "_marks", "_parts", "_records")
+    __slots__ = ("_index", "_marks", "_outputs", "_parts", "_records")
 
-    def __init__(self, records: Sequence[Record], parts: Mapping[Partition, _PartContext]) -> None:
+    def __init__(
+        self,
+        records: Sequence[Record],
+        parts: Mapping[Partition, _PartContext],
+        *,
+        outputs: bool = False,
+    ) -> None:
         self._records = records
         self._index = {id(r): i for i, r in enumerate(records)}
         self._parts = parts
         # Index into the batch -> None (done) or the record's own error (failed).
         self._marks: dict[int, BaseException | None] = {}
+        # Index into the batch -> the outputs produced for that record in this call; None in a
+        # member without transactional_id (`produce` refuses).
+        self._outputs: dict[int, list[Output]] | None = {} if outputs else None
 
-    def _position(self, record: Record) -> int:
+    def _position(self, record: Record, doing: str = "mark") -> int:
         i = self._index.get(id(record))
         if i is None or self._records[i] is not record:
             raise ValueError(
-                f"{record!r} is not a record of this batch: mark only the records "
+                f"{record!r} is not a record of this batch: {doing} only the records "
                 "handle_batch was given"
             )
         return i
@@ -460,6 +519,31 @@ class BatchContext:
             raise TypeError(f"error must be an exception instance, got {error!r}")
         self._mark(record, error)
 
+    def produce(
+        self,
+        record: Record,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | str | None = None,
+        *,
+        headers: Sequence[tuple[str, bytes | str | None]] | None = None,
+        partition: int | None = None,
+    ) -> None:
+        """Produce an output of `record` (a record of this batch) into the member's Kafka
+        transaction (`transactional_id`). It is written when `record` is marked finished, in the
+        same transaction as its offset, and only then: the outputs of a record that fails (marked
+        `fail`, held behind a failed record of its lane, or in a call that raised without being
+        marked `done`) are dropped, and the call that finishes it on a retry produces them again
+        (docs/exactly-once.md#batch-handlers)."""
+        outputs = _producing(self._outputs)
+        if not isinstance(record, Record):
+            raise TypeError(
+                f"BatchContext.produce takes the record the output belongs to first, got "
+                f"{record!r}: ctx.produce(record, topic, value, key)"
+            )
+        out = _output(topic, value, key, headers, partition)
+        outputs.setdefault(self._position(record, "produce for"), []).append(out)
+
     def attempt(self, record: Record) -> int:
         """The attempt `record` is on: 1 the first time, more when it is retried."""
         part = self._parts[Partition(record.topic, record.partition)]
@@ -474,6 +558,12 @@ class BatchContext:
         """The ownership epoch of `record`'s partition from the member's fence (`Context.epoch`);
         None without a fence."""
         return self._parts[Partition(record.topic, record.partition)].epoch
+
+    def pause_partition(self, record: Record, for_s: float | None = None) -> None:
+        """Stop fetching `record`'s partition for `for_s` seconds (None: until
+        `GroupConsumer.resume`), as `Context.pause_partition`."""
+        for_s = pause_seconds(for_s)
+        self._parts[Partition(record.topic, record.partition)].pause(for_s)
 
     @property
     def cancelled(self) -> bool:
@@ -494,6 +584,7 @@ class _PartContext(NamedTuple):
     cancel: threading.Event
     attempts: dict[int, int]
     epoch: int | None
+    pause: Callable[[float | None], None]
 
 
 class FlushContext:

@@ -27,6 +27,7 @@ PauseReason = Literal[
     "fenced",
     "shutdown",
     "blocked",
+    "app",
     "start_offset_unknown",
     "start_committing",
     "capacity",

@@ -8,16 +8,18 @@ output the transform of its input (content).
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.audit import AuditedHandler, AuditWriter
-from weir import Context, Handler, Record
+from weir import BatchContext, BatchHandler, Context, Handler, Record
 from weir.testing.pytest_plugin import ConsumedRecord, consume_all
 
 Output = tuple[bytes | None, bytes]
@@ -62,6 +64,75 @@ class AuditedTransform(AuditedHandler):
         super().handle(record, ctx)
         key, value = transform(record.partition, record.offset, record.key, record.value)
         ctx.produce(self.output, value, key)
+
+
+class AuditedBatchTransform(BatchHandler, AuditedHandler):
+    """`AuditedTransform` as a batch handler: each `handle_batch` call audits its records,
+    sleeps the sum of their per-offset times, and produces the transform of each record into
+    `output`, attributed to that record (`BatchContext.produce`)."""
+
+    def __init__(self, audit: AuditWriter, output: str, slow_ms: float = 0.0) -> None:
+        AuditedHandler.__init__(self, audit, slow_ms)
+        self.output = output
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        a = self.audit
+        for r in records:
+            a.write("start", p=r.partition, o=r.offset, tok=ctx.token(r))
+        if self.slow:
+            time.sleep(sum(self.slow * (0.25 + (r.offset * 7919 % 100) / 100) for r in records))
+        for r in records:
+            key, value = transform(r.partition, r.offset, r.key, r.value)
+            ctx.produce(r, self.output, value, key)
+            a.write("done", p=r.partition, o=r.offset, tok=ctx.token(r))
+
+
+Key = tuple[int, int]  # (partition, offset)
+
+
+class ProduceThenFailBatch(BatchHandler):
+    """A batch handler that produces one output per record into `output` (`value(record, ctx)`:
+    its key and value; the transform by default) before anything fails. Records `fail_once`
+    says yes to are then marked failed (`ctx.fail`) on their first attempt; a call that holds
+    a `poison` (partition, offset) raises, after producing for all its records. `calls` keeps
+    what each call held."""
+
+    def __init__(
+        self,
+        output: str,
+        *,
+        value: Callable[[Record, BatchContext], Output] | None = None,
+        fail_once: Callable[[Record], bool] = lambda r: False,
+        poison: frozenset[Key] = frozenset(),
+    ) -> None:
+        self.output = output
+        self.value = value or (lambda r, ctx: transform(r.partition, r.offset, r.key, r.value))
+        self.fail_once = fail_once
+        self.poison = poison
+        self.lock = threading.Lock()
+        self.calls: list[list[Key]] = []
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> Awaitable[None] | None:
+        self.run(records, ctx)
+        return None
+
+    def run(self, records: list[Record], ctx: BatchContext) -> None:
+        with self.lock:
+            self.calls.append([(r.partition, r.offset) for r in records])
+        for r in records:
+            key, value = self.value(r, ctx)
+            ctx.produce(r, self.output, value, key)
+        for r in records:
+            if ctx.attempt(r) == 1 and self.fail_once(r):
+                ctx.fail(r, RuntimeError(f"record {r.offset} fails once, after producing"))
+        if self.poison.intersection((r.partition, r.offset) for r in records):
+            raise RuntimeError("the batch holds a poison record")
+
+
+class AsyncProduceThenFailBatch(ProduceThenFailBatch):
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        await asyncio.sleep(0.001)
+        self.run(records, ctx)
 
 
 @dataclass

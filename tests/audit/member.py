@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 from typing_extensions import TypedDict
 
 from tests.audit import AuditedHandler, AuditWriter
-from tests.audit.exactly_once import AuditedTransform
+from tests.audit.exactly_once import AuditedBatchTransform, AuditedTransform
 from tests.consumer_overrides import GroupProtocol, Overrides
 from weir import CommitEvent, FlowConfig, GroupConsumer, Handler
 from weir.config import ConsumerSettings
@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transaction-interval", type=float, default=0.1)
     ap.add_argument("--transaction-timeout", type=float, default=10.0)
     ap.add_argument("--die-at-commit", type=int, default=0)
+    # With --output: a batch handler (handle_batch) of batches of at most this many records.
+    ap.add_argument("--batch", type=int, default=0)
     args = ap.parse_args(argv)
     # `Members.stop` asks for every thread's stack (in the member's log) when a stop hangs.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -156,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.output is not None:
         handler = AuditedTransform(audit, args.output, args.slow_ms)
+        if args.batch:
+            handler = AuditedBatchTransform(audit, args.output, args.slow_ms)
+            config["batch_max_records"] = args.batch
     die_at: int = args.die_at_commit
     gc = GroupConsumer(
         handler,

@@ -557,12 +557,11 @@ class AsyncRows(BatchHandler):
 
 
 @pytest.mark.parametrize("rows", [Rows, AsyncRows])
-def test_what_batch_handlers_do_not_run_yet_is_refused_at_construction(
-    rows: type[BatchHandler],
-) -> None:
+def test_a_batch_handler_is_built_with_a_transaction(rows: type[BatchHandler]) -> None:
+    """It used to be refused: batch outputs join the transaction now
+    (tests/unit/test_batch_exactly_once.py)."""
     settings: ConsumerSettings = {**SETTINGS, "transactional_id": "tx"}
-    with pytest.raises(ValueError, match="transactional_id"):
-        GroupConsumer(rows(), **settings)
+    assert GroupConsumer(rows(), **settings).config.transactional_id == "tx"
 
 
 def test_an_async_batch_handler_gets_the_batch_budget_and_warns_of_workers(
@@ -1194,10 +1193,11 @@ def test_flush_timeout_s_without_a_flush_hook_is_refused() -> None:
         GroupConsumer(Collector(), **settings)
 
 
-def test_a_flush_hook_with_a_transaction_is_refused() -> None:
+def test_a_flush_hook_with_a_transaction_is_built() -> None:
+    """It used to be refused: the flush runs before each transaction commits now
+    (tests/unit/test_batch_exactly_once.py)."""
     settings: ConsumerSettings = {**SETTINGS, "transactional_id": "tx"}
-    with pytest.raises(ValueError, match=r"defines on_flush.*transactional_id"):
-        GroupConsumer(Accumulator(), **settings)
+    assert GroupConsumer(Accumulator(), **settings).config.transactional_id == "tx"
 
 
 def test_fenced_error_loses_the_partitions_it_is_raised_for(

@@ -636,3 +636,31 @@ def test_the_refresher_reads_the_latest_offsets_and_keeps_them_through_failures(
         refresher.stop()
     assert client.closed and len(confs) == 1
     assert client.polls >= len(client.asked)  # its queue (log lines, errors) is served
+
+
+def test_commits_by_record_count_get_a_snapshot_per_half_interval_not_each(
+    launch: Callable[..., GroupConsumer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot costs time in proportion to the partitions owned: a commit after every few
+    records (tens a second at no-op rates) must not build one each. Stats still follow: the
+    last commit shows in the snapshot taken at the next half interval."""
+    from weir._engine.snapshot import Snapshot
+
+    taken = itertools.count()
+    take = Snapshot.take
+
+    def counted(self: Snapshot, *, running: bool, now: float) -> ConsumerStats:
+        next(taken)
+        return take(self, running=running, now=now)
+
+    monkeypatch.setattr(Snapshot, "take", counted)
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(400))
+    fake.script_assign([(TOPIC, 0)])
+    fake.fetch_chunk = 1  # one record a turn: a commit due after every second one
+    gc = launch(lambda r: time.sleep(0.002), fake, commit_every_records=2, commit_interval_s=30.0)
+    wait_until(lambda: gc.stats().processed == 400, "all handled in the stats", WAIT)
+    commits = len(fake.commits_for((TOPIC, 0)))
+    assert commits >= 20, commits
+    built = next(taken)
+    assert built < commits / 4, f"{built} snapshots for {commits} commits"

@@ -328,7 +328,9 @@ class AsyncWorkers:
                             attempts = a.attempts
                             attempt = attempts.get(rec.offset, 1) if attempts else 1
                             out: list[Output] | None = [] if self._outputs else None
-                            ctx = Context(a.token, attempt, rec.event_id, a.cancel, a.epoch, out)
+                            ctx = Context(
+                                a.token, attempt, rec.event_id, a.cancel, a.epoch, out, a.pause
+                            )
                             await handle(rec, ctx)
                             if out:
                                 if task.outputs is None:
@@ -523,8 +525,11 @@ class AsyncBatchWorkers(AsyncWorkers):
         *,
         limits: BatchLimits,
         lag_warn_s: float = LAG_WARN_S,
+        outputs: bool = False,
     ) -> None:
-        super().__init__(handler, max_batches, lane_of, loop, lag_warn_s=lag_warn_s)
+        super().__init__(
+            handler, max_batches, lane_of, loop, lag_warn_s=lag_warn_s, outputs=outputs
+        )
         self._handle_batch: Callable[[list[Record], BatchContext], Awaitable[object]] = (
             handler.handle_batch  # type: ignore[assignment]
         )
@@ -600,7 +605,7 @@ class AsyncBatchWorkers(AsyncWorkers):
 
     async def _batch(self, tasks: list[Task]) -> None:
         t0 = time.perf_counter()
-        calls = batch_calls(tasks, self._lane_of)
+        calls = batch_calls(tasks, self._lane_of, outputs=self._outputs)
         try:
             call = next(calls)
             while True:
@@ -616,6 +621,7 @@ class AsyncBatchWorkers(AsyncWorkers):
             for t in tasks:
                 t.outcomes = bytearray(len(t.records))
                 t.finished = 0
+                t.outputs = None
         finally:
             me = asyncio.current_task()
             assert me is not None

@@ -20,6 +20,7 @@ from confluent_kafka import (
 )
 
 from weir._engine.aio import AsyncWorkers
+from weir._engine.app_pauses import AppPauses
 from weir._engine.budget import Budget
 from weir._engine.callbacks import Callbacks, callback_name
 from weir._engine.client import (
@@ -46,6 +47,7 @@ from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
 from weir._engine.protocols import ProtocolProbe, choose_protocol, warn_commit_blackout
 from weir._engine.refusals import first_token_refusal, token_refusal
 from weir._engine.replay import ReplayMaps
+from weir._engine.requests import Requests
 from weir._engine.scheduling import Scheduler
 from weir._engine.settlement import Settlement
 from weir._engine.snapshot import Snapshot
@@ -72,7 +74,7 @@ log = get_logger(__name__)
 # How long the owner waits on the completion queue when work is in flight and nothing was fetched:
 # short enough that new records are picked up promptly, long enough not to spin.
 _IDLE_WAIT = 0.01
-# Stats are published at every commit, and at least this often.
+# Stats are published at a commit (at most twice per commit interval) and at least this often.
 _PUBLISH_EVERY = 1.0
 # While every broker is reported down: the longest the owner waits for one to answer, once a
 # second (`Lifecycle.broker_probe_due`).
@@ -143,6 +145,8 @@ class Engine:
             clock=clock,
             refusals=self.errors,
         )
+        self.pauses = AppPauses(self.fetch, lambda: self.own.partitions, clock)
+        self.requests = Requests(life, self.failures, self.pauses)
         self.replay = ReplayMaps(cfg.offset_map, cfg.offset_map_max_bytes)
         self.commits = CommitPath(
             lambda: self.client, self.own, self.committer, self.replay, clock=clock
@@ -225,6 +229,7 @@ class Engine:
             (self.replay, "partition"),
             (self.starts, "partition"),
             (self.stalls, "assignment"),
+            (self.pauses, "assignment"),
             (self.fetch, "partition"),
             (self.metrics, "partition"),
         )
@@ -471,22 +476,22 @@ class Engine:
         now = self.clock.monotonic()
         if polled:
             self.life.polled_at = now
-        failures = self.failures
-        if failures.turn(now):
+        if self.failures.turn(now):
             self.scheduler.dispatch()  # retries due now go out this turn, not after a poll
-        self._serve_requests()
+        self.requests.serve()
+        self.pauses.turn(now)
         if self.life.broker_probe_due(now):
             self._probe_brokers()
         if self.starts.pending:
             self.starts.turn(now)
         self.stalls.turn(now)
         if self.eos is not None:
-            if self.eos.turn(now):
-                self._publish(running=True)
+            if self.eos.turn(now, self.flushing.flush):
+                self._publish(running=True, commit=True)
         elif self.committer.due(now) and self.commits.ready(now):
             self.flushing.flush()
             self.commits.send_async(now)
-            self._publish(running=True)
+            self._publish(running=True, commit=True)
         if now >= self._next_publish:
             # Stats at least this often, however long the commit interval.
             self.commits.catch_up_positions()
@@ -516,26 +521,6 @@ class Engine:
             return
         down = self.life.broker_answered(self.clock.monotonic())
         log.info("brokers_reachable", down_s=round(down, 1))
-
-    def _serve_requests(self) -> None:
-        """The operator's `retry_now` and `skip`, sent from other threads. Their arguments were
-        checked in the caller's thread; whatever serving one raises all the same goes to that
-        request's future, never to this loop (it would stop the member)."""
-        for kind, args, future in self.life.take_requests():
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                tp = Partition(*args[0])
-                if kind == "retry_now":
-                    result = self.failures.retry_now(tp)
-                elif kind == "skip":
-                    result = self.failures.skip(tp, args[1])
-                else:
-                    raise ValueError(f"unknown request {kind!r}")
-            except Exception as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
 
     def _register(self, msgs: Sequence[KafkaMessage]) -> None:
         """Hand what one consume call returned to the lanes: one batch per run (one partition,
@@ -786,8 +771,10 @@ class Engine:
 
     # -- observability ---------------------------------------------------------------------
 
-    def _publish(self, *, running: bool) -> None:
-        now = self.clock.monotonic()
+    def _publish(self, *, running: bool, commit: bool = False) -> None:
+        now = self.clock.monotonic()  # a snapshot is O(partitions): not each of tens of commits/s
+        if commit and now < self._next_publish - _PUBLISH_EVERY + self.cfg.commit_interval_s / 2:
+            return
         self._next_publish = now + _PUBLISH_EVERY
         self.life.publish(self.snapshot.take(running=running, now=now))
 

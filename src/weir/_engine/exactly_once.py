@@ -52,13 +52,16 @@ class ExactlyOnce:
         self._failures = failures
         self._life = life
 
-    def turn(self, now: float) -> bool:
+    def turn(self, now: float, flush: Callable[[], object]) -> bool:
         """A loop turn: recover a replaced producer, or end the transaction when a boundary is
-        due. True if a boundary was taken (the engine publishes its stats)."""
+        due: `flush` first (the handler's flush hook, `Flushing.flush`), so that the records it
+        makes durable are marked finished, and their outputs written, into this transaction.
+        True if a boundary was taken (the engine publishes its stats)."""
         if not self.txn.ready:
             self.txn.recover(now)  # a replaced producer: its partitions wait meanwhile
             return False
         if self.txn.due(now):
+            flush()
             self.commit(())
             return True
         return False

@@ -44,8 +44,10 @@ def workers_for(
     if isinstance(handler, BatchHandler):
         limits = BatchLimits(cfg.batch_max_records, cfg.batch_max_bytes, cfg.batch_max_wait_s)
         if is_async_handler(handler):
-            return AsyncBatchWorkers(handler, cfg.max_in_flight, lanes, loop, limits=limits)
-        return BatchWorkers(handler, cfg.workers, lanes, limits=limits)
+            return AsyncBatchWorkers(
+                handler, cfg.max_in_flight, lanes, loop, limits=limits, outputs=outputs
+            )
+        return BatchWorkers(handler, cfg.workers, lanes, limits=limits, outputs=outputs)
     if is_async_handler(handler):
         return AsyncWorkers(handler, cfg.max_in_flight, lanes, loop, outputs=outputs)
     return ThreadWorkers(handler, cfg.workers, lanes, outputs=outputs)

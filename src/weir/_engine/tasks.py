@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from weir._engine.tracking import BatchProgress
 from weir.records import Output, Partition, Record, size_of
@@ -41,6 +41,10 @@ class Lane(enum.Enum):
 LaneKey = bytes | None | Lane
 
 
+def _no_pause(for_s: float | None) -> None:
+    pass  # an assignment the application's pauses never opened (engine tests' own)
+
+
 class Assignment:
     """One partition's ownership by this member, from assign to revoke/lost.
 
@@ -52,7 +56,7 @@ class Assignment:
     by the owner before it hands the record out again, read by the worker that runs it.
     """
 
-    __slots__ = ("attempts", "cancel", "dispatching", "epoch", "isolate", "token", "tp")
+    __slots__ = ("attempts", "cancel", "dispatching", "epoch", "isolate", "pause", "token", "tp")
 
     def __init__(self, tp: Partition, token: int) -> None:
         self.tp = tp
@@ -65,6 +69,8 @@ class Assignment:
         # (`weir._engine.workers.BatchWorkers`). Written by the owner before the record runs.
         self.isolate: set[int] = set()
         self.epoch: int | None = None  # from the member's fence, set before the first dispatch
+        # What a handler's `ctx.pause_partition(for_s)` calls (any thread; set when opened).
+        self.pause: Callable[[float | None], None] = _no_pause
 
     def __repr__(self) -> str:
         return f"Assignment({self.tp}, token={self.token}, dispatching={self.dispatching})"

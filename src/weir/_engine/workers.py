@@ -14,7 +14,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Generator, Hashable, Iterable
+from collections.abc import Callable, Collection, Generator, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -258,6 +258,7 @@ class ThreadWorkers:
                         task.finished = i
                 else:
                     token, cancel, attempts, epoch = a.token, a.cancel, a.attempts, a.epoch
+                    pause = a.pause
                     outputs = self._outputs
                     for rec in it:
                         if not a.dispatching:
@@ -267,7 +268,7 @@ class ThreadWorkers:
                         else:
                             attempt = attempts.get(rec.offset, 1) if attempts else 1
                             out: list[Output] | None = [] if outputs else None
-                            ctx = Context(token, attempt, rec.event_id, cancel, epoch, out)
+                            ctx = Context(token, attempt, rec.event_id, cancel, epoch, out, pause)
                             result = handle(rec, ctx)
                             if out:
                                 if task.outputs is None:
@@ -317,7 +318,9 @@ class ThreadWorkers:
                 else:
                     attempt = a.attempts.get(rec.offset, 1) if a.attempts else 1
                     produced = [] if self._outputs else None
-                    ctx = Context(a.token, attempt, rec.event_id, a.cancel, a.epoch, produced)
+                    ctx = Context(
+                        a.token, attempt, rec.event_id, a.cancel, a.epoch, produced, a.pause
+                    )
                     result = handle(rec, ctx)
                 if result is not None:
                     _refuse_awaitable(self._fn or handle, result)
@@ -395,7 +398,7 @@ BatchResult = BaseException | None
 
 
 def batch_calls(
-    tasks: list[Task], lane_of: LaneOf | None
+    tasks: list[Task], lane_of: LaneOf | None, *, outputs: bool = False
 ) -> Generator[BatchCall, BatchResult, None]:
     """The `handle_batch` calls of one gathered batch, and each record's outcome, shared by the
     threaded and the async batch workers: it yields each call to make and is sent back what the
@@ -403,6 +406,8 @@ def batch_calls(
     come back FENCED without running), then, if it failed as a batch holding a record whose
     retries are spent, the splitting calls (`_split`). At the end every task has its outcomes:
     done, failed (alone, or with its whole batch), or held behind a failed record of its lane.
+    `outputs` (a transactional member): each record that is done takes the outputs produced for
+    it (`BatchContext.produce`) in the call that finished it; every other output is dropped.
     """
     live: list[Task] = []
     for t in tasks:
@@ -417,30 +422,62 @@ def batch_calls(
     for t in live:
         a = t.assignment
         records += t.records
-        parts[a.tp] = _PartContext(a.token, a.cancel, a.attempts, a.epoch)
-    ctx = BatchContext(records, parts)
+        parts[a.tp] = _PartContext(a.token, a.cancel, a.attempts, a.epoch, a.pause)
+    ctx = BatchContext(records, parts, outputs=outputs)
     error = yield records, ctx
     marks = ctx._marks
+    produced: dict[int, list[Output]] = {}
     if error is None and not marks:
+        at = 0
         for t in live:
-            t.finished = len(t.records)
+            if ctx._outputs:
+                _outputs_of(t, ctx._outputs, at)
+            t.finished = len(t.records)  # after its outputs: the owner may read it at once
+            at += len(t.records)
         return
     results: list[BaseException | None] = [marks.get(i, error) for i in range(len(records))]
+    if ctx._outputs:
+        _produced(produced, ctx._outputs, range(len(records)), results)
     shared: set[int] = set()
     if error is not None:
         rest = [i for i in range(len(records)) if i not in marks]
         if len(rest) > 1:
             owners = [t.assignment for t in live for _ in t.records]
             if any(records[i].offset in owners[i].isolate for i in rest):
-                split = _Split(records, owners, parts, results, lane_of)
+                split = _Split(records, owners, parts, results, lane_of, outputs, produced)
                 split.hold(i for i, e in marks.items() if e is not None)
                 yield from split.halves(rest)
             else:
                 shared.update(rest)
     at = 0
     for t in live:
-        _outcomes(t, results, shared, at, lane_of)
+        _outcomes(t, results, shared, at, lane_of, produced)
         at += len(t.records)
+
+
+def _produced(
+    produced: dict[int, list[Output]],
+    outputs: dict[int, list[Output]],
+    indexes: Sequence[int],
+    results: list[BaseException | None],
+) -> None:
+    """The outputs one call produced for the records `indexes` of the batch (`outputs` by
+    their place in the call) that it finished. A record is finished by one call at most (a
+    split calls again only the records that failed), and a failed record's outputs are
+    dropped: the call that finishes it produces them again."""
+    for j, i in enumerate(indexes):
+        if results[i] is None:
+            out = outputs.get(j)
+            if out:
+                produced[i] = out
+
+
+def _outputs_of(t: Task, outputs: dict[int, list[Output]], at: int) -> None:
+    """`t`'s outputs (`Task.outputs`, by its own indexes) from the batch's, where `t`'s records
+    start at `at`."""
+    mine = {i - at: out for i, out in outputs.items() if at <= i < at + len(t.records)}
+    if mine:
+        t.outputs = mine
 
 
 @dataclass(slots=True)
@@ -453,6 +490,9 @@ class _Split:
     parts: dict[Partition, _PartContext]
     results: list[BaseException | None]
     lane_of: LaneOf | None
+    outputs: bool
+    # Index into the batch -> the outputs of the call that finished it (`_produced`).
+    produced: dict[int, list[Output]]
     # In key and partition mode, lane -> its first record that failed on its own.
     held: dict[tuple[Partition, Hashable], int] = field(default_factory=dict)
 
@@ -477,11 +517,13 @@ class _Split:
             if not half:
                 continue
             call = [records[i] for i in half]
-            ctx = BatchContext(call, self.parts)
+            ctx = BatchContext(call, self.parts, outputs=self.outputs)
             error = yield call, ctx
             marks = ctx._marks
             for j, i in enumerate(half):
                 self.results[i] = marks.get(j, error)
+            if ctx._outputs is not None:
+                _produced(self.produced, ctx._outputs, half, self.results)
             self.hold(half[j] for j, e in marks.items() if e is not None)
             rest = [i for j, i in enumerate(half) if j not in marks]
             if error is None or not rest:
@@ -498,10 +540,12 @@ def _outcomes(
     shared: set[int],
     at: int,
     lane_of: LaneOf | None,
+    produced: dict[int, list[Output]],
 ) -> None:
     """Outcomes of `t`, whose records start at `at` in the batch. In key and partition mode
     a failed record holds its lane: its lane's later records in the task are HELD (they run
-    again after it, in order), even if the handler finished them."""
+    again after it, in order), even if the handler finished them. Only DONE records keep the
+    outputs produced for them."""
     n = len(t.records)
     out = bytearray(n)
     errors: dict[int, BaseException] = {}
@@ -513,6 +557,12 @@ def _outcomes(
             out[i] = HELD
         elif error is None:
             out[i] = DONE
+            if produced:
+                outputs = produced.get(at + i)
+                if outputs:
+                    if t.outputs is None:
+                        t.outputs = {}
+                    t.outputs[i] = outputs
         else:
             out[i] = FAILED
             errors[i] = error
@@ -559,8 +609,9 @@ class BatchWorkers(ThreadWorkers):
         lane_of: LaneOf | None,
         *,
         limits: BatchLimits,
+        outputs: bool = False,
     ) -> None:
-        super().__init__(handler, count, lane_of)
+        super().__init__(handler, count, lane_of, outputs=outputs)
         self._handle_batch = handler.handle_batch
         self.limits = limits
         self._gather = threading.Lock()
@@ -587,7 +638,7 @@ class BatchWorkers(ThreadWorkers):
             slot.batch = tasks
             slot.task = tasks[0]
             slot.since = t0 = time.perf_counter()
-            calls = batch_calls(tasks, self._lane_of)
+            calls = batch_calls(tasks, self._lane_of, outputs=self._outputs)
             with contextlib.suppress(StopIteration):
                 call = next(calls)
                 while True:

@@ -408,7 +408,7 @@ class FakeConsumer:
             self._cond.notify_all()
 
     def raise_error_cb(self, error: KafkaError) -> None:
-        """The next consume call calls conf['error_cb'](error)."""
+        """The next consume call calls `conf['error_cb'](error)`."""
         with self._cond:
             self._error_cb_queue.append(error)
             self._cond.notify_all()

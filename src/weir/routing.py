@@ -1,0 +1,285 @@
+"""Several topics, several handlers, one member: `GroupConsumer(routes={...})`.
+
+A route maps a topic name, or a compiled regular expression matching topic names, to a handler
+with its own deserializers, failure policy and filter (`Route`). The member subscribes to what
+the routes name unless `topics=` says otherwise, and every subscribed name or pattern must have
+a route: an unrouted topic is refused where the `GroupConsumer` is built, never found record by
+record. One member runs one kind of worker, so the routes' handlers are all thread handlers or
+all `async def`, and all take one record at a time (docs/routing.md).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from weir.policy import FailurePolicy
+from weir.records import (
+    BatchHandler,
+    Context,
+    FlushContext,
+    Handler,
+    Partition,
+    Record,
+    as_handler,
+    is_async_handler,
+)
+from weir.serde import (
+    AsyncDeserializingHandler,
+    Deserializer,
+    DeserializingHandler,
+    _call_plain,
+)
+
+__all__ = ["Route", "RouteKey", "Routes"]
+
+RouteKey = str | re.Pattern[str]
+"""A topic's name, or a compiled regular expression that matches names from their start (as a
+subscribed `^` pattern does)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What a topic's records get: `handler` (a `Handler` or a function taking a `Record`), the
+    deserializers it reads through `record.deserialized_key/value`, its `failure` policy (else
+    the member's `failure`), and `filter`: a predicate on the raw record; a record it says False
+    to is not handled and counts as finished (its offset is committed like any other)."""
+
+    handler: Handler | Callable[[Record], object]
+    key_deserializer: Deserializer | None = None
+    value_deserializer: Deserializer | None = None
+    failure: FailurePolicy | None = None
+    filter: Callable[[Record], bool] | None = None
+
+
+Routes = Mapping[RouteKey, "Route | Handler | Callable[[Record], object]"]
+"""What `GroupConsumer(routes=...)` takes: a route, or a bare handler, per topic or pattern."""
+
+
+class _Compiled:
+    __slots__ = ("filter", "handler", "key", "policy")
+
+    def __init__(self, key: RouteKey, route: Route) -> None:
+        self.key = key
+        self.policy = route.failure
+        self.filter = route.filter
+        handler = as_handler(route.handler)
+        if isinstance(handler, BatchHandler):
+            raise TypeError(
+                f"route {_shown(key)}: a batch handler cannot be routed yet; give the member "
+                "the batch handler alone (one GroupConsumer per batch handler)"
+            )
+        if route.key_deserializer is not None or route.value_deserializer is not None:
+            wrapper = (
+                AsyncDeserializingHandler if is_async_handler(handler) else DeserializingHandler
+            )
+            handler = wrapper(handler, route.key_deserializer, route.value_deserializer)
+        self.handler = handler
+
+
+class _Table:
+    """The routes, looked up by topic: an exact name first, then the patterns in the order
+    given; each topic's answer is kept (a member sees few topics, each many times)."""
+
+    def __init__(self, routes: object) -> None:
+        if not isinstance(routes, Mapping) or not routes:
+            raise TypeError(
+                "routes must be a non-empty mapping of topic name (or re.compile(...) pattern) "
+                f"to a weir.Route or a handler, got {routes!r}"
+            )
+        self.exact: dict[str, _Compiled] = {}
+        self.patterns: list[tuple[re.Pattern[str], _Compiled]] = []
+        for key, value in routes.items():
+            route = value if isinstance(value, Route) else Route(value)
+            _check_route(key, route)
+            compiled = _Compiled(key, route)
+            if isinstance(key, str):
+                self.exact[key] = compiled
+            else:
+                self.patterns.append((key, compiled))
+        kinds = {is_async_handler(c.handler) for c in self.all()}
+        if len(kinds) > 1:
+            shown = ", ".join(
+                f"{_shown(c.key)}: {'async def' if is_async_handler(c.handler) else 'thread'}"
+                for c in self.all()
+            )
+            raise TypeError(
+                "the routes mix async def and thread handlers; one member runs one kind of "
+                f"worker: make them all async def or all plain ({shown})"
+            )
+        self.is_async = kinds == {True}
+        self._found: dict[str, _Compiled | None] = {}
+
+    def all(self) -> list[_Compiled]:
+        return [*self.exact.values(), *(c for _, c in self.patterns)]
+
+    def find(self, topic: str) -> _Compiled | None:
+        try:
+            return self._found[topic]
+        except KeyError:
+            found = self.exact.get(topic)
+            if found is None:
+                # As librdkafka reads a subscribed pattern: anchored at the start of the name.
+                found = next((c for p, c in self.patterns if p.match(topic)), None)
+            self._found[topic] = found
+            return found
+
+    def route(self, record: Record) -> _Compiled:
+        found = self.find(record.topic)
+        if found is None:
+            raise LookupError(f"no route for topic {record.topic!r} (routes: {self.names()})")
+        return found
+
+    def names(self) -> str:
+        return ", ".join(_shown(c.key) for c in self.all())
+
+    def subscription(self) -> list[str]:
+        """The `topics=` the routes name: names as they are, patterns anchored with `^` (how
+        librdkafka tells a pattern from a name)."""
+        return [*self.exact, *(_anchored(p) for p, _ in self.patterns)]
+
+    def unrouted(self, topics: Iterable[str]) -> list[str]:
+        """Subscribed names without a route, and subscribed patterns that are not a route's."""
+        patterns = {_anchored(p) for p, _ in self.patterns}
+        out = []
+        for t in topics:
+            if (t not in patterns) if t.startswith("^") else (self.find(t) is None):
+                out.append(t)
+        return out
+
+    def policies(self) -> dict[str, FailurePolicy]:
+        """`failure_by_topic` entries of the routes that have their own policy (patterns keyed
+        as subscribed, with their `^`)."""
+        out = {name: c.policy for name, c in self.exact.items() if c.policy is not None}
+        out.update({_anchored(p): c.policy for p, c in self.patterns if c.policy is not None})
+        return out
+
+    def by_route(self, partitions: Sequence[Partition]) -> list[tuple[Handler, list[Partition]]]:
+        groups: dict[int, tuple[Handler, list[Partition]]] = {}
+        for tp in partitions:
+            c = self.find(tp.topic)
+            if c is not None:
+                groups.setdefault(id(c), (c.handler, []))[1].append(tp)
+        return list(groups.values())
+
+    def flush_hooks(self) -> list[Callable[[FlushContext], Awaitable[None] | None]]:
+        return [h for c in self.all() if (h := c.handler._flush_hook()) is not None]
+
+
+class Router(Handler):
+    """The member's handler when it has routes: each record to its topic's route (filter,
+    deserializers, handler), each hook to the routes of the partitions it names."""
+
+    def __init__(self, table: _Table) -> None:
+        self.table = table
+        self._flushes = table.flush_hooks()
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        route = self.table.route(record)
+        if route.filter is not None and not route.filter(record):
+            return
+        _call_plain(route.handler.handle, record, ctx)
+
+    def on_assigned(self, partitions: Sequence[Partition]) -> None:
+        for handler, tps in self.table.by_route(partitions):
+            _call_plain(handler.on_assigned, tps)
+
+    def on_revoked(self, partitions: Sequence[Partition]) -> None:
+        for handler, tps in self.table.by_route(partitions):
+            _call_plain(handler.on_revoked, tps)
+
+    def on_lost(self, partitions: Sequence[Partition]) -> None:
+        for handler, tps in self.table.by_route(partitions):
+            _call_plain(handler.on_lost, tps)
+
+    def on_shutdown(self) -> None:
+        for c in self.table.all():
+            _call_plain(c.handler.on_shutdown)
+
+    def _flush_hook(self) -> Callable[[FlushContext], Awaitable[None] | None] | None:
+        if not self._flushes:
+            return None
+
+        def flush(ctx: FlushContext) -> None:
+            for hook in self._flushes:
+                _call_plain(hook, ctx)
+
+        return flush
+
+    def __repr__(self) -> str:
+        return f"Router({self.table.names()})"
+
+
+class AsyncRouter(Router):
+    """The same for `async def` handlers: each awaited on the member's event loop."""
+
+    async def handle(self, record: Record, ctx: Context) -> None:  # type: ignore[override]
+        route = self.table.route(record)
+        if route.filter is not None and not route.filter(record):
+            return
+        await _awaited(route.handler.handle(record, ctx))
+
+    async def on_assigned(self, partitions: Sequence[Partition]) -> None:  # type: ignore[override]
+        for handler, tps in self.table.by_route(partitions):
+            await _awaited(handler.on_assigned(tps))
+
+    async def on_revoked(self, partitions: Sequence[Partition]) -> None:  # type: ignore[override]
+        for handler, tps in self.table.by_route(partitions):
+            await _awaited(handler.on_revoked(tps))
+
+    async def on_lost(self, partitions: Sequence[Partition]) -> None:  # type: ignore[override]
+        for handler, tps in self.table.by_route(partitions):
+            await _awaited(handler.on_lost(tps))
+
+    async def on_shutdown(self) -> None:  # type: ignore[override]
+        for c in self.table.all():
+            await _awaited(c.handler.on_shutdown())
+
+    def _flush_hook(self) -> Callable[[FlushContext], Awaitable[None] | None] | None:
+        if not self._flushes:
+            return None
+
+        async def flush(ctx: FlushContext) -> None:
+            for hook in self._flushes:
+                await _awaited(hook(ctx))
+
+        return flush
+
+
+def router(routes: object) -> Router:
+    """The member's handler for `routes` (checked here, in the caller's thread)."""
+    table = _Table(routes)
+    return AsyncRouter(table) if table.is_async else Router(table)
+
+
+async def _awaited(result: Any) -> None:
+    if inspect.isawaitable(result):
+        await result
+
+
+def _check_route(key: object, route: Route) -> None:
+    if isinstance(key, str):
+        if not key or key.startswith("^"):
+            raise ValueError(
+                f"route {key!r}: a topic name must be non-empty and not start with '^'; for a "
+                "pattern use re.compile(...)"
+            )
+    elif not isinstance(key, re.Pattern) or not isinstance(key.pattern, str):
+        raise TypeError(
+            f"a route's key must be a topic name (str) or re.compile(...) of a str, got {key!r}"
+        )
+    if route.filter is not None and not callable(route.filter):
+        raise TypeError(f"route {_shown(key)}: filter must be a function of the record")
+    if route.failure is not None and not isinstance(route.failure, FailurePolicy):
+        raise TypeError(f"route {_shown(key)}: failure must be a weir.FailurePolicy")
+
+
+def _anchored(p: re.Pattern[str]) -> str:
+    return p.pattern if p.pattern.startswith("^") else "^" + p.pattern
+
+
+def _shown(key: object) -> str:
+    return f"re.compile({key.pattern!r})" if isinstance(key, re.Pattern) else repr(key)
