@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeAlias, cast
 
 import structlog
 
+from weir._cli import dlq, tail
 from weir._cli.cluster import (
     add_cluster_arguments,
     admin_for,
@@ -687,6 +688,8 @@ SUBCOMMANDS: dict[str, Registrar] = {
     "lag": _register_lag,
     "groups": register_groups,
     "offsets": register_offsets,
+    "tail": tail.register,
+    "dlq": dlq.register,
 }
 
 
