@@ -170,6 +170,7 @@ class Engine:
             self.replay,
             self.fetch,
             ready=None if txn is None else lambda: txn.ready,
+            start_at=cfg.start_at,
         )
         self.stalls = Stalls(
             cfg.partition_stall_s,
