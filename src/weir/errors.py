@@ -27,6 +27,7 @@ __all__ = [
     "NoEpochError",
     "NonRetryable",
     "OffsetResetError",
+    "SeekError",
     "TlsError",
     "TopicNotFoundError",
     "TransactionError",
@@ -193,6 +194,17 @@ class TransactionError(WeirError):
         super().__init__(message)
         self.step = step
         self.fenced = fenced
+
+
+class SeekError(WeirError):
+    """`GroupConsumer.seek` (or `seek_to_beginning` / `seek_to_end`) was not done, and nothing
+    changed: the partition is not assigned to this member when the owner thread serves the
+    seek (`not_assigned`), the broker did not say where the target is, or, in exactly-once
+    mode, the open transaction could not be committed first. Raised by the seek's future."""
+
+    def __init__(self, message: str, *, not_assigned: bool = False) -> None:
+        super().__init__(message)
+        self.not_assigned = not_assigned
 
 
 class AwaitableReturned(TypeError):

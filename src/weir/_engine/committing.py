@@ -66,6 +66,13 @@ class Committer:
         # another member owned the partition.
         self._state[tp] = _State()
 
+    def restart(self, tp: Partition) -> None:
+        """`tp` was sought (`weir._engine.seeking`): what was sent before no longer bounds what
+        is sent next, so an offset below it (a seek back) is committed too. A late result of an
+        offset sent before is ignored (`result`)."""
+        if tp in self._state:
+            self._state[tp] = _State()
+
     def forget(self, tps: Iterable[Partition]) -> None:
         for tp in tps:
             self._state.pop(tp, None)
@@ -117,6 +124,10 @@ class Committer:
         self, tp: Partition, offset: int, error: str | None, *, sync: bool, code: str | None = None
     ) -> None:
         st = self._state.get(tp)
+        if st is not None and (st.sent is None or offset > st.sent):
+            # Sent before the partition was sought or assigned again (`restart`, `track`): it
+            # says nothing about what was sent since.
+            st = None
         if st is not None:
             if error is None:
                 if st.confirmed is None or offset > st.confirmed:

@@ -42,11 +42,13 @@ from weir._engine.flushing import Flushing, batch_limits, workers_for
 from weir._engine.intake import Run, runs_of
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.metrics import Metrics
+from weir._engine.operator_calls import OperatorCalls
 from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
 from weir._engine.protocols import ProtocolProbe, choose_protocol, warn_commit_blackout
 from weir._engine.refusals import first_token_refusal, token_refusal
 from weir._engine.replay import ReplayMaps
 from weir._engine.scheduling import Scheduler
+from weir._engine.seeking import Seeks
 from weir._engine.settlement import Settlement
 from weir._engine.snapshot import Snapshot
 from weir._engine.stalls import Stalls
@@ -196,6 +198,12 @@ class Engine:
                 clock=clock,
             )
         )
+        seeks = Seeks(
+            client=lambda: self.client, own=self.own, starts=self.starts,
+            committer=self.committer, replay=self.replay, eos=self.eos, clock=clock,
+            settle_started=lambda a: self.settle.settle_started(a),
+        )  # fmt: skip
+        self.calls = OperatorCalls(life, self.failures, seeks)
         self.fence = fence
         self._last_poll = 0.0
         self._client: ConsumerClient | None = None
@@ -475,7 +483,7 @@ class Engine:
         failures = self.failures
         if failures.turn(now):
             self.scheduler.dispatch()  # retries due now go out this turn, not after a poll
-        self._serve_requests()
+        self.calls.serve()
         if self.life.broker_probe_due(now):
             self._probe_brokers()
         if self.starts.pending:
@@ -517,26 +525,6 @@ class Engine:
             return
         down = self.life.broker_answered(self.clock.monotonic())
         log.info("brokers_reachable", down_s=round(down, 1))
-
-    def _serve_requests(self) -> None:
-        """The operator's `retry_now` and `skip`, sent from other threads. Their arguments were
-        checked in the caller's thread; whatever serving one raises all the same goes to that
-        request's future, never to this loop (it would stop the member)."""
-        for kind, args, future in self.life.take_requests():
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                tp = Partition(*args[0])
-                if kind == "retry_now":
-                    result = self.failures.retry_now(tp)
-                elif kind == "skip":
-                    result = self.failures.skip(tp, args[1])
-                else:
-                    raise ValueError(f"unknown request {kind!r}")
-            except Exception as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
 
     def _register(self, msgs: Sequence[KafkaMessage]) -> None:
         """Hand what one consume call returned to the lanes: one batch per run (one partition,

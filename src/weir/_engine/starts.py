@@ -256,6 +256,14 @@ class Starts:
             )
             self._send(resolved, now)
 
+    def seek_to(self, tp: Partition, offset: int, now: float) -> None:
+        """The operator sought `tp` to `offset` (`weir._engine.seeking`): committed at once,
+        and once the broker confirmed it, the client is sought there. Its records are dropped
+        meanwhile (`holds`): they were fetched from the old position."""
+        self.committed.pop(tp, None)  # until the seek's commit is confirmed (`_confirm`)
+        self._wait(tp, Wait.CONFIRM, offset)
+        self._send({tp: offset}, now)
+
     def _confirm(self, tp: Partition, now: float) -> None:
         p = self.pending[tp]
         assert p.offset is not None
