@@ -357,3 +357,29 @@ def test_a_batch_being_gathered_is_dropped_by_a_seek(members: list[GroupConsumer
     assert gc.seek(P0, 3).result(WAIT) == 3
     wait_until(lambda: last_committed(fake) == 5, "committed to the end", timeout=WAIT)
     assert sorted(handler.runs) == [3, 4]
+
+
+def test_a_late_commit_result_from_before_the_seek_does_not_confirm_it(
+    members: list[GroupConsumer],
+) -> None:
+    """10 is committed and its answer held; the seek to 3 commits 3. The answer for 10 comes
+    first: it says nothing about 3, so the partition still waits, and runs 3 again only once
+    3 is confirmed. Before, a result above what was sent since the seek counted: 10 >= 3
+    confirmed the seek's commit, and the partition was sought before the broker had it."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(10))
+    fake.given_committed({P0: 0})
+    fake.script_assign([P0])
+    fake.hold_commit_results = True
+    handler = Gate()
+    gc = run(members, fake, handler, ordering="partition")
+    wait_until(lambda: any(c.offsets.get(P0) == 10 for c in fake.commit_log()), "10 sent")
+    (old,) = [c.seq for c in fake.commit_log() if c.offsets.get(P0) == 10]
+    assert gc.seek(P0, 3).result(WAIT) == 3
+    (sought,) = [c.seq for c in fake.commit_log() if c.offsets.get(P0) == 3]
+    fake.deliver_commit_results([(old, None)])
+    threading.Event().wait(0.3)
+    assert handler.ran(3) == 1, "sought before the seek's commit was confirmed"
+    fake.hold_commit_results = False
+    fake.deliver_commit_results([(sought, None)])
+    wait_until(lambda: handler.ran(9) == 2, "3..9 again")
