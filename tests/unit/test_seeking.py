@@ -19,14 +19,17 @@ from weir import (
     BatchContext,
     BatchHandler,
     Context,
+    FailurePolicy,
     GroupConsumer,
     Handler,
     Partition,
     Record,
+    RetryPolicy,
     SeekError,
     State,
 )
 from weir.offsetmap import encode_finished
+from weir.records import as_handler
 from weir.testing import FakeBroker, FakeConsumer
 
 pytestmark = pytest.mark.timeout(60)
@@ -383,3 +386,30 @@ def test_a_late_commit_result_from_before_the_seek_does_not_confirm_it(
     fake.hold_commit_results = False
     fake.deliver_commit_results([(sought, None)])
     wait_until(lambda: handler.ran(9) == 2, "3..9 again")
+
+
+def test_a_seek_past_a_blocked_record_unblocks_the_partition(
+    members: list[GroupConsumer],
+) -> None:
+    """Record 1 fails for good and blocks the partition (final="block"); a seek to 2 drops it
+    with the rest of the old position: the partition is fetched and committed again."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3))
+    fake.script_assign([P0])
+
+    def handle(record: Record) -> None:
+        if record.offset == 1:
+            raise RuntimeError("poison")
+
+    gc = run(
+        members,
+        fake,
+        as_handler(handle),
+        ordering="partition",
+        failure=FailurePolicy(retry=RetryPolicy(max_attempts=1), final="block"),
+    )
+    wait_until(lambda: gc.stats().blocked == (Partition(*P0),), "partition 0 blocked")
+    assert gc.seek(P0, 2).result(WAIT) == 2
+    fake.produce_many(TOPIC, 0, range(3, 6))
+    wait_until(lambda: last_committed(fake) == 6, "committed past the blocked record")
+    wait_until(lambda: gc.stats().blocked == (), "no longer blocked")
