@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 from tests.fake_members import SETTINGS
 from tests.waiting import wait_until
 
@@ -294,8 +296,10 @@ class Enrich(Handler):
         self.gate = threading.Event()
         self.started12 = threading.Event()
         self.runs12 = 0
+        self.handled = 0
 
     def handle(self, record: Record, ctx: Context) -> None:
+        self.handled += 1
         if record.offset == 12:
             self.runs12 += 1
             if self.runs12 == 1:
@@ -413,3 +417,43 @@ def test_a_seek_past_a_blocked_record_unblocks_the_partition(
     fake.produce_many(TOPIC, 0, range(3, 6))
     wait_until(lambda: last_committed(fake) == 6, "committed past the blocked record")
     wait_until(lambda: gc.stats().blocked == (), "no longer blocked")
+
+
+def test_an_exactly_once_seek_whose_transaction_aborts_is_not_done() -> None:
+    """The commit a seek makes first aborts (the coordinator refuses the offsets: a new
+    generation). The seek raises SeekError and does not happen: the partition starts over from
+    its committed offset as after any abort, and every output is written once."""
+    broker = FakeBroker()
+    broker.create_topic("orders", partitions=1)
+    broker.create_topic("enriched", partitions=1)
+    for i in range(10):
+        broker.produce("orders", key="k", value=f"o{i}")
+    handler = Enrich()
+    handler.gate.set()
+    gc = GroupConsumer(
+        handler,
+        consumer_factory=broker.consumer_factory,
+        producer_factory=broker.producer_factory,
+        bootstrap_servers="fake:9092",
+        group_id="billing",
+        topics=["orders"],
+        ordering="partition",
+        transactional_id="enricher-1",
+        transaction_interval_s=60.0,
+        transaction_max_records=10,
+    )
+    with gc:
+        wait_until(lambda: broker.committed_offsets("billing").get(("orders", 0)) == 10, "10")
+        (producer,) = broker.producers
+        broker.produce("orders", key="k", value="o10")
+        wait_until(lambda: handler.handled >= 11, "o10 handled")
+        time.sleep(0.1)  # settled: its output is in the open transaction
+        abortable = KafkaError(KafkaError.ILLEGAL_GENERATION, "generation", txn_requires_abort=True)
+        producer.fail_next("send_offsets_to_transaction", abortable)
+        with pytest.raises(SeekError, match="aborted"):
+            gc.seek(("orders", 0), 3).result(WAIT)
+        wait_until(lambda: handler.handled >= 12, "o10 handled again")
+        assert gc.seek(("orders", 0), 11).result(WAIT) == 11
+    assert broker.committed_offsets("billing")[("orders", 0)] == 11
+    outputs = [m.value() for m in broker.messages("enriched")]
+    assert outputs == [f"o{i}!".encode() for i in range(11)]
