@@ -17,10 +17,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from confluent_kafka import Producer
 
-from tests.integration.kafka_helpers import committed, member, produce, wait_until
+from tests.integration.kafka_helpers import member, produce, wait_until
 from weir import CommitEvent, Context, Handler, Partition, Record
 from weir.records import Ordering
-from weir.testing.pytest_plugin import TopicFactory
+from weir.testing.pytest_plugin import TopicFactory, consume_all, wait_for_committed
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(120)]
 
@@ -97,7 +97,7 @@ def test_a_seek_under_load_commits_nothing_past_what_ran_from_the_seek_point(
         assert gc.seek(Partition(topic, 0), SEEK_TO).result(10) == SEEK_TO
         wait_until(lambda: len(watch.after) == N - SEEK_TO, 30, "every record from the seek on")
         wait_until(lambda: watch.done1 >= N, 30, "partition 1 untouched by the seek")
-        wait_until(lambda: committed(kafka_bootstrap, group, topic, 2) == [N, N], 30, "the log end")
+        wait_for_committed(kafka_bootstrap, group, topic, [N, N], timeout=30)
     assert watch.served_at is not None, "the seek's commit of its position was seen"
     assert watch.violations == []
     assert watch.commits_after and watch.commits_after[-1] == N
@@ -127,7 +127,7 @@ def test_start_at_places_a_new_group_and_a_committed_offset_wins(
             auto_offset_reset="latest",
         )
         with gc:
-            wait_until(lambda: committed(kafka_bootstrap, group, topic, 1) == [until], 30, "end")
+            wait_for_committed(kafka_bootstrap, group, topic, [until], timeout=30)
 
     run(base + timedelta(minutes=6, seconds=30), 10)
     assert seen == [7, 8, 9]
@@ -145,5 +145,40 @@ def test_start_at_places_a_new_group_and_a_committed_offset_wins(
         start_at=datetime.now(timezone.utc) + timedelta(days=1),
     )
     with gc:
-        wait_until(lambda: committed(kafka_bootstrap, late, topic, 1) == [11], 30, "the end")
+        wait_for_committed(kafka_bootstrap, late, topic, [11], timeout=30)
     assert seen == [10]
+
+
+class Enrich(Handler):
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        ctx.produce(self.out, (record.value or b"") + b"!", record.key)
+
+
+def test_an_exactly_once_seek_back_writes_the_outputs_it_reads_again_once_more(
+    kafka_bootstrap: str, make_topic: TopicFactory
+) -> None:
+    """Exactly-once on the broker: 20 inputs, all written; a seek back to 5 commits the seek
+    position beside the transactional commits, reads 5..19 again and writes their outputs once
+    more (a seek back is a deliberate replay); nothing else is written twice."""
+    src, out = make_topic(1), make_topic(1)
+    produce(kafka_bootstrap, src, ((b"k", b"o%d" % i) for i in range(20)), partition=0)
+    group = f"seek-eos-{uuid.uuid4().hex[:8]}"
+    gc = member(
+        Enrich(out),
+        kafka_bootstrap,
+        group,
+        [src],
+        ordering="partition",
+        transactional_id=f"{group}-t",
+        transaction_interval_s=0.2,
+    )
+    with gc:
+        wait_for_committed(kafka_bootstrap, group, src, [20], timeout=30)
+        assert gc.seek((src, 0), 5).result(15) == 5
+        wait_until(lambda: len(consume_all(kafka_bootstrap, out)) == 35, 30, "5..19 again")
+        wait_for_committed(kafka_bootstrap, group, src, [20], timeout=30)
+    values = [m.value for m in consume_all(kafka_bootstrap, out)]  # read_committed
+    assert values == [b"o%d!" % i for i in [*range(20), *range(5, 20)]]
