@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from pydantic import ValidationError
 from tests.waiting import wait_until
 
-from weir import GroupConsumer, Record
+from weir import ConsumerConfig, GroupConsumer, Record
 from weir.config import ConsumerSettings
 from weir.testing import FakeBroker, FakeConsumer
 
@@ -264,3 +265,23 @@ def test_a_committed_offset_wins_over_start_at(members: list[GroupConsumer]) -> 
     wait_until(lambda: len(handled.offsets) == 8, "offsets 2-9")
     assert handled.offsets == list(range(2, 10))
     assert fake.commit_log() == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"start_at": datetime(2026, 1, 1)}, "start_at must be timezone-aware, got the naive"),
+        ({"start_at": "2026-01-01T00:00:00Z"}, "Input should be a valid datetime"),
+        ({"start_at": 1767225600}, "Input should be a valid datetime"),
+        (
+            {"start_at": BASE, "auto_offset_reset": "error"},
+            "auto_offset_reset='error' says to stop there instead",
+        ),
+    ],
+)
+def test_a_bad_start_at_is_refused_when_the_configuration_is_built(
+    settings: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(ValidationError) as info:
+        ConsumerConfig(**{**SETTINGS, **settings})
+    assert said in str(info.value)
