@@ -7,6 +7,7 @@ helpers that supply the required ones (servers, group, topics) themselves and pa
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Literal
 
 from typing_extensions import TypedDict
@@ -30,6 +31,7 @@ class Overrides(TypedDict, total=False):
     heartbeat_interval_s: float | None
     max_poll_interval_s: float
     auto_offset_reset: Literal["earliest", "latest", "error"]
+    start_at: datetime | None
     topic_refresh_s: float
     flow: FlowConfig
     max_batch_records: int

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from weir.errors import WeirError
+from weir.errors import ReadError
 
 __all__ = ["ISOLATIONS", "Position", "ReadError", "Reader", "parse_datetime", "refused"]
 
@@ -23,11 +23,6 @@ ISOLATIONS = ("read_committed", "read_uncommitted")
 _UNJOINED_PREFIX = "weir-unjoined-"
 _POLL_S = 0.5
 _FETCH_WAIT_MS = 100
-
-
-class ReadError(WeirError):
-    """A topic could not be read: it does not exist, a partition is out of range, the broker
-    did not answer or refused."""
 
 
 @dataclass(frozen=True, slots=True)

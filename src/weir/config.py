@@ -14,6 +14,7 @@ import numbers
 import re
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import (
@@ -345,7 +346,17 @@ class ConsumerConfig(BaseModel):
         "None).",
     )
     auto_offset_reset: Literal["earliest", "latest", "error"] = Field(
-        "earliest", description="Where a partition with no committed offset starts."
+        "earliest",
+        description="Where a partition with no committed offset starts (unless `start_at` "
+        "is set), and where one whose committed offset is out of range goes.",
+    )
+    start_at: datetime | None = Field(
+        None,
+        strict=True,
+        description="A timezone-aware time: a partition with no committed offset starts at "
+        "its first record at or after it (the log end if none is that late); a committed "
+        'offset always wins. Not with `auto_offset_reset="error"` '
+        "([seeking](seeking.md)).",
     )
     # librdkafka's default is 5 minutes; 30 s costs one metadata request per member every 30 s
     # (all topics' under a regex subscription).
@@ -748,6 +759,25 @@ class ConsumerConfig(BaseModel):
             )
         return v
 
+    @field_validator("start_at")
+    @classmethod
+    def _start_at(cls, v: datetime | None, info: ValidationInfo) -> datetime | None:
+        if v is None:
+            return v
+        if v.tzinfo is None or v.utcoffset() is None:
+            raise ValueError(
+                f"start_at must be timezone-aware, got the naive {v.isoformat()}: say which "
+                "zone, e.g. datetime(2026, 1, 1, tzinfo=timezone.utc)"
+            )
+        if info.data.get("auto_offset_reset") == "error":
+            raise ValueError(
+                "start_at gives a partition with no committed offset a start, and "
+                "auto_offset_reset='error' says to stop there instead: drop one of them "
+                "(with start_at, auto_offset_reset only decides where an out-of-range "
+                "committed offset goes)"
+            )
+        return v
+
     @field_validator("max_batch_records")
     @classmethod
     def _max_batch_records(cls, v: int, info: ValidationInfo) -> int:
@@ -954,6 +984,7 @@ def _client_value(value: Any) -> Any:
 # ConsumerConfig (a unit test keeps them equal). Which keys are required follows each class's
 # `total`, not `Required[...]`, which this module's postponed annotations would hide at run time.
 class _OptionalSettings(TypedDict, total=False):
+    start_at: datetime | None
     ordering: Ordering
     workers: int
     max_in_flight: int

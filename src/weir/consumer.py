@@ -13,6 +13,7 @@ import signal
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from datetime import datetime
 from types import FrameType, TracebackType
 from typing import Any, overload
 
@@ -400,6 +401,41 @@ class GroupConsumer:
         """Lift `pause(target)` for exactly that target (a partition of a paused topic stays
         paused until the topic is resumed). The future is True if `target` was paused."""
         return self._life.request("resume", _target(target))
+
+    def seek(self, partition: Partition | tuple[str, int], offset: int | datetime) -> Future[int]:
+        """Read `partition` on from `offset`, or from its first record at or after a
+        timezone-aware `datetime` (the log end if none is that late); safe from any thread.
+        An offset past the log's end goes to the end, one below its start to the start.
+
+        The owner thread serves it within one turn: the partition's records in flight are
+        cancelled (`ctx.cancelled`) and never marked or committed, its queued records and
+        retries dropped, the seek position committed at once, and nothing above it committed
+        before records from there have finished (docs/seeking.md). The future gives the offset
+        read next, or raises `weir.SeekError` (nothing changed) if the partition is not
+        assigned to this member by then. A bad argument, or a member not running, raises
+        here."""
+        tp = _partition(partition)
+        if isinstance(offset, datetime):
+            if offset.tzinfo is None or offset.utcoffset() is None:
+                raise ValueError(
+                    f"seek needs a timezone-aware datetime, got the naive {offset.isoformat()}: "
+                    "say which zone, e.g. datetime(2026, 1, 1, tzinfo=timezone.utc)"
+                )
+            return self._life.request("seek", tp, offset)
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise TypeError(
+                f"offset must be an int or a timezone-aware datetime, got {offset!r} "
+                f"({type(offset).__name__})"
+            )
+        return self._life.request("seek", tp, _non_negative("offset", offset))
+
+    def seek_to_beginning(self, partition: Partition | tuple[str, int]) -> Future[int]:
+        """`seek` to the first record `partition` holds now."""
+        return self._life.request("seek", _partition(partition), "beginning")
+
+    def seek_to_end(self, partition: Partition | tuple[str, int]) -> Future[int]:
+        """`seek` to the end of `partition` now: only records produced from here on are read."""
+        return self._life.request("seek", _partition(partition), "end")
 
     # -- asyncio ---------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from weir._engine.deadletter import HEADERS
 from weir._reading import Position, Reader, refused
-from weir.errors import WeirError
+from weir.errors import RedriveError
 from weir.logs import get_logger
 
 __all__ = [
@@ -48,10 +48,6 @@ REDRIVEN_FROM = "weir.redriven-from"
 # written: room for a clock that stamps the redrive behind the one that stamped the dead letter.
 SCAN_MARGIN_S = 600.0
 _WEIR_HEADERS = frozenset(HEADERS)
-
-
-class RedriveError(WeirError):
-    """A redrive could not be planned or sent; nothing of this run was committed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,9 @@ __all__ = [
     "NonRetryable",
     "OffsetResetError",
     "OffsetsError",
+    "ReadError",
+    "RedriveError",
+    "SeekError",
     "TlsError",
     "TopicNotFoundError",
     "TransactionError",
@@ -197,6 +200,17 @@ class TransactionError(WeirError):
         self.fenced = fenced
 
 
+class SeekError(WeirError):
+    """`GroupConsumer.seek` (or `seek_to_beginning` / `seek_to_end`) was not done, and nothing
+    changed: the partition is not assigned to this member when the owner thread serves the
+    seek (`not_assigned`), the broker did not say where the target is, or, in exactly-once
+    mode, the open transaction could not be committed first. Raised by the seek's future."""
+
+    def __init__(self, message: str, *, not_assigned: bool = False) -> None:
+        super().__init__(message)
+        self.not_assigned = not_assigned
+
+
 class AwaitableReturned(TypeError):
     """A thread handler returned a coroutine (or another awaitable): its work never ran."""
 
@@ -246,3 +260,12 @@ class GroupActiveError(LagError):
     def __init__(self, message: str, members: tuple[tuple[str, str, str], ...] = ()) -> None:
         super().__init__(message)
         self.members = members
+
+
+class ReadError(WeirError):
+    """A topic could not be read: it does not exist, a partition is out of range, the broker
+    did not answer or refused."""
+
+
+class RedriveError(WeirError):
+    """A redrive could not be planned or sent; nothing of this run was committed."""

@@ -132,11 +132,11 @@ class TransactionalEngineMachine(EngineMachine):
         )
         reset = engine.own.reset
 
-        def started_over(tps: Iterable[Partition]) -> list[Assignment]:
+        def started_over(tps: Iterable[Partition], *, quiet: bool = False) -> list[Assignment]:
             """Partitions starting over after an abort: what was delivered to them in this turn
             was not delivered to their new assignment, and the calls their tasks still run
             are given up on."""
-            old = reset(tps)
+            old = reset(tps, quiet=quiet)
             self.started_over.update(a.tp for a in old)
             self.given_up.update(id(t) for t in self.workers.running if t.assignment in old)
             return old

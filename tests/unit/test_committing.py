@@ -209,3 +209,27 @@ def test_many_unconfirmed_commits_keep_the_oldest_time(c: Committer) -> None:
     assert since is not None and since <= 50.0  # never younger than the truth
     c.result(P0, 100, None, sync=False)
     assert c.unconfirmed_since(P0) is None
+
+
+def test_a_result_from_before_a_restart_is_ignored_and_an_older_one_after_a_failure_counts() -> (
+    None
+):
+    """After `restart` (a seek) a result above everything sent since answers a commit from
+    before: it confirms nothing. A failure of the newest offset lowers what counts as sent,
+    and the older offset's success that comes after it still counts: the guard goes by the
+    highest offset sent, not by `sent` (which a failure lowers)."""
+    tp = Partition("t", 0)
+    c = Committer(60.0, 1_000_000)
+    c.track(tp)
+    c.sent({tp: 5}, 0.0)
+    c.sent({tp: 6}, 0.0)
+    c.result(tp, 6, "failed", sync=False)
+    c.result(tp, 5, None, sync=False)
+    assert c.confirmed(tp) == 5
+    c.restart(tp)
+    c.sent({tp: 3}, 1.0)
+    c.result(tp, 6, None, sync=False)  # the answer to a commit from before the seek
+    assert c.confirmed(tp) is None
+    c.result(tp, 3, None, sync=False)
+    assert c.confirmed(tp) == 3
+    assert c.to_send({tp: 4}) == {tp: 4}

@@ -7,13 +7,15 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from pydantic import ValidationError
 from tests.waiting import wait_until
 
-from weir import GroupConsumer, Record
+from weir import ConsumerConfig, GroupConsumer, Record
 from weir.config import ConsumerSettings
 from weir.testing import FakeBroker, FakeConsumer
 
@@ -215,3 +217,71 @@ def test_a_member_that_dies_before_its_first_commit_leaves_its_start_committed(
             with contextlib.suppress(Exception):
                 gc.join(WAIT)
     assert a_handled.offsets == list(range(50, 78))
+
+
+BASE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def stamped(fake: FakeConsumer, n: int) -> None:
+    """Records 0..n-1 of partition 0, one a second from BASE on."""
+    ms = int(BASE.timestamp() * 1000)
+    for i in range(n):
+        fake.produce(TOPIC, 0, b"v", offset=i, timestamp=ms + i * 1000)
+
+
+@pytest.mark.parametrize(
+    ("start_at", "start"),
+    [
+        (BASE + timedelta(seconds=4), 4),
+        (BASE + timedelta(seconds=3, milliseconds=1), 4),
+        (BASE - timedelta(days=1), 0),
+        (BASE + timedelta(days=1), 10),  # past the log end: the end
+    ],
+)
+def test_start_at_is_where_a_partition_with_nothing_committed_starts(
+    members: list[GroupConsumer], start_at: datetime, start: int
+) -> None:
+    """With nothing committed, the first record at or after `start_at` (auto_offset_reset
+    says otherwise: latest) is the start, committed before the first record like a reset."""
+    fake = FakeConsumer()
+    stamped(fake, 10)
+    fake.script_assign([P0])
+    handled = Handled()
+    run(members, fake, handled, auto_offset_reset="latest", start_at=start_at)
+    wait_until(lambda: bool(fake.commit_log()), "the start commit")
+    assert fake.commit_log()[0].offsets == {P0: start}
+    fake.produce(TOPIC, 0, b"v", offset=10)
+    wait_until(lambda: 10 in handled.offsets, "the records from the start on")
+    assert handled.offsets == list(range(start, 11))
+
+
+def test_a_committed_offset_wins_over_start_at(members: list[GroupConsumer]) -> None:
+    fake = FakeConsumer()
+    stamped(fake, 10)
+    fake.given_committed({P0: 2})
+    fake.script_assign([P0])
+    handled = Handled()
+    run(members, fake, handled, start_at=BASE + timedelta(seconds=7))
+    wait_until(lambda: len(handled.offsets) == 8, "offsets 2-9")
+    assert handled.offsets == list(range(2, 10))
+    assert fake.commit_log() == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"start_at": datetime(2026, 1, 1)}, "start_at must be timezone-aware, got the naive"),
+        ({"start_at": "2026-01-01T00:00:00Z"}, "Input should be a valid datetime"),
+        ({"start_at": 1767225600}, "Input should be a valid datetime"),
+        (
+            {"start_at": BASE, "auto_offset_reset": "error"},
+            "auto_offset_reset='error' says to stop there instead",
+        ),
+    ],
+)
+def test_a_bad_start_at_is_refused_when_the_configuration_is_built(
+    settings: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(ValidationError) as info:
+        ConsumerConfig(**{**SETTINGS, **settings})
+    assert said in str(info.value)

@@ -26,10 +26,13 @@ _UNCONFIRMED_KEPT = 8
 
 
 class _State:
-    __slots__ = ("confirmed", "sent", "unconfirmed")
+    __slots__ = ("confirmed", "highest", "sent", "unconfirmed")
 
     def __init__(self) -> None:
         self.sent: int | None = None
+        # The highest offset ever sent in this state (`sent` comes back down after a failure):
+        # a result above it answers a commit sent before the state began.
+        self.highest: int | None = None
         self.confirmed: int | None = None
         # (offset, when sent) of every commit no confirmation covers yet, oldest first: sent and
         # waiting for its answer, or failed with no newer offset confirmed since.
@@ -65,6 +68,13 @@ class Committer:
         # A new assignment starts clean: the broker's committed offset may have moved while
         # another member owned the partition.
         self._state[tp] = _State()
+
+    def restart(self, tp: Partition) -> None:
+        """`tp` was sought (`weir._engine.seeking`): what was sent before no longer bounds what
+        is sent next, so an offset below it (a seek back) is committed too. A late result of an
+        offset sent before is ignored (`result`)."""
+        if tp in self._state:
+            self._state[tp] = _State()
 
     def forget(self, tps: Iterable[Partition]) -> None:
         for tp in tps:
@@ -103,6 +113,8 @@ class Committer:
             if st is not None:
                 if st.sent is None or off > st.sent:
                     st.sent = off
+                if st.highest is None or off > st.highest:
+                    st.highest = off
                 if st.confirmed is None or off > st.confirmed:
                     pending = st.unconfirmed
                     pending.append((off, now))
@@ -117,6 +129,10 @@ class Committer:
         self, tp: Partition, offset: int, error: str | None, *, sync: bool, code: str | None = None
     ) -> None:
         st = self._state.get(tp)
+        if st is not None and (st.highest is None or offset > st.highest):
+            # Sent before the partition was sought or assigned again (`restart`, `track`): it
+            # says nothing about what was sent since.
+            st = None
         if st is not None:
             if error is None:
                 if st.confirmed is None or offset > st.confirmed:

@@ -49,6 +49,7 @@ from weir._engine.refusals import first_token_refusal, token_refusal
 from weir._engine.replay import ReplayMaps
 from weir._engine.requests import Requests
 from weir._engine.scheduling import Scheduler
+from weir._engine.seeking import Seeks
 from weir._engine.settlement import Settlement
 from weir._engine.snapshot import Snapshot
 from weir._engine.stalls import Stalls
@@ -146,7 +147,6 @@ class Engine:
             refusals=self.errors,
         )
         self.pauses = AppPauses(self.fetch, lambda: self.own.partitions, clock)
-        self.requests = Requests(life, self.failures, self.pauses)
         self.replay = ReplayMaps(cfg.offset_map, cfg.offset_map_max_bytes)
         self.commits = CommitPath(
             lambda: self.client, self.own, self.committer, self.replay, clock=clock
@@ -174,6 +174,7 @@ class Engine:
             self.replay,
             self.fetch,
             ready=None if txn is None else lambda: txn.ready,
+            start_at=cfg.start_at,
         )
         self.stalls = Stalls(
             cfg.partition_stall_s,
@@ -199,6 +200,12 @@ class Engine:
                 clock=clock,
             )
         )
+        seeks = Seeks(
+            client=lambda: self.client, own=self.own, starts=self.starts,
+            committer=self.committer, replay=self.replay, eos=self.eos, clock=clock,
+            settle_started=lambda a: self.settle.settle_started(a),
+        )  # fmt: skip
+        self.requests = Requests(life, self.failures, self.pauses, seeks)
         self.fence = fence
         self._last_poll = 0.0
         self._client: ConsumerClient | None = None

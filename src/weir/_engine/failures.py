@@ -244,11 +244,16 @@ class Failures:
         self.forget([a])
 
     def forget(self, assignments: Collection[Assignment]) -> None:
-        """Revoked or lost: their retries, blocks and dead-letter results no longer matter."""
+        """Revoked, lost, or started over in place (an abort, a seek): their retries, blocks
+        and dead-letter results no longer matter, and a partition kept is no longer held for
+        them (a revoked one's holds go with it)."""
+        parked = set()
         for key in [k for k in self._failed if k[0] in assignments]:
-            del self._failed[key]
+            if self._failed.pop(key).parked:
+                parked.add(key[0].tp)
         gone = {a.tp for a in assignments}
         self._blocked_logged -= gone
+        self._fetch.release(parked, "blocked")
         self._still_refused()
 
     def pending(self, assignments: Collection[Assignment]) -> int:

@@ -23,7 +23,7 @@ from weir.stats import EMPTY, ConsumerStats
 __all__ = ["CommitListener", "Lifecycle", "State"]
 
 CommitListener = Callable[[CommitEvent], None]
-Request = tuple[str, tuple[Any, ...], "Future[bool]"]
+Request = tuple[str, tuple[Any, ...], "Future[Any]"]
 
 # While every broker is reported down, the owner asks for metadata this often to learn that one
 # answers again (librdkafka reports the outage, never its end).
@@ -102,10 +102,10 @@ class Lifecycle:
             self.hurry.set()
         self.stop_requested.set()
 
-    def request(self, kind: str, *args: Any) -> Future[bool]:
-        """An operator's request for the owner thread (`retry_now`, `skip`): served within one
-        turn of its loop."""
-        future: Future[bool] = Future()
+    def request(self, kind: str, *args: Any) -> Future[Any]:
+        """An operator's request for the owner thread (`retry_now`, `skip`, `seek`): served
+        within one turn of its loop (`weir._engine.requests`)."""
+        future: Future[Any] = Future()
         if self._state not in (State.STARTING, State.RUNNING):
             raise RuntimeError(f"the member is not running (state: {self._state.value})")
         self._requests.put((kind, args, future))

@@ -204,12 +204,12 @@ class Ownership:
         log.warning("partitions_lost", partitions=sorted(str(tp) for tp in owned))
         self._call_hook("on_lost", sorted(owned))
 
-    def reset(self, tps: Iterable[Partition]) -> list[Assignment]:
+    def reset(self, tps: Iterable[Partition], *, quiet: bool = False) -> list[Assignment]:
         """Start these owned partitions over, locally (an aborted transaction: their progress
-        since the last commit did not count). Their work in flight is fenced and cancelled,
-        queued records dropped, their budget released; each gets a new assignment with a new
-        token. No hook runs and nothing is committed: the client keeps the partitions. Returns
-        the old assignments."""
+        since the last commit did not count; an operator's seek). Their work in flight is
+        fenced and cancelled, queued records dropped, their budget released; each gets a new
+        assignment with a new token. No hook runs and nothing is committed: the client keeps
+        the partitions. Returns the old assignments; `quiet`: the caller logs why."""
         old = []
         for tp in tps:
             st = self.partitions.get(tp)
@@ -230,7 +230,7 @@ class Ownership:
             st = self.partitions[tp] = PartitionState(tp)
             st.assignment.epoch = a.epoch  # the same owner, the same fence epoch
             self._opened(st.assignment, reset=True)
-        if old:
+        if old and not quiet:
             log.warning("partitions_reset", partitions=sorted(str(a.tp) for a in old))
         return old
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, KafkaException
 from confluent_kafka import TopicPartition as TP
@@ -89,8 +90,11 @@ class Starts:
         replay: ReplayMaps,
         fetch: FetchControl,
         ready: Callable[[], bool] | None = None,
+        start_at: datetime | None = None,
     ) -> None:
         self._reset = auto_offset_reset
+        # `start_at`: where a partition with nothing committed starts, in ms (before the reset).
+        self._start_ms = None if start_at is None else epoch_ms(start_at)
         self._callback_timeout = min(_COMMITTED_TIMEOUT, revoke_timeout_s)
         self._client = client
         self._commits = commits
@@ -157,7 +161,7 @@ class Starts:
         reset position first)."""
         if committed >= 0:
             return committed
-        if self._reset == "error":
+        if self._reset == "error" and self._start_ms is None:
             return OFFSET_STORED  # librdkafka's fetch finds nothing and reports it
         self._wait(tp, Wait.RESOLVE)
         return None
@@ -229,31 +233,36 @@ class Starts:
         return sought
 
     def _resolve(self, tps: list[Partition], now: float) -> None:
-        """Where `auto_offset_reset` puts partitions with nothing committed (the log's start or
-        end now), committed at once."""
-        spec = OFFSET_BEGINNING if self._reset == "earliest" else OFFSET_END
+        """Where `start_at` or else `auto_offset_reset` puts partitions with nothing committed
+        (the first record at or after that time, or the log's start or end now), committed at
+        once."""
+        if self._start_ms is not None:
+            spec = self._start_ms
+        else:
+            spec = OFFSET_BEGINNING if self._reset == "earliest" else OFFSET_END
         try:
-            found = self._client().offsets_for_times(
-                [TP(tp.topic, tp.partition, spec) for tp in tps], timeout=_AGAIN_TIMEOUT
-            )
+            resolved = resolve_offsets(self._client(), tps, spec, _AGAIN_TIMEOUT)
         except KafkaException as exc:
             log.debug("reset_resolve_failed", partitions=[str(t) for t in tps], error=str(exc))
             return
-        resolved = {
-            Partition(r.topic, r.partition): r.offset
-            for r in found
-            if r.error is None and r.offset >= 0
-        }
         for tp, offset in resolved.items():
             if tp in self.pending:
                 self._wait(tp, Wait.CONFIRM, offset)
         if resolved:
             log.info(
                 "start_offsets_reset",
-                reset=self._reset,
+                reset="start_at" if self._start_ms is not None else self._reset,
                 offsets={str(tp): off for tp, off in resolved.items()},
             )
             self._send(resolved, now)
+
+    def seek_to(self, tp: Partition, offset: int, now: float) -> None:
+        """The operator sought `tp` to `offset` (`weir._engine.seeking`): committed at once,
+        and once the broker confirmed it, the client is sought there. Its records are dropped
+        meanwhile (`holds`): they were fetched from the old position."""
+        self.committed.pop(tp, None)  # until the seek's commit is confirmed (`_confirm`)
+        self._wait(tp, Wait.CONFIRM, offset)
+        self._send({tp: offset}, now)
 
     def _confirm(self, tp: Partition, now: float) -> None:
         p = self.pending[tp]
@@ -301,6 +310,32 @@ class Starts:
     def closed(self, a: Assignment) -> None:
         self.pending.pop(a.tp, None)
         self.committed.pop(a.tp, None)
+
+
+def epoch_ms(when: datetime) -> int:
+    """A timezone-aware time as the milliseconds since the epoch a ListOffsets request takes."""
+    return int(when.timestamp() * 1000)
+
+
+def resolve_offsets(
+    client: ConsumerClient, tps: Sequence[Partition], spec: int, timeout: float
+) -> dict[Partition, int]:
+    """Where `spec` puts each of `tps` now: `OFFSET_BEGINNING`, `OFFSET_END`, or a time in ms
+    (the first record at or after it; the log end when there is none that late). One
+    ListOffsets request, two for a time past some log's end; raises `KafkaException`.
+    Partitions the broker did not answer for are left out."""
+    found = client.offsets_for_times(
+        [TP(tp.topic, tp.partition, spec) for tp in tps], timeout=timeout
+    )
+    resolved = {
+        Partition(r.topic, r.partition): r.offset
+        for r in found
+        if r.error is None and r.offset >= 0
+    }
+    late = [Partition(r.topic, r.partition) for r in found if r.error is None and r.offset < 0]
+    if late and spec >= 0:
+        resolved.update(resolve_offsets(client, late, OFFSET_END, timeout))
+    return resolved
 
 
 def _always() -> bool:
