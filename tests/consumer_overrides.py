@@ -23,6 +23,8 @@ class Overrides(TypedDict, total=False):
     ordering: Ordering
     workers: int
     max_in_flight: int
+    max_records_per_s: float | None
+    max_records_per_s_by_topic: Mapping[str, float]
     group_protocol: GroupProtocol
     assignment_strategy: Literal["range", "roundrobin", "cooperative-sticky"] | None
     remote_assignor: Literal["uniform", "range"] | None

@@ -293,6 +293,22 @@ class ConsumerConfig(BaseModel):
         "([handlers.md](handlers.md)).",
     )
 
+    max_records_per_s: float | None = Field(
+        None,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        json_schema_extra={"unit": "records/s"},
+        description="At most this many records handed to the handler per second by the member "
+        "(None: no limit); the member keeps polling while records wait "
+        "([flow-control.md](flow-control.md#rate-limits)).",
+    )
+    max_records_per_s_by_topic: Mapping[str, float] = Field(
+        default_factory=dict,
+        description="`max_records_per_s` per topic, on top of the member's: names as subscribed, "
+        "or topics a subscribed pattern matches.",
+    )
+
     group_protocol: Literal["classic", "consumer", "auto"] = Field(
         "classic",
         description='`"consumer"` is KIP-848 (brokers 4.0 and later); `"auto"`: `"consumer"` '
@@ -586,6 +602,33 @@ class ConsumerConfig(BaseModel):
         'does: `"log"` isolates it (logged once, counted in stats), `"stop"` also stops the '
         "member, which still drains, commits and closes.",
     )
+
+    # Before pydantic's own: it would read "5" or True as a rate.
+    @field_validator("max_records_per_s_by_topic", mode="before")
+    @classmethod
+    def _rate_topics(cls, v: Any, info: ValidationInfo) -> Any:
+        if not isinstance(v, Mapping):
+            return v  # pydantic says what a mapping is
+        topics = info.data.get("topics") or []
+        patterns = [re.compile(t) for t in topics if t.startswith("^")]
+        for name, rate in v.items():
+            if not isinstance(name, str):
+                raise ValueError(f"max_records_per_s_by_topic: a key is a topic name, got {name!r}")
+            if name not in topics and not any(p.match(name) for p in patterns):
+                raise ValueError(
+                    f"max_records_per_s_by_topic[{name!r}]: not a subscribed topic, nor matched "
+                    f"by a subscribed pattern ({', '.join(topics)})"
+                )
+            if (
+                isinstance(rate, bool)
+                or not isinstance(rate, int | float)
+                or not 0 < rate < math.inf
+            ):
+                raise ValueError(
+                    f"max_records_per_s_by_topic[{name!r}]: a rate is records per second, more "
+                    f"than 0 and finite, got {rate!r}"
+                )
+        return v
 
     @field_validator("failure_by_topic")
     @classmethod
@@ -985,6 +1028,8 @@ def _client_value(value: Any) -> Any:
 # `total`, not `Required[...]`, which this module's postponed annotations would hide at run time.
 class _OptionalSettings(TypedDict, total=False):
     start_at: datetime | None
+    max_records_per_s: float | None
+    max_records_per_s_by_topic: Mapping[str, float]
     ordering: Ordering
     workers: int
     max_in_flight: int

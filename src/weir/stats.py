@@ -28,6 +28,7 @@ PauseReason = Literal[
     "shutdown",
     "blocked",
     "app",
+    "rate",
     "start_offset_unknown",
     "start_committing",
     "capacity",

@@ -45,6 +45,7 @@ from weir._engine.lifecycle import Lifecycle
 from weir._engine.metrics import Metrics
 from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
 from weir._engine.protocols import ProtocolProbe, choose_protocol, warn_commit_blackout
+from weir._engine.rates import RateLimits
 from weir._engine.refusals import first_token_refusal, token_refusal
 from weir._engine.replay import ReplayMaps
 from weir._engine.requests import Requests
@@ -119,7 +120,10 @@ class Engine:
         if workers is None:
             workers = workers_for(handler, cfg, loop)
         self.workers = workers
-        self.scheduler = Scheduler(workers, cfg.ordering, batch=batch_limits(workers))
+        self.rates = RateLimits.of(cfg, clock)
+        self.scheduler = Scheduler(
+            workers, cfg.ordering, batch=batch_limits(workers), rates=self.rates
+        )
         self.committer = Committer(
             cfg.commit_interval_s, cfg.commit_every_records, self._emit_commit, clock=clock
         )
@@ -485,6 +489,8 @@ class Engine:
             self.life.polled_at = now
         if self.failures.turn(now):
             self.scheduler.dispatch()  # retries due now go out this turn, not after a poll
+        if self.rates is not None:
+            self.rates.hold_fetches(self.fetch, self.budget)
         self.requests.serve()
         self.pauses.turn(now)
         if self.life.broker_probe_due(now):

@@ -9,6 +9,7 @@ paused in the client while any reason holds it, and resumed when the last one is
 | `shutdown` | the engine | the member drains and stops |
 | `blocked` | `Failures` | a failed record blocks it (policy `block`, a dead letter not written) |
 | `app` | `AppPauses` | the application paused it or its topic (`pause`, `ctx.pause_partition`) |
+| `rate` | `RateLimits` | its topic's rate (or the member's) holds records back at dispatch |
 | `start_offset_unknown` | `Starts` | its committed offset is read, or its reset position resolved |
 | `start_committing` | `Starts` | the reset position is committed, until the broker confirms it |
 | `capacity` | `Budget` | the in-flight budget is full: every partition |

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from itertools import groupby
 from typing import ClassVar
 
+from weir._engine.rates import RateLimits
 from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Lane, LaneKey, Task
 from weir._engine.tracking import BatchProgress
 from weir._engine.workers import BatchLimits, Workers
@@ -287,6 +288,10 @@ class Unordered(OrderingRule):
 RULES: dict[Ordering, type[OrderingRule]] = {r.ordering: r for r in (ByKey, ByPartition, Unordered)}
 
 
+def _one(record: Record) -> int:
+    return 1
+
+
 def lane_of(ordering: Ordering) -> Callable[[Record], LaneKey] | None:
     """The lane a record waits in under `ordering` (None: unordered, no lanes), for workers
     that hold back a failed record's lane."""
@@ -309,15 +314,19 @@ class Scheduler:
         *,
         whole: bool = True,
         batch: BatchLimits | None = None,
+        rates: RateLimits | None = None,
     ) -> None:
         self.workers = workers
+        # Rate limits hold groups back at dispatch (`weir._engine.rates`): they wait at the
+        # front of `_pending`, in order, their lanes still busy.
+        self._rates = rates
         self._submit_task = workers.submit
         # Concurrent workers run a task's lanes at once: a whole-partition lane would serialise
         # the partition, and the handler time says nothing of the cost of a hand-off.
         self._concurrent = workers.concurrent
         # Batch workers (`BatchWorkers`) join whole tasks into one handler call: a task is as
         # large as a batch may be, and its records run in one call: none moves. With
-        # `batch_max_bytes` no task holds more bytes than a batch may (`_cut_bytes`).
+        # `batch_max_bytes` no task holds more bytes than a batch may (`_cut`).
         self._batch = None if batch is None else batch.records
         self._batch_bytes = None if batch is None else batch.nbytes
         rule = self._rule = RULES[ordering](self)
@@ -663,10 +672,16 @@ class Scheduler:
         self._pending = []
         max_bytes = self._batch_bytes
         if max_bytes is not None:
-            groups = self._cut_bytes(groups, max_bytes)
+            groups = self._cut(groups, lambda a: max_bytes, size_of)
+        rates = self._rates
+        if rates is not None:
+            groups = self._cut(groups, lambda a: rates.group_cap(a.tp.topic), _one)
         lane_size = self.lane_task_size()
         size = self._rule.task_size(self.task_size(), lane_size, groups)
         tasks = 0
+        held: list[_Group] = []
+        if rates is not None:
+            rates.start()
         cur: Assignment | None = None
         recs: list[Record] = []
         batches: list[BatchProgress] = []
@@ -685,6 +700,9 @@ class Scheduler:
                     # longer than a task when submitted.
                     self._wait(a, gkeys[0]).push_front(grecs[lane_size:], gbatches[lane_size:])
                     grecs, gbatches = grecs[:lane_size], gbatches[:lane_size]
+            if rates is not None and not rates.take(a.tp.topic, len(grecs)):
+                held.append((a, gkeys, grecs, gbatches))
+                continue
             gbytes = 0 if max_bytes is None else sum(map(size_of, grecs))
             if recs and (
                 a is not cur
@@ -722,21 +740,33 @@ class Scheduler:
         if recs:
             self._release(Task(cur, recs, batches, keys))  # type: ignore[arg-type]
             tasks += 1
+        if held:
+            self._pending[:0] = held
         return tasks
 
-    def _cut_bytes(self, groups: list[_Group], limit: int) -> list[_Group]:
-        """Batch workers with `batch_max_bytes`: groups cut so that none holds more than
-        `limit` bytes (`Record.size`), but a single record larger than that, alone. A batch is
-        made of whole tasks, so this is what keeps a batch within the bound. The first records
-        that fit stay in the group; of the rest, unordered records form the next group, a
-        lane's records wait at the front of their lane (behind the group, in offset order),
-        and in key mode the records of keys not in the cut group form the next group."""
+    def _cut(
+        self,
+        groups: list[_Group],
+        limit_of: Callable[[Assignment], int | None],
+        measure: Callable[[Record], int],
+    ) -> list[_Group]:
+        """Groups cut so that none measures more than its assignment's limit (None: any), but a
+        single record larger than that, alone: batch workers with `batch_max_bytes` measure
+        `Record.size` (a batch is made of whole tasks, so this keeps a batch within the bound);
+        rate limits count records (`RateLimits.group_cap`). The first records that fit stay in
+        the group; of the rest, unordered records form the next group, a lane's records wait at
+        the front of their lane (behind the group, in offset order), and in key mode the
+        records of keys not in the cut group form the next group."""
         out: list[_Group] = []
         for a, keys, recs, batches in groups:
+            limit = limit_of(a)
+            if limit is None or (measure is _one and len(recs) <= limit):
+                out.append((a, keys, recs, batches))
+                continue
             while True:
                 n = total = 0
                 for rec in recs:
-                    total += size_of(rec)
+                    total += measure(rec)
                     if total > limit and n:
                         break
                     n += 1
