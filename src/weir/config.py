@@ -576,6 +576,16 @@ class ConsumerConfig(BaseModel):
         "member, which still drains, commits and closes.",
     )
 
+    tracing: bool = Field(
+        False,
+        strict=True,
+        description="An OpenTelemetry span per handler call, its parent the record's "
+        "`traceparent`, and the context carried into outputs and dead letters; needs "
+        "`pip install 'kafka-weir[otel]'`. `GroupConsumer(..., tracer_provider=...)` turns it "
+        "on with a provider of the application's, else the global one "
+        "([tracing.md](tracing.md)).",
+    )
+
     @field_validator("failure_by_topic")
     @classmethod
     def _failure_topics(
@@ -989,6 +999,7 @@ ConsumerSettings = TypedDict(  # noqa: UP013
         "broker_down_unready_s": float | None,
         "watermark_refresh_s": float | None,
         "callback_errors": Literal["log", "stop"],
+        "tracing": bool,
         "kafka": Mapping[str, KafkaSetting],
     },
     total=False,

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from types import FrameType, TracebackType
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from confluent_kafka import Consumer
 from typing_extensions import Unpack
@@ -46,6 +46,9 @@ from weir.serde import (
     DeserializingHandler,
 )
 from weir.stats import ConsumerStats
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["GroupConsumer"]
 
@@ -111,6 +114,7 @@ class GroupConsumer:
         producer_factory: ProducerFactory | None = None,
         fence: Fence[Any] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None: ...
 
     @overload
@@ -124,6 +128,7 @@ class GroupConsumer:
         producer_factory: ProducerFactory | None = None,
         fence: Fence[Any] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        tracer_provider: TracerProvider | None = None,
         **settings: Unpack[ConsumerSettings],
     ) -> None: ...
 
@@ -138,6 +143,7 @@ class GroupConsumer:
         producer_factory: ProducerFactory | None = None,
         fence: Fence[Any] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        tracer_provider: TracerProvider | None = None,
         **settings: Any,
     ) -> None:
         """`handler`: a `Handler`, or a function taking a `Record` (runs on worker threads).
@@ -147,7 +153,9 @@ class GroupConsumer:
         see `weir.serde`). `consumer_factory` / `producer_factory` build the Kafka clients
         (`weir.testing.FakeConsumer` for tests without a broker). `fence`: a `weir.fencing`
         fence whose epochs the member acquires for each assigned partition before its first
-        record (`Context.epoch`); a `FencedError` from a handler makes the partition lost."""
+        record (`Context.epoch`); a `FencedError` from a handler makes the partition lost.
+        `tracer_provider`: an OpenTelemetry tracer provider for the handler's spans (it turns
+        `tracing` on; docs/tracing.md)."""
         if config is None:
             config = ConsumerConfig(**settings)
         elif settings:
@@ -203,6 +211,8 @@ class GroupConsumer:
                     AsyncDeserializingHandler if is_async_handler(inner) else DeserializingHandler
                 )
                 self._handler = wrapper(inner, key_deserializer, value_deserializer)
+        if tracer_provider is not None or config.tracing:
+            self._handler = _traced(self._handler, config, tracer_provider)
         self._factory: ClientFactory = consumer_factory or Consumer
         # High watermarks are refreshed by a client of weir's own making: only next to the real
         # client (a fake answers its cached watermarks with live values anyway).
@@ -519,6 +529,18 @@ class GroupConsumer:
                 signal.signal(s, h)
 
         return restore
+
+
+def _traced(handler: Handler, config: ConsumerConfig, provider: TracerProvider | None) -> Handler:
+    """The handler with a span around each call (weir.tracing, imported only here: with tracing
+    off no wrapper costs a record anything)."""
+    if provider is not None and "tracing" in config.model_fields_set and not config.tracing:
+        raise ValueError(
+            "tracer_provider= turns tracing on, and tracing=False turns it off: drop one"
+        )
+    from weir.tracing import traced
+
+    return traced(handler, config.group_id, provider)
 
 
 def _non_negative(what: str, value: object) -> int:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_ch
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 from typing_extensions import Self
 
+from weir._trace_carrier import OUTPUT_HEADERS, merged
+
 __all__ = [
     "BatchContext",
     "BatchHandler",
@@ -353,6 +355,9 @@ class Context:
             )
         if not isinstance(topic, str) or not topic:
             raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+        trace = OUTPUT_HEADERS.get()
+        if trace is not None:  # tracing on (weir.tracing): the output joins the current trace
+            headers = merged(headers, trace(), replace=False)
         self._outputs.append(Output(topic, value, key, headers, partition))
 
     @property
