@@ -266,6 +266,11 @@ class AsyncTracingBatchHandler(TracingBatchHandler):
 
 def traced(handler: Handler, group_id: str, provider: TracerProvider | None = None) -> Handler:
     """`handler` with a span around each of its calls (docs/tracing.md)."""
+    if provider is not None and not isinstance(provider, TracerProvider):
+        raise TypeError(
+            "tracer_provider must be an OpenTelemetry TracerProvider (such as "
+            f"opentelemetry.sdk.trace.TracerProvider()), got {provider!r}"
+        )
     tracer = _Tracer(provider, group_id)
     is_async = is_async_handler(handler)
     if isinstance(handler, BatchHandler):

@@ -347,3 +347,5 @@ def test_tracing_off_wraps_nothing_and_a_conflict_is_refused(provider: TracerPro
     assert type(on._handler).__name__ == "TracingHandler"
     with pytest.raises(ValueError, match="tracer_provider= turns tracing on"):
         GroupConsumer(handle, tracing=False, tracer_provider=provider, **SETTINGS)
+    with pytest.raises(TypeError, match="must be an OpenTelemetry TracerProvider"):
+        GroupConsumer(handle, tracer_provider="jaeger", **SETTINGS)  # type: ignore[call-overload]
