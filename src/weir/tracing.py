@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from types import TracebackType
 from typing import Any
 
 try:
@@ -108,17 +109,14 @@ class _Tracer:
             return []
         return [(k, v.encode()) for k, v in carrier.items()]
 
-    @contextlib.contextmanager
     def span(
         self,
         name: str,
         parent: OtelContext,
         attributes: dict[str, Any],
         links: Sequence[Link] | None = None,
-    ) -> Iterator[Span]:
-        """`name`'s span, current (with the rest of `parent`: baggage) while the body runs; a
-        body that raises has its exception recorded, the status set and the span's headers
-        carried to the dead letter."""
+    ) -> _Active:
+        """`name`'s span, current (with the rest of `parent`: baggage) while the body runs."""
         span = self._tracer.start_span(
             name,
             context=parent,
@@ -128,20 +126,7 @@ class _Tracer:
             record_exception=False,
             set_status_on_exception=False,
         )
-        current = trace.set_span_in_context(span, parent)
-        token = otel_context.attach(current)
-        out = OUTPUT_HEADERS.set(self.inject)
-        try:
-            yield span
-        except BaseException as exc:
-            self.failed(span, exc)
-            if isinstance(exc, Exception):
-                carry(exc, self.inject(current))
-            raise
-        finally:
-            OUTPUT_HEADERS.reset(out)
-            otel_context.detach(token)
-            span.end()
+        return _Active(self, span, trace.set_span_in_context(span, parent))
 
     @staticmethod
     def failed(span: Span, exc: BaseException) -> None:
@@ -162,8 +147,7 @@ class _Tracer:
             attrs["messaging.destination.partition.id"] = str(partition)
         return attrs
 
-    @contextlib.contextmanager
-    def record(self, record: Record, attempt: int) -> Iterator[Span]:
+    def record(self, record: Record, attempt: int) -> _Active:
         attrs = self.attributes(record.topic, record.partition)
         attrs["messaging.kafka.offset"] = record.offset
         key = record.key
@@ -174,11 +158,10 @@ class _Tracer:
         if record.value is None:
             attrs["messaging.kafka.message.tombstone"] = True
         attrs["weir.attempt"] = attempt
-        parent = self.extract(record.headers)
-        with self.span(f"process {record.topic}", parent, attrs) as span:
-            if attempt > 1:
-                span.add_event("weir.retry", {"weir.attempt": attempt})
-            yield span
+        active = self.span(f"process {record.topic}", self.extract(record.headers), attrs)
+        if attempt > 1:
+            active.span.add_event("weir.retry", {"weir.attempt": attempt})
+        return active
 
     @contextlib.contextmanager
     def batch(self, records: list[Record], ctx: BatchContext) -> Iterator[Span]:
@@ -219,6 +202,41 @@ class _Tracer:
             headers = self.inject()
             for error in errors:
                 carry(error, headers)
+
+
+class _Active:
+    """A span made current for a handler call (a class, not a generator: it is on every
+    record's way). A call that raises has its exception recorded, the status set and the span's
+    headers carried to the dead letter."""
+
+    __slots__ = ("_current", "_out", "_token", "_tracer", "span")
+
+    def __init__(self, tracer: _Tracer, span: Span, current: OtelContext) -> None:
+        self._tracer = tracer
+        self.span = span
+        self._current = current
+
+    def __enter__(self) -> Span:
+        self._token = otel_context.attach(self._current)
+        self._out = OUTPUT_HEADERS.set(self._tracer.inject)
+        return self.span
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        span = self.span
+        try:
+            if exc is not None:
+                _Tracer.failed(span, exc)
+                if isinstance(exc, Exception):
+                    carry(exc, self._tracer.inject(self._current))
+        finally:
+            OUTPUT_HEADERS.reset(self._out)
+            otel_context.detach(self._token)
+            span.end()
 
 
 class TracingHandler(Wrapper):
