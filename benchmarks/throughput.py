@@ -28,6 +28,10 @@ Cases, each on a fresh consumer group over records produced before the clock sta
          ``--max-in-flight``) and GroupConsumer with the same waits on ``--workers`` threads.
          Repeated ``--aio-repeats`` times, interleaved. The no-op case also runs an async no-op
          handler (``async-key``).
+* tracing: no-op and 1 ms handlers, key mode, tracing off (the default: nothing is wrapped) and on
+         (``tracer_provider=``: an OpenTelemetry SDK provider whose batch span processor hands
+         the spans to an exporter that drops them, so the cost is weir's and the SDK's, not an
+         export's), interleaved ``--tracing-repeats`` times; the ratio on/off of the medians.
 * eos:   input -> transform -> output in key mode, no-op and 1 ms handlers, side by side in one
          run: at-least-once without output (``alo``), at-least-once producing each output from
          the handler with a shared idempotent producer (``alo+out``: not awaited before the
@@ -380,6 +384,7 @@ def run_weir(
     workers: int,
     max_seconds: float,
     settings: Tuning,
+    tracer_provider: Any = None,
 ) -> Result:
     meter = Meter(records)
     h = handle(meter)
@@ -396,6 +401,7 @@ def run_weir(
         group_id=unique("bench-weir"),
         topics=[topic.name],
         ordering=ordering,
+        tracer_provider=tracer_provider,
         **tuning,
     )
     watch = CpuWatch(bk)
@@ -737,8 +743,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--only",
         default="",
-        help="cases to run: noop, io, io-1p, io-hot, failures, aio, aio-tail, eos (default: all)",
+        help="cases to run: noop, io, io-1p, io-hot, failures, aio, aio-tail, eos, tracing "
+        "(default: all)",
     )
+    p.add_argument("--tracing-repeats", type=int, default=3, help="tracing: runs of each engine")
     p.add_argument("--failure-records", type=int, default=120_000, help="failures: per run")
     p.add_argument(
         "--fail-percent", type=float, default=1.0, help="failures: records failing once (%%)"
@@ -852,6 +860,46 @@ def noop_summary(results: list[Result]) -> str:
             f"  {engine:<9} {flow:<7} best {fmt_rate(best):>8}/s = {best / raw_best:.2f}x best raw"
             f"   median {fmt_rate(median):>8}/s = {median / raw_median:.2f}x median raw"
             f"   ({len(rates)} runs)"
+        )
+    return "\n".join(lines)
+
+
+def span_dropping_provider() -> Any:
+    """An OpenTelemetry SDK tracer provider as an application sets one up (a batch span
+    processor), whose exporter drops the spans: what tracing costs weir and the SDK."""
+    from collections.abc import Sequence
+
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Drop(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Drop()))
+    return provider
+
+
+def tracing_summary(results: list[Result]) -> str:
+    """Tracing on against off for each handler, median against median and best against best."""
+    lines = []
+    for handler in ("noop", "1ms"):
+        runs = [r for r in results if r.case == "tracing" and r.handler == handler]
+        off = [r.rate for r in runs if r.engine == "key"]
+        on = [r.rate for r in runs if r.engine == "key+trace"]
+        if not off or not on:
+            continue
+        lines.append(
+            f"tracing ({handler}, key mode): off median {fmt_rate(statistics.median(off))}/s, "
+            f"on median {fmt_rate(statistics.median(on))}/s = "
+            f"{statistics.median(on) / statistics.median(off):.2f}x; best "
+            f"{fmt_rate(max(off))}/s and {fmt_rate(max(on))}/s = {max(on) / max(off):.2f}x "
+            f"({len(off)} + {len(on)} runs)"
         )
     return "\n".join(lines)
 
@@ -1081,6 +1129,7 @@ def main(argv: list[str] | None = None) -> int:
         ("aio", args.io_records, args.partitions, args.keys),
         ("eos-noop", args.eos_records or args.noop_records // 5, args.partitions, args.keys),
         ("eos-io", args.eos_records or args.io_records, args.partitions, args.keys),
+        ("tracing", args.noop_records, args.partitions, args.keys),
     ]
     if "aio-tail" in only:
         only.add("aio")  # the same topic
@@ -1280,6 +1329,32 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         r.ideal = min(args.workers, t.keys) / io_s
                         record(r)
+            if "tracing" in topics:
+                t = topics["tracing"]
+                provider = span_dropping_provider()
+                try:
+                    # The 1 ms handler on a part of the topic: it runs at ~workers/1 ms.
+                    handlers = (("noop", noop, t.records), ("1ms", io, args.io_records))
+                    for _ in range(args.tracing_repeats):
+                        for name, fn, n in handlers:
+                            for engine, traced in (("key", None), ("key+trace", provider)):
+                                r = run_weir(
+                                    bk,
+                                    t,
+                                    min(n, t.records),
+                                    fn,
+                                    case="tracing",
+                                    handler_name=name,
+                                    ordering="key",
+                                    flow="default",
+                                    settings=settings,
+                                    tracer_provider=traced,
+                                    **common,
+                                )
+                                r.engine = engine
+                                record(r)
+                finally:
+                    provider.shutdown()
             if "aio" in topics:
                 run_async_cases(
                     bk,
@@ -1310,6 +1385,10 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         print()
         print(failures)
+    traced = tracing_summary(results)
+    if traced:
+        print()
+        print(traced)
     print(
         "\nrec/s: first record in a handler -> last out; join s: start() -> first record. "
         "cpu: cores used during the run by this process / the embedded broker / everything else "

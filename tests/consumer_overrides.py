@@ -60,4 +60,5 @@ class Overrides(TypedDict, total=False):
     broker_down_unready_s: float | None
     watermark_refresh_s: float | None
     callback_errors: Literal["log", "stop"]
+    tracing: bool
     kafka: Mapping[str, KafkaSetting]

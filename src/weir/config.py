@@ -603,6 +603,16 @@ class ConsumerConfig(BaseModel):
         "member, which still drains, commits and closes.",
     )
 
+    tracing: bool = Field(
+        False,
+        strict=True,
+        description="An OpenTelemetry span per handler call, its parent the record's "
+        "`traceparent`, and the context carried into outputs and dead letters; needs "
+        "`pip install 'kafka-weir[otel]'`. `GroupConsumer(..., tracer_provider=...)` turns it "
+        "on with a provider of the application's, else the global one "
+        "([tracing.md](tracing.md)).",
+    )
+
     # Before pydantic's own: it would read "5" or True as a rate.
     @field_validator("max_records_per_s_by_topic", mode="before")
     @classmethod
@@ -1027,6 +1037,7 @@ def _client_value(value: Any) -> Any:
 # ConsumerConfig (a unit test keeps them equal). Which keys are required follows each class's
 # `total`, not `Required[...]`, which this module's postponed annotations would hide at run time.
 class _OptionalSettings(TypedDict, total=False):
+    tracing: bool
     start_at: datetime | None
     max_records_per_s: float | None
     max_records_per_s_by_topic: Mapping[str, float]

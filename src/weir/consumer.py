@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from datetime import datetime
 from types import FrameType, TracebackType
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from confluent_kafka import Consumer
 from typing_extensions import Unpack
@@ -54,6 +54,9 @@ from weir.serde import (
     DeserializingHandler,
 )
 from weir.stats import ConsumerStats
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["GroupConsumer"]
 
@@ -107,6 +110,7 @@ class GroupConsumer:
         producer_factory: ProducerFactory | None = None,
         fence: Fence[Any] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None: ...
 
     @overload
@@ -120,6 +124,7 @@ class GroupConsumer:
         producer_factory: ProducerFactory | None = None,
         fence: Fence[Any] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        tracer_provider: TracerProvider | None = None,
         **settings: Unpack[ConsumerSettings],
     ) -> None: ...
 
@@ -132,6 +137,7 @@ class GroupConsumer:
         producer_factory: ProducerFactory | None = None,
         fence: Fence[Any] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        tracer_provider: TracerProvider | None = None,
         **settings: Unpack[RoutedSettings],
     ) -> None: ...
 
@@ -147,6 +153,7 @@ class GroupConsumer:
         producer_factory: ProducerFactory | None = None,
         fence: Fence[Any] | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        tracer_provider: TracerProvider | None = None,
         **settings: Any,
     ) -> None:
         """`handler`: a `Handler`, or a function taking a `Record` (runs on worker threads).
@@ -158,7 +165,9 @@ class GroupConsumer:
         fence whose epochs the member acquires for each assigned partition before its first
         record (`Context.epoch`); a `FencedError` from a handler makes the partition lost.
         `routes`: instead of `handler`, a handler per topic or pattern (`weir.Route`,
-        docs/routing.md); `topics` then defaults to what the routes name."""
+        docs/routing.md); `topics` then defaults to what the routes name.
+        `tracer_provider`: an OpenTelemetry tracer provider for the handler's spans (it turns
+        `tracing` on; docs/tracing.md)."""
         if config is not None and settings:
             raise TypeError("pass either a ConsumerConfig or keyword settings, not both")
         if routes is not None:
@@ -218,6 +227,8 @@ class GroupConsumer:
                     AsyncDeserializingHandler if is_async_handler(inner) else DeserializingHandler
                 )
                 self._handler = wrapper(inner, key_deserializer, value_deserializer)
+        if tracer_provider is not None or config.tracing:
+            self._handler = _traced(self._handler, config, tracer_provider)
         self._factory: ClientFactory = consumer_factory or Consumer
         # High watermarks are refreshed by a client of weir's own making: only next to the real
         # client (a fake answers its cached watermarks with live values anyway).
@@ -569,6 +580,18 @@ class GroupConsumer:
                 signal.signal(s, h)
 
         return restore
+
+
+def _traced(handler: Handler, config: ConsumerConfig, provider: TracerProvider | None) -> Handler:
+    """The handler with a span around each call (weir.tracing, imported only here: with tracing
+    off no wrapper costs a record anything)."""
+    if provider is not None and "tracing" in config.model_fields_set and not config.tracing:
+        raise ValueError(
+            "tracer_provider= turns tracing on, and tracing=False turns it off: drop one"
+        )
+    from weir.tracing import traced
+
+    return traced(handler, config.group_id, provider)
 
 
 def _non_negative(what: str, value: object) -> int:

@@ -22,6 +22,8 @@ from typing import (
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 from typing_extensions import Self
 
+from weir._trace_carrier import OUTPUT_HEADERS, merged
+
 __all__ = [
     "BatchContext",
     "BatchHandler",
@@ -323,6 +325,9 @@ def _output(
 ) -> Output:
     if not isinstance(topic, str) or not topic:
         raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+    trace = OUTPUT_HEADERS.get()
+    if trace is not None:  # tracing on (weir.tracing): the output joins the current trace
+        headers = merged(headers, trace(), replace=False)
     return Output(topic, value, key, headers, partition)
 
 

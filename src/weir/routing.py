@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from weir._wrapping import call_plain as _call_plain
 from weir.policy import FailurePolicy
 from weir.records import (
     BatchHandler,
@@ -27,12 +28,7 @@ from weir.records import (
     as_handler,
     is_async_handler,
 )
-from weir.serde import (
-    AsyncDeserializingHandler,
-    Deserializer,
-    DeserializingHandler,
-    _call_plain,
-)
+from weir.serde import AsyncDeserializingHandler, Deserializer, DeserializingHandler
 
 __all__ = ["Route", "RouteKey", "Routes"]
 

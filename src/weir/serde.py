@@ -18,19 +18,18 @@ with `schema_registry_deserializer` (docs/failures.md shows how; it needs
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from weir._wrapping import Wrapper, call_plain
 from weir.errors import DeserializationError
 from weir.records import (
     BatchContext,
     BatchHandler,
     Context,
-    FlushContext,
     Handler,
-    Partition,
     Record,
 )
 
@@ -97,17 +96,7 @@ def _for_topic(d: Deserializers | None, topic: str) -> Deserializer | None:
     return d.get(topic)
 
 
-def _call_plain(method: Callable[..., object], *args: object) -> None:
-    """The wrapped handler's plain method: the workers see only the wrapper's return, so an
-    awaitable it returned (its work never done) is refused here (`_refuse_awaitable`)."""
-    result = method(*args)
-    if result is not None:
-        from weir._engine.workers import _refuse_awaitable
-
-        _refuse_awaitable(method, result)
-
-
-class _Deserializing(Handler):
+class _Deserializing(Wrapper):
     """The deserializers around the application's handler, whose hooks it passes on."""
 
     def __init__(
@@ -116,7 +105,7 @@ class _Deserializing(Handler):
         key: Deserializers | None = None,
         value: Deserializers | None = None,
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._key = key
         self._value = value
 
@@ -134,31 +123,13 @@ class _Deserializing(Handler):
             except Exception as exc:
                 raise DeserializationError(record, "value", exc) from exc
 
-    def on_assigned(self, partitions: Sequence[Partition]) -> None:
-        self.inner.on_assigned(partitions)
-
-    def on_revoked(self, partitions: Sequence[Partition]) -> None:
-        self.inner.on_revoked(partitions)
-
-    def on_lost(self, partitions: Sequence[Partition]) -> None:
-        self.inner.on_lost(partitions)
-
-    def on_shutdown(self) -> None:
-        self.inner.on_shutdown()
-
-    def _flush_hook(self) -> Callable[[FlushContext], Awaitable[None] | None] | None:
-        return self.inner._flush_hook()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.inner!r})"
-
 
 class DeserializingHandler(_Deserializing):
     """Runs the deserializers, then the application's handler."""
 
     def handle(self, record: Record, ctx: Context) -> None:
         self._deserialize(record)
-        _call_plain(self.inner.handle, record, ctx)
+        call_plain(self.inner.handle, record, ctx)
 
 
 class AsyncDeserializingHandler(DeserializingHandler):
@@ -210,7 +181,7 @@ class DeserializingBatchHandler(_Deserializing, BatchHandler):
     def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
         good = self._deserialized(records, ctx)
         if good:
-            _call_plain(self._batch.handle_batch, good, ctx)
+            call_plain(self._batch.handle_batch, good, ctx)
 
 
 class AsyncDeserializingBatchHandler(DeserializingBatchHandler):

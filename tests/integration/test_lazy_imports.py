@@ -27,3 +27,16 @@ def test_importing_weir_testing_does_not_import_the_fake() -> None:
         """
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_a_member_without_tracing_never_imports_opentelemetry() -> None:
+    """Tracing off costs nothing: no wrapper, and neither weir.tracing nor OpenTelemetry (which
+    the test extra installs) loaded."""
+    code = (
+        "import sys; from weir import GroupConsumer; "
+        "GroupConsumer(lambda r: None, bootstrap_servers='x:1', group_id='g', topics=['t']); "
+        "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'weir.tracing'))))"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

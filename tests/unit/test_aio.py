@@ -230,12 +230,16 @@ class AsyncHooks(Handler):
         self.calls.append(("shutdown", threading.current_thread().name))
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "deserialized"])
 def test_async_hooks_run_on_the_loop_and_the_owner_waits_for_them(
-    members: list[GroupConsumer],
+    members: list[GroupConsumer], wrapped: bool
 ) -> None:
+    """`wrapped`: behind a value deserializer, whose wrapper once called the async hooks from
+    plain methods: each coroutine was dropped unrun."""
     fake = fake_with({P0: 3})
     hooks = AsyncHooks()
-    gc = GroupConsumer(hooks, consumer_factory=fake.factory, **SETTINGS)
+    extra: dict[str, Any] = {"value_deserializer": bytes} if wrapped else {}
+    gc = GroupConsumer(hooks, consumer_factory=fake.factory, **SETTINGS, **extra)
     members.append(gc)
     gc.start()
     wait_until(lambda: last_commit(fake, P0) == 3, "all committed")

@@ -28,6 +28,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from weir._engine.client import ProducerClient, ProducerFactory
 from weir._engine.refusals import Denied, authorization_error, denied_of
+from weir._trace_carrier import carried_by, merged
 from weir.config import ConsumerConfig
 from weir.errors import DeadLetterError
 from weir.logs import get_logger
@@ -399,7 +400,11 @@ class DeadLetters:
             "weir.dlq.failed_at": str(int(failed_at * 1000)),
         }
         added = [(k, v.encode()) for k, v in extra.items()]
-        size = record.size + header_bytes(added)
+        headers: list[tuple[str, bytes | str | None]] = [*record.headers, *added]
+        trace = carried_by(error)
+        if trace is not None:  # traced (weir.tracing): the last attempt's span, not the producer's
+            headers = merged(headers, trace, replace=True)
+        size = record.size + header_bytes(added) + header_bytes(trace or ())
         seq = next(self._seq)
 
         def delivered(err: KafkaError | None, msg: Any) -> None:
@@ -408,8 +413,7 @@ class DeadLetters:
 
         try:
             producer.produce(
-                topic, record.value, record.key, headers=[*record.headers, *added],
-                on_delivery=delivered,
+                topic, record.value, record.key, headers=headers, on_delivery=delivered,
             )  # fmt: skip
         except (KafkaException, BufferError) as exc:
             err = exc.args[0] if exc.args else None

@@ -1,0 +1,39 @@
+"""A handler around the application's handler (deserializers, tracing): the lifecycle hooks
+and the flush hook are the application's, passed on unchanged."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from weir.records import FlushContext, Handler
+
+__all__ = ["Wrapper", "call_plain"]
+
+
+def call_plain(method: Callable[..., object], *args: object) -> None:
+    """The wrapped handler's plain method: the workers see only the wrapper's return, so an
+    awaitable it returned (its work never done) is refused here (`_refuse_awaitable`)."""
+    result = method(*args)
+    if result is not None:
+        from weir._engine.workers import _refuse_awaitable
+
+        _refuse_awaitable(method, result)
+
+
+class Wrapper(Handler):
+    """Passes the application's hooks on; subclasses define `handle` (or `handle_batch`)."""
+
+    def __init__(self, inner: Handler) -> None:
+        self.inner = inner
+        # The application's own bound hooks, not methods that call them: an `async def` hook
+        # must still look like one, or the owner would call it and drop the coroutine unrun.
+        self.on_assigned = inner.on_assigned  # type: ignore[method-assign]
+        self.on_revoked = inner.on_revoked  # type: ignore[method-assign]
+        self.on_lost = inner.on_lost  # type: ignore[method-assign]
+        self.on_shutdown = inner.on_shutdown  # type: ignore[method-assign]
+
+    def _flush_hook(self) -> Callable[[FlushContext], Awaitable[None] | None] | None:
+        return self.inner._flush_hook()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r})"
