@@ -305,6 +305,7 @@ class ConsumerConfig(BaseModel):
     )
     max_records_per_s_by_topic: Mapping[str, float] = Field(
         default_factory=dict,
+        json_schema_extra={"unit": "records/s"},
         description="`max_records_per_s` per topic, on top of the member's: names as subscribed, "
         "or topics a subscribed pattern matches.",
     )
