@@ -173,6 +173,7 @@ class Selection:
             )
 
     def matches(self, letter: DeadLetter) -> bool:
+        """Whether `letter` is one of weir's dead letters and every field given holds for it."""
         if not letter.is_weir:
             return False
         offset = letter.source_offset
@@ -205,6 +206,9 @@ class Redriven:
 
 @dataclass(slots=True)
 class RedrivePlan:
+    """What a redrive of `dead_letter_topic` sends: from `plan_redrive`, and returned by
+    `redrive` (whose `to_send` it sent)."""
+
     dead_letter_topic: str
     items: list[Redriven] = field(default_factory=list)
     not_weir: int = 0
@@ -212,14 +216,19 @@ class RedrivePlan:
 
     @property
     def to_send(self) -> list[Redriven]:
+        """The selected dead letters not yet in their target topic: what a redrive sends."""
         return [item for item in self.items if not item.already]
 
     @property
     def already_sent(self) -> list[Redriven]:
+        """The selected dead letters an earlier redrive sent already: left out."""
         return [item for item in self.items if item.already]
 
 
 def redrive_transactional_id(dead_letter_topic: str) -> str:
+    """The `transactional.id` of the producer that redrives `dead_letter_topic`: one per
+    dead-letter topic, so that a redrive fences another one of the same topic. An ACL must allow
+    WRITE and DESCRIBE on it."""
     return f"weir-redrive.{dead_letter_topic}"
 
 
