@@ -938,6 +938,9 @@ class ConsumerConfig(BaseModel):
         return v
 
     def effective_strategy(self) -> str | None:
+        """The classic protocol's assignment strategy this member asks for:
+        `assignment_strategy`, or "cooperative-sticky" when it is None; None under
+        `group_protocol="consumer"`, where the broker assigns."""
         return _effective_strategy(self.group_protocol, self.assignment_strategy)
 
     @property

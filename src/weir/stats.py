@@ -66,23 +66,31 @@ class LatencyHistogram:
 
     @property
     def p50(self) -> float | None:
+        """The median in seconds (`quantile(0.5)`); None without observations."""
         return self.quantile(0.5)
 
     @property
     def p95(self) -> float | None:
+        """The 95th percentile in seconds (`quantile(0.95)`); None without observations."""
         return self.quantile(0.95)
 
     @property
     def p99(self) -> float | None:
+        """The 99th percentile in seconds (`quantile(0.99)`); None without observations."""
         return self.quantile(0.99)
 
     @property
     def mean(self) -> float | None:
+        """The mean in seconds (`sum / count`, exact); None without observations."""
         return self.sum / self.count if self.count else None
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionStats:
+    """One owned partition in a `ConsumerStats` snapshot: its offsets, its records in the budget,
+    why it is not fetched, stalls and its last commit (docs/observability.md has every field).
+    `tp` is the partition, `token` its assignment's (`ctx.token`)."""
+
     tp: Partition
     token: int
     in_flight: int
@@ -167,6 +175,7 @@ class PartitionStats:
 
     @property
     def last_commit_ok(self) -> bool | None:
+        """Whether the last commit answered for this partition succeeded; None before any."""
         if self.last_commit_time is None:
             return None
         return self.last_commit_error is None
@@ -174,6 +183,10 @@ class PartitionStats:
 
 @dataclass(frozen=True, slots=True)
 class ConsumerStats:
+    """A snapshot of the member that the owner thread publishes and `GroupConsumer.stats()`
+    returns: counts since start, the budget's state, latencies, rebalances, and one
+    `PartitionStats` per owned partition (docs/observability.md has every field)."""
+
     at: float
     """time.monotonic() when the owner thread built this snapshot."""
     running: bool
@@ -249,6 +262,7 @@ class ConsumerStats:
 
     @property
     def paused_partitions(self) -> tuple[Partition, ...]:
+        """The partitions the client is not fetching now, for whatever `pause_reason`."""
         return tuple(p.tp for p in self.partitions if p.paused)
 
     @property
