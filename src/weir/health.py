@@ -36,7 +36,9 @@ class Health:
     says what each requires)."""
 
     live: bool
+    """Not failed, and the owner thread called the client within `max_poll_interval_s`."""
     ready: bool
+    """Live, running, joined, nothing stuck or stalled, no broker outage, nothing refused."""
     state: str
     """The member's `State` value."""
     reasons: tuple[str, ...]

@@ -793,10 +793,16 @@ class CommitEvent:
     sent (`status="sent"`), once when its result arrives (`"committed"` or `"failed"`)."""
 
     tp: Partition
+    """The partition committed to."""
     offset: int
+    """The offset committed: the next one the group reads there."""
     sync: bool
+    """A synchronous commit (the hand-off at a revoke, or offsets in an exactly-once
+    transaction); False for the asynchronous ones."""
     status: Literal["sent", "committed", "failed"]
+    """Sent, or the answer: committed or failed."""
     error: str | None = None
+    """Why it failed (None unless `status="failed"`)."""
     code: str | None = None
     """The client's error code of a failure, e.g. "GROUP_AUTHORIZATION_FAILED"."""
 

@@ -88,14 +88,16 @@ class LatencyHistogram:
 @dataclass(frozen=True, slots=True)
 class PartitionStats:
     """One owned partition in a `ConsumerStats` snapshot: its offsets, its records in the budget,
-    why it is not fetched, stalls and its last commit (docs/observability.md has every field).
-    `tp` is the partition, `token` its assignment's (`ctx.token`)."""
+    why it is not fetched, stalls and its last commit (docs/observability.md has every field)."""
 
     tp: Partition
+    """The partition."""
     token: int
+    """Its assignment's token (`ctx.token`): a new one at every assignment."""
     in_flight: int
     """Records registered and not finished, in the lanes or running (not the read-ahead)."""
     in_flight_bytes: int
+    """Their key + value + header bytes."""
     committable: int | None
     """The watermark now: the offset a commit would send."""
     committed: int | None
@@ -136,6 +138,7 @@ class PartitionStats:
     last_commit_time: float | None = None
     """`time.time()` of this assignment's last commit result (None before the first)."""
     last_commit_offset: int | None = None
+    """The offset of this assignment's last commit result (None before the first)."""
     last_commit_error: str | None = None
     """The last commit result's error (None: it succeeded, or there was none yet)."""
     assigned_time: float = 0.0
@@ -190,12 +193,19 @@ class ConsumerStats:
     at: float
     """time.monotonic() when the owner thread built this snapshot."""
     running: bool
+    """The owner thread is running (False in the final snapshot)."""
     processed: int
+    """Records finished since the start."""
     failed: int
+    """Handler calls that raised since the start."""
     in_flight: int
+    """Records registered and not finished, in the lanes or running (not the read-ahead)."""
     in_flight_bytes: int
+    """Their key + value + header bytes."""
     peak_in_flight: int
+    """The most records in the budget at once since the start."""
     peak_in_flight_bytes: int
+    """The most bytes in the budget at once since the start."""
     throttled: bool
     """At the high mark: polls take at most one record."""
     throttles: int
@@ -208,6 +218,7 @@ class ConsumerStats:
     """Rebalances this member took part in: one per assignment it received (the assign callback
     that ends each), however many revoke or lost callbacks came before it."""
     partitions: tuple[PartitionStats, ...] = field(default=())
+    """One `PartitionStats` per partition this member owns."""
     read_ahead: int = 0
     """Records read ahead of their partitions' shares, not counted in `in_flight`."""
     read_ahead_bytes: int = 0
@@ -240,6 +251,7 @@ class ConsumerStats:
     rate: float = 0.0
     """Records finished per second over the last `rate_window_s` seconds (or since the start)."""
     rate_window_s: float = 0.0
+    """The seconds `rate` covers."""
     handler_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     """Handler time per record: each task's handler time over its records, once per record."""
     end_to_end_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
@@ -256,6 +268,7 @@ class ConsumerStats:
     capacity_records: int = 0
     """The budget's hard bounds (`FlowConfig.capacity_*`), to read `in_flight` against."""
     capacity_bytes: int = 0
+    """The budget's hard bound in bytes, to read `in_flight_bytes` against."""
     oldest_unconfirmed_commit_s: float | None = None
     """The largest `unconfirmed_commit_s` of the owned partitions (None: every commit sent is
     confirmed): how long this member's progress has gone without the broker's confirmation."""
