@@ -61,18 +61,27 @@ class DeadLetter:
     timestamp_ms: int | None
     """When the dead letter was written (its record's timestamp)."""
     key: bytes | None
+    """The failed record's key, as it was."""
     value: bytes | None
+    """The failed record's value, as it was."""
     headers: tuple[tuple[str, bytes | None], ...]
     """All its headers, the record's own first, weir's last."""
     source_topic: str | None = None
     """Where the failed record was (None: not a weir dead letter, no `weir.dlq.topic`)."""
     source_partition: int | None = None
+    """The failed record's partition in `source_topic`."""
     source_offset: int | None = None
+    """The failed record's offset there."""
     attempts: int | None = None
+    """Attempts made before it was dead-lettered."""
     exception: str | None = None
+    """The last exception's type, module-qualified."""
     message: str | None = None
+    """The last exception's message, cut to `FailurePolicy.max_error_chars`."""
     group: str | None = None
+    """The consumer group whose member wrote it."""
     failed_at_ms: int | None = None
+    """When the last attempt failed, in ms since the epoch."""
 
     @classmethod
     def of(cls, msg: Any) -> DeadLetter:
