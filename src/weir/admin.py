@@ -127,6 +127,9 @@ class PartitionDetail:
 
 @dataclass(frozen=True)
 class GroupDescription:
+    """What `describe_group` found: the group's state, protocol, assignor ("-" when none) and
+    coordinator, its members, and the partitions it committed to or is assigned."""
+
     group_id: str
     state: str
     protocol: str
@@ -327,20 +330,26 @@ class ResetTarget:
 
     @classmethod
     def earliest(cls) -> ResetTarget:
+        """Each partition's log start."""
         return cls("earliest")
 
     @classmethod
     def latest(cls) -> ResetTarget:
+        """Each partition's log end: the records there now are never handled."""
         return cls("latest")
 
     @classmethod
     def at_offset(cls, offset: int) -> ResetTarget:
+        """The same ``offset`` in every partition, clamped to the log; a ValueError for one
+        that is not an int of 0 or more."""
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"an offset must be an int of 0 or more, got {offset!r}")
         return cls("offset", offset=offset)
 
     @classmethod
     def shift_by(cls, delta: int) -> ResetTarget:
+        """Each partition's committed offset moved by ``delta`` (negative: back), clamped to the
+        log; planning refuses a partition with nothing committed. A ValueError for a non-int."""
         if isinstance(delta, bool) or not isinstance(delta, int):
             raise ValueError(f"a shift must be an int, got {delta!r}")
         return cls("shift", offset=delta)
@@ -355,6 +364,7 @@ class ResetTarget:
         return cls("datetime", when=when)
 
     def describe(self) -> str:
+        """The target in words, as a plan's ``target`` and the CLI say it."""
         if self.kind == "offset":
             return f"offset {self.offset}"
         if self.kind == "shift":
@@ -392,17 +402,23 @@ class PlannedOffset:
 
     @property
     def changes(self) -> bool:
+        """Whether the new offset or its metadata differs from the committed one."""
         return self.new != self.current or self.new_metadata != self.current_metadata
 
 
 @dataclass(frozen=True)
 class ResetPlan:
+    """A reset or restore of ``group_id``'s offsets, planned and not done: ``target`` in words,
+    each partition's move, and the group's members as (member id, client id, host), which
+    ``execute_reset`` refuses to run with."""
+
     group_id: str
     target: str
     partitions: tuple[PlannedOffset, ...]
     members: tuple[tuple[str, str, str], ...]
 
     def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready view with stable keys (what ``weir offsets reset --json`` prints)."""
         return {
             "group": self.group_id,
             "target": self.target,

@@ -101,19 +101,41 @@ class FlowConfig(BaseModel):
     batch may use, so a batch already fetched can never push the total past the capacity.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # The fields' docstrings are their descriptions (tests/unit/test_public_docstrings.py).
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     # Numbers are strict: "4" or True is a mistake, not a count.
-    capacity_records: int = Field(1200, ge=2, strict=True)
-    pause_records: int = Field(1000, ge=1, strict=True)
-    resume_records: int = Field(400, ge=0, strict=True)
-    capacity_bytes: int = Field(96 * 1024 * 1024, ge=2 * 1024 * 1024, strict=True)
-    pause_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024, strict=True)
-    resume_bytes: int = Field(32 * 1024 * 1024, ge=0, strict=True)
-    # While partitions share the record budget, records consumed past a partition's share wait
-    # read ahead, up to this many in all (an even part per partition). Their bytes count in
-    # the byte budget above, their number is not in the in-flight counts.
-    read_ahead_records: int = Field(10_000, ge=0, strict=True)
+    capacity_records: int = Field(1200, ge=2, strict=True, json_schema_extra={"unit": "records"})
+    """The hard bound on records in flight: the client's partitions are paused here. Higher: more
+    memory held, and more records run again after a crash."""
+    pause_records: int = Field(1000, ge=1, strict=True, json_schema_extra={"unit": "records"})
+    """Records in flight at which fetching is throttled to one record per poll; below
+    `capacity_records`, whose gap is the headroom one fetched batch may use."""
+    resume_records: int = Field(400, ge=0, strict=True, json_schema_extra={"unit": "records"})
+    """Fetching runs at full speed again once the records in flight are below this (and the bytes
+    below `resume_bytes`); below `pause_records`, so that it does not flap."""
+    capacity_bytes: int = Field(
+        96 * 1024 * 1024, ge=2 * 1024 * 1024, strict=True, json_schema_extra={"unit": "bytes"}
+    )
+    """The hard bound on key + value + header bytes in flight: the client's partitions are paused
+    here. It bounds the member's memory for records."""
+    pause_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024 * 1024, strict=True, json_schema_extra={"unit": "bytes"}
+    )
+    """Bytes in flight at which fetching is throttled; at least 1 MiB below `capacity_bytes`, and
+    at most 2 GiB below, since the client's fetch buffer is sized to the gap."""
+    resume_bytes: int = Field(
+        32 * 1024 * 1024, ge=0, strict=True, json_schema_extra={"unit": "bytes"}
+    )
+    """Fetching runs at full speed again once the bytes in flight are below this (and the records
+    below `resume_records`); below `pause_bytes`."""
+    read_ahead_records: int = Field(
+        10_000, ge=0, strict=True, json_schema_extra={"unit": "records"}
+    )
+    """While partitions share the record budget: records consumed past a partition's share that
+    may wait read ahead, in all (an even part per partition). Their bytes count in the byte
+    budget, their number not in the record counts. Lower: prefetched records are fetched again
+    more often ([flow control](flow-control.md))."""
 
     @model_validator(mode="wrap")
     @classmethod
@@ -149,10 +171,12 @@ class FlowConfig(BaseModel):
 
     @property
     def headroom_records(self) -> int:
+        """`capacity_records - pause_records`: the bound of `max_batch_records`."""
         return self.capacity_records - self.pause_records
 
     @property
     def headroom_bytes(self) -> int:
+        """`capacity_bytes - pause_bytes`: the bytes the client's fetch buffer may hold."""
         return self.capacity_bytes - self.pause_bytes
 
 
@@ -914,6 +938,9 @@ class ConsumerConfig(BaseModel):
         return v
 
     def effective_strategy(self) -> str | None:
+        """The classic protocol's assignment strategy this member asks for:
+        `assignment_strategy`, or "cooperative-sticky" when it is None; None under
+        `group_protocol="consumer"`, where the broker assigns."""
         return _effective_strategy(self.group_protocol, self.assignment_strategy)
 
     @property

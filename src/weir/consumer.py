@@ -532,10 +532,13 @@ class GroupConsumer:
 
     @property
     def state(self) -> State:
+        """Where the member is in its life: new, starting, running, stopping, stopped or failed."""
         return self._life.state
 
     @property
     def failure(self) -> BaseException | None:
+        """The error the member failed with (the first one, which `run()` and `join()` raise);
+        None while it has not failed."""
         return self._life.failure
 
     def __enter__(self) -> GroupConsumer:

@@ -61,18 +61,27 @@ class DeadLetter:
     timestamp_ms: int | None
     """When the dead letter was written (its record's timestamp)."""
     key: bytes | None
+    """The failed record's key, as it was."""
     value: bytes | None
+    """The failed record's value, as it was."""
     headers: tuple[tuple[str, bytes | None], ...]
     """All its headers, the record's own first, weir's last."""
     source_topic: str | None = None
     """Where the failed record was (None: not a weir dead letter, no `weir.dlq.topic`)."""
     source_partition: int | None = None
+    """The failed record's partition in `source_topic`."""
     source_offset: int | None = None
+    """The failed record's offset there."""
     attempts: int | None = None
+    """Attempts made before it was dead-lettered."""
     exception: str | None = None
+    """The last exception's type, module-qualified."""
     message: str | None = None
+    """The last exception's message, cut to `FailurePolicy.max_error_chars`."""
     group: str | None = None
+    """The consumer group whose member wrote it."""
     failed_at_ms: int | None = None
+    """When the last attempt failed, in ms since the epoch."""
 
     @classmethod
     def of(cls, msg: Any) -> DeadLetter:
@@ -173,6 +182,7 @@ class Selection:
             )
 
     def matches(self, letter: DeadLetter) -> bool:
+        """Whether `letter` is one of weir's dead letters and every field given holds for it."""
         if not letter.is_weir:
             return False
         offset = letter.source_offset
@@ -205,6 +215,9 @@ class Redriven:
 
 @dataclass(slots=True)
 class RedrivePlan:
+    """What a redrive of `dead_letter_topic` sends: from `plan_redrive`, and returned by
+    `redrive` (whose `to_send` it sent)."""
+
     dead_letter_topic: str
     items: list[Redriven] = field(default_factory=list)
     not_weir: int = 0
@@ -212,14 +225,19 @@ class RedrivePlan:
 
     @property
     def to_send(self) -> list[Redriven]:
+        """The selected dead letters not yet in their target topic: what a redrive sends."""
         return [item for item in self.items if not item.already]
 
     @property
     def already_sent(self) -> list[Redriven]:
+        """The selected dead letters an earlier redrive sent already: left out."""
         return [item for item in self.items if item.already]
 
 
 def redrive_transactional_id(dead_letter_topic: str) -> str:
+    """The `transactional.id` of the producer that redrives `dead_letter_topic`: one per
+    dead-letter topic, so that a redrive fences another one of the same topic. An ACL must allow
+    WRITE and DESCRIBE on it."""
     return f"weir-redrive.{dead_letter_topic}"
 
 

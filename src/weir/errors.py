@@ -135,6 +135,7 @@ class OffsetResetError(WeirError):
         self.add(partition)
 
     def add(self, partition: Partition | None) -> None:
+        """Name one more partition found without a valid offset (once; None adds nothing)."""
         if partition is not None and partition not in self.partitions:
             self.partitions.append(partition)
 

@@ -31,8 +31,14 @@ __all__ = ["Health", "check"]
 
 @dataclass(frozen=True, slots=True)
 class Health:
+    """What `GroupConsumer.health()` found: `live` (restart the member if not) and `ready`
+    (it needs a look if not), with the reasons and what they rest on (the module's docstring
+    says what each requires)."""
+
     live: bool
+    """Not failed, and the owner thread called the client within `max_poll_interval_s`."""
     ready: bool
+    """Live, running, joined, nothing stuck or stalled, no broker outage, nothing refused."""
     state: str
     """The member's `State` value."""
     reasons: tuple[str, ...]
@@ -50,6 +56,7 @@ class Health:
     """What the broker's ACLs refuse the running member, e.g. "READ on group 'orders'"."""
 
     def as_dict(self) -> dict[str, object]:
+        """A JSON-ready view: partitions as "topic[n]", seconds rounded to the millisecond."""
         return {
             "live": self.live,
             "ready": self.ready,

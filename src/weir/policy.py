@@ -37,16 +37,30 @@ class RetryPolicy(BaseModel):
     `min(backoff_max_s, backoff_initial_s * backoff_multiplier ** (n - 2))`, shortened by up to
     `jitter` of itself at random so that records failing together do not retry together."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    # The fields' docstrings are their descriptions (tests/unit/test_public_docstrings.py).
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True
+    )
 
-    max_attempts: int = Field(3, ge=1, le=1_000_000, strict=True)
+    max_attempts: int = Field(
+        3, ge=1, le=1_000_000, strict=True, json_schema_extra={"unit": "attempts"}
+    )
     """Attempts in all, the first one included: 1 means no retry."""
     max_elapsed_s: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False)
     """No new attempt once this long has passed since the first failure (None: no limit)."""
     backoff_initial_s: float = Field(0.2, ge=0, strict=True, allow_inf_nan=False)
+    """The wait before the second attempt."""
     backoff_max_s: float = Field(30.0, ge=0, strict=True, allow_inf_nan=False)
-    backoff_multiplier: float = Field(2.0, ge=1, strict=True, allow_inf_nan=False)
-    jitter: float = Field(0.2, ge=0, le=1, strict=True, allow_inf_nan=False)
+    """No wait is longer than this; not below `backoff_initial_s`."""
+    backoff_multiplier: float = Field(
+        2.0, ge=1, strict=True, allow_inf_nan=False, json_schema_extra={"unit": "factor"}
+    )
+    """Each wait after the first is this many times the one before (up to `backoff_max_s`)."""
+    jitter: float = Field(
+        0.2, ge=0, le=1, strict=True, allow_inf_nan=False, json_schema_extra={"unit": "fraction"}
+    )
+    """Each wait is shortened by up to this share of itself, at random, so that records that
+    failed together do not retry together (0: no jitter)."""
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     """Exception types that are retried (their subclasses too)."""
     no_retry: tuple[type[BaseException], ...] = ()
@@ -94,10 +108,16 @@ class FailurePolicy(BaseModel):
     """Retries, then what to do with a record that still fails (per consumer, and per topic
     through `ConsumerConfig.failure_by_topic`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # The fields' docstrings are their descriptions (tests/unit/test_public_docstrings.py).
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     retry: RetryPolicy = RetryPolicy()
+    """How often and how soon a failing record is tried again."""
     final: Literal["stop", "dead_letter", "block"] = "stop"
+    """What happens to a record whose retries are spent: "stop" stops the member, committing
+    below the record, and `run()` raises `HandlerError`; "dead_letter" writes it to the
+    dead-letter topic and goes on; "block" pauses its partition and tries the record again every
+    `block_retry_s` until it succeeds or an operator lets it go ([failures](failures.md))."""
     dead_letter_topic: str | None = Field(None, min_length=1, max_length=249)
     """Where `final="dead_letter"` writes; default `<topic>.dlq`."""
     create_dead_letter_topic: bool = True
@@ -107,11 +127,14 @@ class FailurePolicy(BaseModel):
     """While blocked, how often the record is tried again (also on `retry_now`)."""
     deserialization_retries: bool = False
     """Retry a record whose key or value failed to deserialize (the bytes will not change)."""
-    max_error_chars: int = Field(1000, ge=16, le=100_000, strict=True)
+    max_error_chars: int = Field(
+        1000, ge=16, le=100_000, strict=True, json_schema_extra={"unit": "characters"}
+    )
     """The exception message kept in a dead letter's headers is cut to this length."""
     dead_letter_timeout_s: float = Field(30.0, ge=1, le=3600, strict=True, allow_inf_nan=False)
     """How long a dead-letter write may take before it counts as failed (the partition then
     blocks); the consumer-wide policy's value applies to every topic."""
 
     def dead_letter_for(self, topic: str) -> str:
+        """The dead-letter topic of records from `topic`."""
         return self.dead_letter_topic or f"{topic}.dlq"

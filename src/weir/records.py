@@ -42,6 +42,9 @@ Ordering = Literal["key", "partition", "unordered"]
 
 
 class Partition(NamedTuple):
+    """A topic's partition: how stats, pauses, seeks and errors name one. `str()` gives
+    "topic[n]"; a plain `(topic, partition)` tuple is equal to it."""
+
     topic: str
     partition: int
 
@@ -154,19 +157,25 @@ class Record:
     if TYPE_CHECKING:
 
         @property
-        def topic(self) -> str: ...
+        def topic(self) -> str:
+            """The topic the record was read from."""
 
         @property
-        def partition(self) -> int: ...
+        def partition(self) -> int:
+            """The partition of `topic` it was read from."""
 
         @property
-        def offset(self) -> int: ...
+        def offset(self) -> int:
+            """Its offset in the partition."""
 
         @property
-        def key(self) -> bytes | None: ...
+        def key(self) -> bytes | None:
+            """The key's raw bytes, None for a null key (`deserialized_key` for the object)."""
 
         @property
-        def value(self) -> bytes | None: ...
+        def value(self) -> bytes | None:
+            """The value's raw bytes, None for a null value (a tombstone); `deserialized_value`
+            for the object."""
 
         @property
         def size(self) -> int:
@@ -175,11 +184,20 @@ class Record:
     else:
         # C-level getters: handlers read these once or more per record, and a Python property
         # function costs half as much again as the read itself.
-        topic = property(operator.attrgetter("_topic"))
-        partition = property(operator.attrgetter("_partition"))
-        offset = property(operator.attrgetter("_offset"))
-        key = property(operator.attrgetter("_key"))
-        value = property(operator.attrgetter("_value"))
+        topic = property(operator.attrgetter("_topic"), doc="The topic the record was read from.")
+        partition = property(
+            operator.attrgetter("_partition"), doc="The partition of `topic` it was read from."
+        )
+        offset = property(operator.attrgetter("_offset"), doc="Its offset in the partition.")
+        key = property(
+            operator.attrgetter("_key"),
+            doc="The key's raw bytes, None for a null key (`deserialized_key` for the object).",
+        )
+        value = property(
+            operator.attrgetter("_value"),
+            doc="The value's raw bytes, None for a null value (a tombstone); "
+            "`deserialized_value` for the object.",
+        )
         size = property(
             operator.attrgetter("_size"),
             doc="Bytes of key + value + headers: what the flow-control byte budget counts.",
@@ -187,6 +205,8 @@ class Record:
 
     @property
     def headers(self) -> tuple[tuple[str, bytes | None], ...]:
+        """The record's headers as (name, value) pairs in the order produced; a name may repeat,
+        and a value is None for a header without one."""
         raw = self._src.headers()
         if not raw:
             return ()
@@ -201,6 +221,8 @@ class Record:
 
     @property
     def leader_epoch(self) -> int | None:
+        """The partition leader's epoch when the record was written, None when the broker gave
+        none."""
         return self._src.leader_epoch()
 
     @property
@@ -228,6 +250,8 @@ class Record:
 
     @property
     def tp(self) -> Partition:
+        """`Partition(topic, partition)`: the key of the record's partition in stats, pauses
+        and seeks."""
         return Partition(self._topic, self._partition)
 
     def fields(self) -> tuple[object, ...]:
@@ -644,6 +668,7 @@ class BatchHandler(Handler):
         records marked `ctx.done`); `ctx.fail` fails single records."""
 
     def handle(self, record: Record, ctx: Context) -> None:
+        """Not called on a batch handler: weir calls `handle_batch`. A TypeError if called."""
         raise TypeError(
             f"{type(self).__qualname__} is a BatchHandler: weir calls handle_batch, not handle"
         )
@@ -768,13 +793,20 @@ class CommitEvent:
     sent (`status="sent"`), once when its result arrives (`"committed"` or `"failed"`)."""
 
     tp: Partition
+    """The partition committed to."""
     offset: int
+    """The offset committed: the next one the group reads there."""
     sync: bool
+    """A synchronous commit (the hand-off at a revoke, or offsets in an exactly-once
+    transaction); False for the asynchronous ones."""
     status: Literal["sent", "committed", "failed"]
+    """Sent, or the answer: committed or failed."""
     error: str | None = None
+    """Why it failed (None unless `status="failed"`)."""
     code: str | None = None
     """The client's error code of a failure, e.g. "GROUP_AUTHORIZATION_FAILED"."""
 
     @property
     def ok(self) -> bool:
+        """Whether the broker confirmed the commit (`status == "committed"`)."""
         return self.status == "committed"

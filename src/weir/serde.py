@@ -128,6 +128,8 @@ class DeserializingHandler(_Deserializing):
     """Runs the deserializers, then the application's handler."""
 
     def handle(self, record: Record, ctx: Context) -> None:
+        """Deserialize the record, then call the inner handler's `handle`; a
+        `DeserializationError` if the key or value does not deserialize."""
         self._deserialize(record)
         call_plain(self.inner.handle, record, ctx)
 
@@ -136,6 +138,8 @@ class AsyncDeserializingHandler(DeserializingHandler):
     """The same, for an async handler: deserializes, then awaits it."""
 
     async def handle(self, record: Record, ctx: Context) -> None:  # type: ignore[override]
+        """Deserialize the record, then await the inner handler's `handle`; a
+        `DeserializationError` if the key or value does not deserialize."""
         self._deserialize(record)
         handle: Callable[[Record, Context], Awaitable[object]] = self.inner.handle  # type: ignore[assignment]
         await handle(record, ctx)
@@ -179,6 +183,9 @@ class DeserializingBatchHandler(_Deserializing, BatchHandler):
         return out
 
     def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        """Deserialize each record, then call the inner handler's `handle_batch` with those
+        that deserialized; one that did not is failed in `ctx` with `DeserializationError`, and
+        the later records of its lane are left out to run after it."""
         good = self._deserialized(records, ctx)
         if good:
             call_plain(self._batch.handle_batch, good, ctx)
@@ -188,6 +195,9 @@ class AsyncDeserializingBatchHandler(DeserializingBatchHandler):
     """The same, for an `async def handle_batch`: deserializes, then awaits it."""
 
     async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:  # type: ignore[override]
+        """Deserialize each record, then await the inner handler's `handle_batch` with those
+        that deserialized; one that did not is failed in `ctx` with `DeserializationError`, and
+        the later records of its lane are left out to run after it."""
         good = self._deserialized(records, ctx)
         if good:
             handle_batch: Callable[[list[Record], BatchContext], Awaitable[object]] = (

@@ -66,28 +66,38 @@ class LatencyHistogram:
 
     @property
     def p50(self) -> float | None:
+        """The median in seconds (`quantile(0.5)`); None without observations."""
         return self.quantile(0.5)
 
     @property
     def p95(self) -> float | None:
+        """The 95th percentile in seconds (`quantile(0.95)`); None without observations."""
         return self.quantile(0.95)
 
     @property
     def p99(self) -> float | None:
+        """The 99th percentile in seconds (`quantile(0.99)`); None without observations."""
         return self.quantile(0.99)
 
     @property
     def mean(self) -> float | None:
+        """The mean in seconds (`sum / count`, exact); None without observations."""
         return self.sum / self.count if self.count else None
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionStats:
+    """One owned partition in a `ConsumerStats` snapshot: its offsets, its records in the budget,
+    why it is not fetched, stalls and its last commit (docs/observability.md has every field)."""
+
     tp: Partition
+    """The partition."""
     token: int
+    """Its assignment's token (`ctx.token`): a new one at every assignment."""
     in_flight: int
     """Records registered and not finished, in the lanes or running (not the read-ahead)."""
     in_flight_bytes: int
+    """Their key + value + header bytes."""
     committable: int | None
     """The watermark now: the offset a commit would send."""
     committed: int | None
@@ -128,6 +138,7 @@ class PartitionStats:
     last_commit_time: float | None = None
     """`time.time()` of this assignment's last commit result (None before the first)."""
     last_commit_offset: int | None = None
+    """The offset of this assignment's last commit result (None before the first)."""
     last_commit_error: str | None = None
     """The last commit result's error (None: it succeeded, or there was none yet)."""
     assigned_time: float = 0.0
@@ -167,6 +178,7 @@ class PartitionStats:
 
     @property
     def last_commit_ok(self) -> bool | None:
+        """Whether the last commit answered for this partition succeeded; None before any."""
         if self.last_commit_time is None:
             return None
         return self.last_commit_error is None
@@ -174,15 +186,26 @@ class PartitionStats:
 
 @dataclass(frozen=True, slots=True)
 class ConsumerStats:
+    """A snapshot of the member that the owner thread publishes and `GroupConsumer.stats()`
+    returns: counts since start, the budget's state, latencies, rebalances, and one
+    `PartitionStats` per owned partition (docs/observability.md has every field)."""
+
     at: float
     """time.monotonic() when the owner thread built this snapshot."""
     running: bool
+    """The owner thread is running (False in the final snapshot)."""
     processed: int
+    """Records finished since the start."""
     failed: int
+    """Handler calls that raised since the start."""
     in_flight: int
+    """Records registered and not finished, in the lanes or running (not the read-ahead)."""
     in_flight_bytes: int
+    """Their key + value + header bytes."""
     peak_in_flight: int
+    """The most records in the budget at once since the start."""
     peak_in_flight_bytes: int
+    """The most bytes in the budget at once since the start."""
     throttled: bool
     """At the high mark: polls take at most one record."""
     throttles: int
@@ -195,6 +218,7 @@ class ConsumerStats:
     """Rebalances this member took part in: one per assignment it received (the assign callback
     that ends each), however many revoke or lost callbacks came before it."""
     partitions: tuple[PartitionStats, ...] = field(default=())
+    """One `PartitionStats` per partition this member owns."""
     read_ahead: int = 0
     """Records read ahead of their partitions' shares, not counted in `in_flight`."""
     read_ahead_bytes: int = 0
@@ -227,6 +251,7 @@ class ConsumerStats:
     rate: float = 0.0
     """Records finished per second over the last `rate_window_s` seconds (or since the start)."""
     rate_window_s: float = 0.0
+    """The seconds `rate` covers."""
     handler_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     """Handler time per record: each task's handler time over its records, once per record."""
     end_to_end_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
@@ -243,12 +268,14 @@ class ConsumerStats:
     capacity_records: int = 0
     """The budget's hard bounds (`FlowConfig.capacity_*`), to read `in_flight` against."""
     capacity_bytes: int = 0
+    """The budget's hard bound in bytes, to read `in_flight_bytes` against."""
     oldest_unconfirmed_commit_s: float | None = None
     """The largest `unconfirmed_commit_s` of the owned partitions (None: every commit sent is
     confirmed): how long this member's progress has gone without the broker's confirmation."""
 
     @property
     def paused_partitions(self) -> tuple[Partition, ...]:
+        """The partitions the client is not fetching now, for whatever `pause_reason`."""
         return tuple(p.tp for p in self.partitions if p.paused)
 
     @property

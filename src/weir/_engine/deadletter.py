@@ -46,7 +46,6 @@ __all__ = [
 
 log = get_logger(__name__)
 
-# The headers a dead letter carries besides the record's own (values are UTF-8 text).
 HEADERS = (
     "weir.dlq.topic",
     "weir.dlq.partition",
@@ -58,6 +57,9 @@ HEADERS = (
     "weir.dlq.group",
     "weir.dlq.failed_at",  # when the last attempt failed, ms since the epoch
 )
+"""The headers a dead letter carries after the record's own, values UTF-8 text: its source
+topic, partition, offset and timestamp (ms), the attempts made, the exception's type and
+message, the group, and when the last attempt failed (ms since the epoch)."""
 
 # librdkafka settings of the consumer that the producer shares: how to reach and authenticate
 # with the cluster (OAUTHBEARER's token provider, unsecured tokens and token endpoint too),

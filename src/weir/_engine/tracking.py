@@ -67,22 +67,28 @@ class BatchProgress:
 
     @property
     def token(self) -> Hashable:
+        """What a completion must carry to count: the (assignment epoch, batch number) it was
+        delivered under, so that a late one from an earlier assignment is ignored."""
         return self._token
 
     @property
     def offsets(self) -> tuple[int, ...]:
+        """The offsets delivered in the batch, increasing; gaps are offsets never delivered."""
         return self._offsets
 
     @property
     def next_position(self) -> int:
+        """The read position after the batch: what commits once every offset is finished."""
         return self._next_position
 
     @property
     def revoked(self) -> bool:
+        """Whether the partition was revoked since: completions are then ignored."""
         return self._revoked
 
     @property
     def all_done(self) -> bool:
+        """Whether every delivered offset is finished (True for an empty batch)."""
         return self._cursor == len(self._offsets)
 
     @property
@@ -93,6 +99,8 @@ class BatchProgress:
         return len(self._offsets) - self._cursor - sum(self._done[self._cursor :])
 
     def completed(self, offset: int, token: Hashable) -> bool:
+        """Mark `offset` finished; False, and nothing marked, for a stale `token` or a revoked
+        batch. A ValueError for an offset the batch did not deliver."""
         # A stale token or a revoked batch is checked first: late callbacks for an old assignment
         # must be ignored quietly, whatever offset they carry.
         if self._revoked or token != self._token:
@@ -150,6 +158,8 @@ class BatchProgress:
         self._cursor = len(self._done) if i < 0 else i
 
     def committable(self) -> int | None:
+        """The earliest unfinished offset, or `next_position` once all are finished; None once
+        revoked."""
         if self._revoked:
             return None
         if self._cursor == len(self._offsets):
@@ -157,6 +167,7 @@ class BatchProgress:
         return self._offsets[self._cursor]
 
     def revoke(self) -> None:
+        """The partition is gone: later completions are ignored and nothing is committable."""
         self._revoked = True
 
     def flags_from(self, base: int) -> bytes | bytearray:
@@ -209,6 +220,9 @@ class PartitionProgress:
         self._revoked = False
 
     def add_batch(self, offsets: Sequence[int], next_position: int) -> BatchProgress:
+        """Queue a newly delivered batch behind the others and return its progress. A
+        ValueError for a batch that starts behind the read position (a rewind takes a new
+        assignment epoch), a RuntimeError once revoked."""
         if self._revoked:
             raise RuntimeError("partition progress was revoked")
         floor = self.read_position
@@ -239,6 +253,9 @@ class PartitionProgress:
         return True
 
     def committable(self) -> int | None:
+        """The watermark: the earliest unfinished delivered offset of the oldest batch not
+        finished, else the read position after the newest finished one; None once revoked or
+        before the first batch."""
         if self._revoked:
             return None
         batches = self._batches
@@ -250,6 +267,7 @@ class PartitionProgress:
 
     @property
     def pending(self) -> int:
+        """Delivered offsets not finished yet, in every batch queued."""
         return sum(b.pending for b in self._batches)
 
     def finished_flags(self) -> tuple[int, bytes | bytearray] | None:
@@ -273,13 +291,17 @@ class PartitionProgress:
 
     @property
     def batches(self) -> int:
+        """The batches queued: delivered and not yet all finished (the oldest may be, until
+        `committable` drops it)."""
         return len(self._batches)
 
     @property
     def revoked(self) -> bool:
+        """Whether the partition was revoked: its progress is then over."""
         return self._revoked
 
     def revoke(self) -> None:
+        """The partition is gone: every batch is revoked and dropped, nothing is committable."""
         self._revoked = True
         for b in self._batches:
             b.revoke()

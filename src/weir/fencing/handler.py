@@ -92,6 +92,8 @@ class FencedHandler(Handler, Generic[ConnT]):
         return self._write(conn, record)
 
     def handle(self, record: Record, ctx: Context) -> None:
+        """Runs `apply(record, ctx)`: the fenced `write` of a record not applied before.
+        Subclasses override `write`."""
         self.apply(record, ctx)
 
     def apply(self, record: Record, ctx: Context) -> bool:
@@ -157,6 +159,8 @@ class FencedBatchHandler(BatchHandler, Generic[ConnT]):
         return self._write(conn, records)
 
     def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        """Runs `apply_batch(records, ctx)`: the fenced `write` of the records not applied
+        before. Subclasses override `write`."""
         self.apply_batch(records, ctx)
 
     def apply_batch(self, records: list[Record], ctx: BatchContext) -> list[Record]:

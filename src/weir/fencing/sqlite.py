@@ -91,10 +91,13 @@ class SqliteFence(FenceBase[sqlite3.Connection]):
     # -- the Fence protocol --
 
     def prepare(self) -> None:
+        """Connect and create the tables now (otherwise the first `acquire` or `apply` does)."""
         with self._using("prepare()"):
             pass
 
     def acquire(self, group_id: str, partitions: Iterable[Partition]) -> dict[Partition, int]:
+        """Increment and return the epoch of each partition of `group_id` in one transaction:
+        after it returns, no write holding an older epoch of these partitions can commit."""
         group = check_group(group_id)
         wanted = check_partitions(partitions)
         if not wanted:
@@ -115,6 +118,8 @@ class SqliteFence(FenceBase[sqlite3.Connection]):
         return epochs
 
     def prune(self, group_id: str, partition: Partition, before_offset: int) -> int:
+        """Forget the applied event ids of `partition` below `before_offset` (a committed
+        offset); returns how many were removed."""
         group = check_group(group_id)
         tp = check_partition(partition)
         below = check_offset("before_offset", before_offset)
@@ -127,6 +132,7 @@ class SqliteFence(FenceBase[sqlite3.Connection]):
         return removed
 
     def close(self) -> None:
+        """Close every connection the fence opened; it cannot be used afterwards."""
         self._conns.close_all()
 
     # -- internals --

@@ -94,6 +94,10 @@ TEST_BROKER_DEFAULTS: Mapping[str, str] = {
     "num.network.threads": "2",
     "background.threads": "4",
 }
+"""Broker settings that make a one-machine test broker fast and small: replication factors of
+1, few internal partitions, no first-rebalance delay, short group session minimums, a small log
+cleaner buffer, topics created on first use, and small thread pools. A broker's `overrides`
+go over them."""
 
 
 def check_host(host: str) -> str:
@@ -436,10 +440,12 @@ class KafkaNode:
 
     @property
     def pid(self) -> int | None:
+        """The JVM's process id; None before it was launched."""
         return self._proc.pid if self._proc is not None else None
 
     @property
     def running(self) -> bool:
+        """Whether the JVM was launched and has not exited."""
         return self._proc is not None and self._proc.poll() is None
 
     @property
@@ -458,6 +464,8 @@ class KafkaNode:
         self.format_storage(cluster_id, standalone=standalone)
 
     def write_config(self) -> None:
+        """Write the node's server.properties (its `properties`) and log4j2 configuration into
+        its work directory."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(
             "".join(f"{key}={value}\n" for key, value in sorted(self.properties.items()))
@@ -467,6 +475,9 @@ class KafkaNode:
         )
 
     def format_storage(self, cluster_id: str, *, standalone: bool) -> None:
+        """Format the node's storage for `cluster_id` with Kafka's StorageTool (`standalone`: a
+        one-controller quorum), adding the SCRAM users of a secured node. A `BrokerStartError`
+        with the log's last lines if it fails or takes too long."""
         command = [
             self.java,
             "-Xmx256m",
@@ -583,6 +594,7 @@ class KafkaNode:
             time.sleep(0.1)
 
     def start(self, timeout: float = DEFAULT_START_TIMEOUT_S) -> None:
+        """`launch`, then `wait_ready` for at most `timeout` seconds."""
         self.launch()
         self.wait_ready(time.monotonic() + timeout)
 
@@ -621,6 +633,8 @@ class KafkaNode:
         return _BIND_FAILURE in self._read_log(self._log_offset)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES, *, since: int = 0) -> str:
+        """The last `lines` lines of the node's log from byte `since` on (what start errors
+        carry)."""
         return "\n".join(self._read_log(since).splitlines()[-lines:])
 
     def _read_log(self, since: int) -> str:
@@ -817,6 +831,9 @@ class EmbeddedKafka:
     # -- lifecycle --
 
     def start(self) -> EmbeddedKafka:
+        """Start the broker and wait until it serves clients; returns itself (a no-op while it
+        runs). A `WorkdirInUseError` if another broker holds the directory, `BrokerStartError`
+        with the log's last lines if it does not come up."""
         if self.running:
             return self
         port, controller_port = self._requested_ports
@@ -936,6 +953,8 @@ class EmbeddedKafka:
         return SecureListener(self._prepared, port, _choose_port(None, remembered, picked))
 
     def stop(self) -> None:
+        """Stop the JVM (cleanly, killed after `stop_timeout`), then delete the work directory
+        if it was a temporary one not kept, and release its lock."""
         unregister_at_exit(self)
         try:
             if self._node is not None and self._node.pid is not None:
@@ -976,6 +995,7 @@ class EmbeddedKafka:
 
     @property
     def node(self) -> KafkaNode:
+        """The broker's JVM; a RuntimeError before `start`."""
         if self._node is None:
             raise RuntimeError("EmbeddedKafka has not been started")
         return self._node
@@ -1017,26 +1037,33 @@ class EmbeddedKafka:
 
     @property
     def port(self) -> int:
+        """The client listener's port."""
         return self.node.port
 
     @property
     def controller_port(self) -> int:
+        """The KRaft controller listener's port."""
         return self.node.controller_port
 
     @property
     def log_path(self) -> Path:
+        """The broker's log file (JVM output included)."""
         return self.node.log_path
 
     @property
     def workdir(self) -> Path:
+        """The directory with the broker's storage, config and log; a RuntimeError before
+        `start`."""
         if self._workdir is None:
             raise RuntimeError("EmbeddedKafka has not been started")
         return self._workdir
 
     @property
     def pid(self) -> int | None:
+        """The JVM's process id; None before `start`."""
         return self._node.pid if self._node is not None else None
 
     @property
     def running(self) -> bool:
+        """Whether the JVM is alive."""
         return self._node is not None and self._node.running

@@ -15,16 +15,20 @@ class ManualClock:
         self.tick = tick
 
     def monotonic(self) -> float:
+        """`time.monotonic`: `now`, after adding `tick` to it."""
         self.now += self.tick
         return self.now
 
     def perf_counter(self) -> float:
+        """`time.perf_counter`: the same clock as `monotonic`."""
         return self.monotonic()
 
     def advance(self, seconds: float) -> None:
+        """Move `now` forward; a ValueError for a negative step."""
         if seconds < 0:
             raise ValueError(f"a clock does not go back: advance({seconds})")
         self.now += seconds
 
     def reset(self) -> None:
+        """Back to the time it started at."""
         self.now = self.start

@@ -128,6 +128,8 @@ class EmbeddedKafkaCluster:
     # -- lifecycle --
 
     def start(self) -> EmbeddedKafkaCluster:
+        """Start every node and wait until all brokers serve clients; returns itself (a no-op
+        while it runs). A cluster stopped with its storage kept starts again as the same one."""
         if self.nodes and all(node.running for node in self.nodes):
             return self
         if self.nodes and self._workdir is not None and all(n.formatted for n in self.nodes):
@@ -399,10 +401,12 @@ class EmbeddedKafkaCluster:
 
     @property
     def running(self) -> bool:
+        """Whether every node's JVM is alive."""
         return bool(self.nodes) and all(node.running for node in self.nodes)
 
     @property
     def workdir(self) -> Path:
+        """The directory holding every node's own; a RuntimeError before `start`."""
         if self._workdir is None:
             raise RuntimeError("EmbeddedKafkaCluster has not been started")
         return self._workdir

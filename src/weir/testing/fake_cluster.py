@@ -132,32 +132,41 @@ class FakeMessage:
         return cls(topic, partition, None, error=error)
 
     def topic(self) -> str | None:
+        """`Message.topic`."""
         return self._topic
 
     def partition(self) -> int | None:
+        """`Message.partition`."""
         return self._partition
 
     def offset(self) -> int | None:
+        """`Message.offset`."""
         return self._offset
 
     def key(self) -> bytes | None:
+        """`Message.key`."""
         return self._key
 
     def value(self) -> bytes | None:
+        """`Message.value`."""
         return self._value
 
     def headers(self) -> list[tuple[str, bytes | None]] | None:
+        """`Message.headers`: a new list each call, None for a message without headers."""
         return None if self._headers is None else list(self._headers)
 
     def timestamp(self) -> tuple[int, int]:
+        """`Message.timestamp`: (TIMESTAMP_CREATE_TIME, ms), or (TIMESTAMP_NOT_AVAILABLE, 0)."""
         if self._timestamp is None:
             return (TIMESTAMP_NOT_AVAILABLE, 0)
         return (TIMESTAMP_CREATE_TIME, self._timestamp)
 
     def error(self) -> KafkaError | None:
+        """`Message.error`: the error of an error event, None for a record."""
         return self._error
 
     def leader_epoch(self) -> int | None:
+        """`Message.leader_epoch`."""
         return self._leader_epoch
 
     def __len__(self) -> int:
@@ -207,6 +216,8 @@ class FakeTransaction:
         headers: HeadersIn = None,
         timestamp: int | None = None,
     ) -> FakeMessage:
+        """Write one record in the transaction and return it (its offset is taken at once); a
+        KafkaException `_STATE` once the transaction ended."""
         if self.state != "open":
             raise KafkaException(
                 KafkaError(KafkaError._STATE, f"the transaction is already {self.state}")
@@ -214,9 +225,13 @@ class FakeTransaction:
         return self._broker._produce(topic, key, value, partition, headers, timestamp, self)
 
     def commit(self) -> None:
+        """Commit: read_committed consumers now read the records, past a marker in each
+        partition. A KafkaException `_STATE` if it already ended."""
         self._broker._end_transaction(self, "committed")
 
     def abort(self) -> None:
+        """Abort: read_committed consumers skip the records, and a marker follows them in each
+        partition. A KafkaException `_STATE` if it already ended."""
         self._broker._end_transaction(self, "aborted")
 
     def __enter__(self) -> FakeTransaction:

@@ -112,6 +112,7 @@ class ScriptedEvent:
 
     @property
     def seconds(self) -> float | None:
+        """How long serving the event took, None until it finished."""
         if self.started_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.started_at
@@ -383,6 +384,8 @@ class FakeConsumer:
     def script_revoke(
         self, partitions: Iterable[TPLike], *, before: Callable[[], None] | None = None
     ) -> ScriptedEvent:
+        """On a later consume call: call on_revoke with `partitions` (after `before`, if given).
+        Scripted consumers only."""
         self._scripted_only("script_revoke")
         return self._script(
             ScriptedEvent("revoke", tuple(_tp(p) for p in partitions), before=before)
@@ -391,6 +394,8 @@ class FakeConsumer:
     def script_lost(
         self, partitions: Iterable[TPLike], *, before: Callable[[], None] | None = None
     ) -> ScriptedEvent:
+        """On a later consume call: call on_lost with `partitions`, as the client does when the
+        member's session expired (after `before`, if given). Scripted consumers only."""
         self._scripted_only("script_lost")
         return self._script(ScriptedEvent("lost", tuple(_tp(p) for p in partitions), before=before))
 
@@ -429,6 +434,7 @@ class FakeConsumer:
             self._cond.notify_all()
 
     def pending_commit_seqs(self) -> list[int]:
+        """The `CommitCall.seq` of every async commit whose result is not delivered yet."""
         with self._lock:
             return [c.seq for c, _ in self._pending_results]
 
@@ -456,6 +462,7 @@ class FakeConsumer:
     # -- inspection (any thread) -------------------------------------------------------------
 
     def commit_log(self) -> list[CommitCall]:
+        """Every commit call so far, in call order (a copy)."""
         with self._lock:
             return list(self.commits)
 
@@ -466,19 +473,24 @@ class FakeConsumer:
             return [(c.offsets[key], c.asynchronous) for c in self.commits if key in c.offsets]
 
     def call_names(self) -> list[str]:
+        """The names of the client calls the engine made, in order ("subscribe", "assign",
+        "pause", "commit", ...)."""
         with self._lock:
             return [name for name, _ in self.calls]
 
     def assignment_set(self) -> set[TP]:
+        """The partitions assigned now, as (topic, partition) pairs."""
         with self._lock:
             return set(self._assignment)
 
     def delivered_offsets(self, tp: TPLike) -> list[int]:
+        """Every offset of `tp` that consume calls handed out, in order (redeliveries too)."""
         key = _tp(tp)
         with self._lock:
             return [off for t, off in self.delivered if t == key]
 
     def paused_set(self) -> set[TP]:
+        """The partitions paused now, as (topic, partition) pairs."""
         with self._lock:
             return set(self.paused)
 
@@ -493,6 +505,8 @@ class FakeConsumer:
             raise RuntimeError("Consumer closed")
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        """`Consumer.list_topics`: the fake cluster's metadata; raises `unreachable` if set, and
+        an AssertionError inside a rebalance callback, where the real client aborts."""
         self._check_open()
         if self._in_callback is not None:
             # The real client aborts the whole process here (confluent-kafka's CallState_get
@@ -511,6 +525,8 @@ class FakeConsumer:
         on_revoke: Callable[..., None] | None = None,
         on_lost: Callable[..., None] | None = None,
     ) -> None:
+        """`Consumer.subscribe`: keeps the rebalance callbacks and, on a broker, joins its
+        group; a TypeError for anything but a list, as the client's."""
         self._check_open()
         if not isinstance(topics, list):
             raise TypeError("expected list of topic unicode strings")
@@ -523,6 +539,7 @@ class FakeConsumer:
             self._cond.notify_all()
 
     def unsubscribe(self) -> None:
+        """`Consumer.unsubscribe`: on a broker, leaves the group."""
         self._check_open()
         self._record("unsubscribe", None)
         with self._cond:
@@ -570,6 +587,10 @@ class FakeConsumer:
                 self._cond.notify_all()
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[FakeMessage]:
+        """`Consumer.consume`: serves due commit results, error callbacks, a scripted event and
+        the group's rebalances on this thread, then returns up to `num_messages` messages of
+        unpaused assigned partitions (injected errors first); waits at most 0.1 s for none
+        when `timeout` is not positive."""
         self._check_open()
         if not 0 <= num_messages <= 1_000_000:
             raise ValueError("num_messages must be between 0 and 1000000 (1M)")
@@ -760,6 +781,9 @@ class FakeConsumer:
             raise KafkaException(KafkaError(KafkaError._STATE, "Local: Erroneous state"))
 
     def assign(self, partitions: list[TopicPartition]) -> None:
+        """`Consumer.assign`: replaces the assignment; each partition reads from its given
+        offset, else the committed one, else `auto.offset.reset`'s. `_STATE` inside an
+        incremental rebalance, as the client's."""
         self._check_open()
         self._record("assign", [_tp(p) for p in partitions])
         with self._cond:
@@ -770,6 +794,8 @@ class FakeConsumer:
             self._cond.notify_all()
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        """`Consumer.incremental_assign`: adds the partitions; `_INVALID_ARG` for one already
+        assigned and `_STATE` inside an eager rebalance, as the client's."""
         self._check_open()
         self._record("incremental_assign", [_tp(p) for p in partitions])
         with self._cond:
@@ -785,6 +811,8 @@ class FakeConsumer:
             self._cond.notify_all()
 
     def unassign(self) -> None:
+        """`Consumer.unassign`: drops the whole assignment; `_STATE` inside an incremental
+        rebalance."""
         self._check_open()
         self._record("unassign", None)
         with self._lock:
@@ -793,6 +821,8 @@ class FakeConsumer:
             self._replace(())
 
     def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        """`Consumer.incremental_unassign`: drops the partitions; `_STATE` inside an eager
+        rebalance."""
         self._check_open()
         self._record("incremental_unassign", [_tp(p) for p in partitions])
         with self._lock:
@@ -801,11 +831,14 @@ class FakeConsumer:
             self._remove([_tp(p) for p in partitions])
 
     def assignment(self) -> list[TopicPartition]:
+        """`Consumer.assignment`: the partitions assigned now, without offsets."""
         self._check_open()
         with self._lock:
             return [TopicPartition(t, p) for t, p in self._assignment]
 
     def pause(self, partitions: list[TopicPartition]) -> None:
+        """`Consumer.pause`: consume hands out nothing of these until resumed (recorded in
+        `pause_calls`); there is no prefetch to drop, unlike the client's."""
         self._check_open()
         tps = tuple(_tp(p) for p in partitions)
         with self._lock:
@@ -814,6 +847,7 @@ class FakeConsumer:
             self.paused.update(tps)
 
     def resume(self, partitions: list[TopicPartition]) -> None:
+        """`Consumer.resume` (recorded in `pause_calls`)."""
         self._check_open()
         tps = tuple(_tp(p) for p in partitions)
         with self._cond:
@@ -858,6 +892,8 @@ class FakeConsumer:
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float = -1, cached: bool = False
     ) -> tuple[int, int]:
+        """`Consumer.get_watermark_offsets`: the log start and end now (the last stable offset
+        under read_committed); `cached` and `timeout` are ignored."""
         self._check_open()
         tp = _tp(partition)
         with self._lock:
@@ -898,12 +934,16 @@ class FakeConsumer:
         return out
 
     def memberid(self) -> str:
+        """`Consumer.memberid`: "fake-member" when scripted, else the group's id for this
+        member ("" before it joins)."""
         if self._scripted:
             return "fake-member"
         with self._lock:
             return self._member.member_id if self._member is not None else ""
 
     def consumer_group_metadata(self) -> FakeGroupMetadata:
+        """`Consumer.consumer_group_metadata`, readable: group id, member id and generation (-1
+        outside a generation), for `FakeProducer.send_offsets_to_transaction`."""
         with self._lock:
             m = self._member
             generation = -1 if m is None or m.generation is None else m.generation
@@ -925,6 +965,9 @@ class FakeConsumer:
         offsets: list[TopicPartition] | None = None,
         asynchronous: bool = True,
     ) -> list[TopicPartition] | None:
+        """`Consumer.commit` with `offsets=` only (a NotImplementedError for `message=`):
+        recorded in `commits`; an async one's result goes to `on_commit` on a later consume
+        call, a sync one raises KafkaException on failure."""
         self._check_open()
         if message is not None:
             raise NotImplementedError("FakeConsumer.commit supports offsets= only")

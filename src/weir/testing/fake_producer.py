@@ -247,6 +247,9 @@ class FakeProducer:
     # -- transactions ----------------------------------------------------------------------
 
     def init_transactions(self, timeout: float = -1) -> None:
+        """`Producer.init_transactions`: takes the transactional id's next epoch, which fences
+        an older producer with the same id."""
+
         def effect() -> None:
             with self._lock:
                 self._transactional()
@@ -261,6 +264,8 @@ class FakeProducer:
         self._call("init_transactions", effect)
 
     def begin_transaction(self) -> None:
+        """`Producer.begin_transaction`: opens a `FakeTransaction`, kept in `transactions`."""
+
         def effect() -> None:
             with self._lock:
                 self._transactional()
@@ -278,6 +283,8 @@ class FakeProducer:
     def send_offsets_to_transaction(
         self, positions: list[TopicPartition], group_metadata: Any, timeout: float = -1
     ) -> None:
+        """`Producer.send_offsets_to_transaction`: the group's offsets commit with the
+        transaction. `group_metadata` must be a `FakeConsumer.consumer_group_metadata()`."""
         if not isinstance(group_metadata, FakeGroupMetadata):
             raise TypeError(
                 "group_metadata must be a fake consumer's consumer_group_metadata(), not "
@@ -306,6 +313,9 @@ class FakeProducer:
         self._call("send_offsets_to_transaction", effect)
 
     def commit_transaction(self, timeout: float = -1) -> None:
+        """`Producer.commit_transaction`: serves the delivery reports first, then commits; a
+        fenced producer's fails for good."""
+
         def effect() -> None:
             self._serve()  # librdkafka flushes, and serves the delivery reports, first
             with self._lock:
@@ -318,6 +328,8 @@ class FakeProducer:
         self._call("commit_transaction", effect)
 
     def abort_transaction(self, timeout: float = -1) -> None:
+        """`Producer.abort_transaction`: serves the delivery reports first, then aborts."""
+
         def effect() -> None:
             self._serve()
             with self._lock:
@@ -390,6 +402,9 @@ class FakeProducer:
         timestamp: int = 0,
         headers: Any = None,
     ) -> None:
+        """`Producer.produce`: the record is written at once, its delivery report served by the
+        next `poll` or `flush`. A transactional producer produces only inside a transaction."""
+
         def effect() -> None:
             with self._lock:
                 if self.transactional_id is not None:
@@ -535,6 +550,7 @@ class FakeProducer:
         return len(due)
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        """`Producer.list_topics`: the fake cluster's metadata."""
         with self._broker._lock:
             return self._broker._metadata(topic)
 

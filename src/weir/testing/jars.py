@@ -27,6 +27,7 @@ log = get_logger(__name__)
 # widely deployed line (Confluent Platform 8.1 ships it), so tests exercise what users run. The
 # 4.x broker needs Java 17, which is also what our CI machines have.
 KAFKA_VERSION = "4.1.1"
+"""The Apache Kafka version the embedded broker runs unless `kafka_version=` says another."""
 MIN_JAVA_MAJOR = 17
 
 MAVEN_TIMEOUT_S = 600.0

@@ -49,6 +49,7 @@ class BrokerProvider(abc.ABC):
 
     @property
     def bootstrap_servers(self) -> str:
+        """What `start` returned; a RuntimeError before it."""
         if self._bootstrap is None:
             raise RuntimeError(f"{type(self).__name__} has not been started")
         return self._bootstrap
@@ -79,11 +80,12 @@ class ExternalBroker(BrokerProvider):
         self._external = bootstrap_servers
 
     def start(self) -> str:
+        """The address given: nothing is started."""
         self._bootstrap = self._external
         return self._external
 
     def stop(self) -> None:
-        pass
+        """Nothing: the broker is not this provider's to stop."""
 
 
 class EmbeddedBroker(BrokerProvider):
@@ -98,12 +100,15 @@ class EmbeddedBroker(BrokerProvider):
         self.kafka: EmbeddedKafka | None = None
 
     def start(self) -> str:
+        """Start an `EmbeddedKafka` with this provider's options (once) and return its
+        bootstrap servers."""
         if self.kafka is None:
             self.kafka = EmbeddedKafka(**self._options)
         self._bootstrap = self.kafka.start().bootstrap_servers
         return self._bootstrap
 
     def stop(self) -> None:
+        """Stop the embedded broker, if one was started."""
         if self.kafka is not None:
             self.kafka.stop()
 
@@ -124,6 +129,8 @@ class TestcontainersBroker(BrokerProvider):
         self._container: Any = None
 
     def start(self) -> str:
+        """Start a KRaft container of `image` with `TEST_BROKER_DEFAULTS` and return its
+        bootstrap servers."""
         try:
             from testcontainers.community.kafka import KafkaContainer
         except ImportError:  # testcontainers < 4.10 keeps it at the old path
@@ -138,6 +145,7 @@ class TestcontainersBroker(BrokerProvider):
         return self._bootstrap
 
     def stop(self) -> None:
+        """Stop and remove the container, if one was started."""
         if self._container is not None:
             self._container.stop()
             self._container = None
