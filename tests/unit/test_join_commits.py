@@ -80,6 +80,46 @@ def test_an_overdue_commit_no_longer_holds_the_next_one(
     assert len(overdue) == 1 and overdue[0]["waited_s"] >= RESULT_OVERDUE_S
 
 
+def test_a_commit_request_of_a_lost_assignment_no_longer_holds_the_new_ones_commits(
+    stepped: list[Stepped],
+) -> None:
+    """Seen in the fenced-ledger example under load: a member stopped (SIGSTOP) with an
+    asynchronous commit in flight lost its partition when its session expired, got it back,
+    processed the rest, and sent no commit for 71 s: the old request, never answered, held every
+    commit turn until RESULT_OVERDUE_S. The loss ends that request's generation: its answer (if
+    any) is for an assignment that is gone, and it holds nothing of the new one."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3), key=b"A")
+    fake.script_assign([P0])
+    s = Stepped(fake, lambda r: None)
+    stepped.append(s)
+    fake.hold_commit_results = True
+    s.step_until(lambda: sent_offsets(fake), "a commit, never answered")
+    s.step_until(lambda: s.engine.settle.processed == 3, "the first three records")
+    unanswered = set(fake.pending_commit_seqs())
+    fake.script_lost([P0])
+    fake.script_assign([P0])
+    fake.produce_many(TOPIC, 0, range(3, 6), key=b"A")
+
+    def answer_the_new_ones() -> None:
+        # Every request but the lost assignment's is answered, as the broker would.
+        fresh = [seq for seq in fake.pending_commit_seqs() if seq not in unanswered]
+        fake.deliver_commit_results([(seq, None) for seq in fresh])
+
+    def new_records_done() -> bool:
+        answer_the_new_ones()
+        return s.engine.own.rebalances >= 2 and 5 in fake.delivered_offsets(P0)
+
+    s.step_until(new_records_done, "the new assignment's records")
+    s.clock.advance(2.0)  # two commit intervals, far short of RESULT_OVERDUE_S
+
+    def sent_six() -> bool:
+        answer_the_new_ones()
+        return 6 in sent_offsets(fake)
+
+    s.step_until(sent_six, "6 sent by the new assignment")
+
+
 def test_a_commit_blackout_shows_in_stats_and_metrics(members: list[GroupConsumer]) -> None:
     """The age of the oldest unconfirmed commit, per partition and per member: it grows while
     commits get no answer (behind a classic JoinGroup), and is gone once one confirms them."""

@@ -96,6 +96,14 @@ class CommitPath:
     def closed(self, a: Assignment) -> None:
         self.positions.pop(a.tp, None)
 
+    def generation_ended(self) -> None:
+        """Partitions were lost: the member's generation is over, and so is whatever its
+        asynchronous requests were waiting for. One may never be answered (a member stopped
+        past its session timeout); its answer, if it comes, is for assignments that are gone.
+        It holds back no commit of the next generation (`ready`), which would otherwise wait
+        RESULT_OVERDUE_S with every record of the new assignment finished."""
+        self._requests.clear()
+
     def ready(self, now: float) -> bool:
         """Whether a commit turn may send: no earlier asynchronous request is still waiting for
         its answer. Under the classic protocol every group request of a member goes over one

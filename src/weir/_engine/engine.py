@@ -758,6 +758,7 @@ class Engine:
         parts = [Partition(t.topic, t.partition) for t in tps]
         self.own.lost(parts)
         self.fetch.forget(parts)  # a fenced one was held until the group took it
+        self.commits.generation_ended()
         self._owned_changed()
         if self.eos is not None and gone:
             # The open transaction holds outputs of the lost partitions, whose offsets this
