@@ -30,6 +30,7 @@ from weir._engine.clock import SYSTEM, Clock
 from weir._engine.deadletter import DeadLetters, WriteFailure
 from weir._engine.fetching import FetchControl
 from weir._engine.lifecycle import Lifecycle
+from weir._engine.outputs import Outputs
 from weir._engine.refusals import Denied, RefusalSink
 from weir._engine.scheduling import Scheduler
 from weir._engine.tasks import HELD, Assignment, Lane, LaneKey, Task
@@ -89,8 +90,12 @@ class Failures:
         *,
         clock: Clock = SYSTEM,
         refusals: RefusalSink | None = None,
+        outputs: Outputs | None = None,
     ) -> None:
         self._clock = clock
+        # At-least-once outputs: served with the dead letters (both hold records until the
+        # broker confirms them).
+        self.outputs = outputs
         self._refusals = refusals
         self._cfg = cfg
         self._scheduler = scheduler
@@ -205,6 +210,8 @@ class Failures:
         True if some record was handed out again."""
         if self.dead_letters is not None:
             self.dead_letters.poll()
+        if self.outputs is not None:
+            self.outputs.poll()
         if self._failed and self._cfg.ordering == "key":
             self._park_long_lanes()
         due = self._due
@@ -251,16 +258,39 @@ class Failures:
         for key in [k for k in self._failed if k[0] in assignments]:
             if self._failed.pop(key).parked:
                 parked.add(key[0].tp)
+        if self.outputs is not None:
+            self.outputs.forget(assignments)
         gone = {a.tp for a in assignments}
         self._blocked_logged -= gone
         self._fetch.release(parked, "blocked")
         self._still_refused()
 
     def pending(self, assignments: Collection[Assignment]) -> int:
-        """Dead-letter writes of these assignments still waiting for the broker."""
-        return sum(
+        """Dead-letter writes and records with outputs of these assignments still waiting for
+        the broker."""
+        outputs = 0 if self.outputs is None else self.outputs.pending_of(assignments)
+        return outputs + sum(
             1 for (a, _), f in self._failed.items() if f.state == "dead_letter" and a in assignments
         )
+
+    def poll_writes(self) -> None:
+        """Serve the producers' delivery reports (a drain's wait)."""
+        if self.dead_letters is not None:
+            self.dead_letters.poll()
+        if self.outputs is not None:
+            self.outputs.poll()
+
+    def flush_writes(self, timeout: float) -> None:
+        """Before the final commit: confirmed dead letters and outputs count as finished."""
+        deadline = self._clock.monotonic() + timeout
+        for writes in (self.dead_letters, self.outputs):
+            if writes is not None and writes.pending:
+                writes.flush(deadline - self._clock.monotonic())
+
+    def close(self) -> None:
+        for writes in (self.dead_letters, self.outputs):
+            if writes is not None:
+                writes.close()
 
     @property
     def waiting(self) -> int:
