@@ -220,3 +220,35 @@ def test_an_output_refused_through_every_retry_is_dead_lettered(
     wait_until(lambda: broker.committed_offsets("g", IN).get((IN, 0)) == 2, "dead-lettered", 20)
     assert [text(m) for m in broker.messages(DLQ)] == ["poison"]
     assert gc.stats().dead_lettered == 1
+
+
+@pytest.mark.parametrize("refused_count", [40, 260])
+@pytest.mark.parametrize("ordering", ["key", "partition", "unordered"])
+def test_many_failed_deliveries_at_once_are_each_retried_and_the_budget_balances(
+    members: list[GroupConsumer], ordering: Ordering, refused_count: int
+) -> None:
+    """A broker that refuses a run of outputs (an oversized record fails its whole batch):
+    each of their records is retried and written, or (refused on all 3 attempts) dead-lettered
+    and never run again; the budget comes back to zero records in flight."""
+    broker = broker_with(0)
+    gc = member(broker, Enrich(), members, ordering=ordering)
+    broker.produce(IN, key="k0", value="first", partition=0)
+    wait_until(lambda: broker.committed_offsets("g", IN).get((IN, 0)) == 1, "committed", 20)
+    [producer] = output_producers(broker)
+    refused = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large")
+    producer.fail_deliveries(refused, count=refused_count)
+    for i in range(100):
+        broker.produce(IN, key=f"k{i % 5}", value=f"v{i}", partition=i % 2)
+    ends = {(IN, 0): 51, (IN, 1): 50}
+    wait_until(lambda: broker.committed_offsets("g", IN) == ends, "all committed", 20)
+    lettered = {text(m) for m in broker.messages(DLQ)}
+    wait_until(lambda: gc.stats().dead_lettered == len(lettered), "the stats", 5)
+    assert (len(lettered) > 0) == (refused_count > 200)
+    wait_until(lambda: gc.stats().in_flight == 0, "the budget balances", 5)
+    assert gc.stats().in_flight == 0  # not below either
+    # Every input was written or dead-lettered, and a dead-lettered one never ran again.
+    written = set(by_input(broker))
+    assert len(written) + len(lettered) == sum(ends.values())
+    for m in broker.messages(IN):
+        if text(m) in lettered:
+            assert f"{m.partition()}:{m.offset()}" not in written

@@ -115,9 +115,10 @@ class Failures:
 
     # -- from the engine -----------------------------------------------------------------
 
-    def failed(self, task: Task, index: int) -> None:
+    def failed(self, task: Task, index: int, *, alone: bool = False) -> None:
         """Record `index` of `task` failed (its outcome FAILED). Called before the scheduler
-        holds the record's lane."""
+        holds the record's lane. `alone`: it holds no lane (its output failed after its lane
+        ran on): it is retried by itself, as in unordered mode."""
         a = task.assignment
         if not a.dispatching or a.cancel.is_set():
             return  # revoked, lost or stopping: its state goes with the assignment
@@ -128,7 +129,8 @@ class Failures:
         key = (a, rec.offset)
         f = self._failed.get(key)
         if f is None:
-            lane = self._scheduler.lane_key(rec) if self._scheduler.ordered else _UNORDERED
+            ordered = self._scheduler.ordered and not alone
+            lane = self._scheduler.lane_key(rec) if ordered else _UNORDERED
             f = self._failed[key] = Failed(a, rec, task.batches[index], lane, attempt, now, error)
         else:
             f.attempt, f.error = attempt, error

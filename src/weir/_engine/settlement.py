@@ -379,13 +379,9 @@ class Settlement:
         log.warning("output_failed", event_id=rec.event_id, error=str(error))
         t = Task(a, [rec], [batch], None)
         t.outcomes, t.errors = bytearray([FAILED]), {0: error}
-        failures = self._failures()
-        failures.failed(t, 0)
-        sched = self._scheduler
-        if sched.ordered:
-            # Its lane ran on while its outputs were in flight: it goes back to the lane's
-            # front, and the lane waits for it from now on.
-            sched.hold(a, sched.lane_key(rec), [rec], [batch])
+        # Its lane ran on while its outputs were in flight: it is retried by itself, and its
+        # lane does not wait for it (docs/producing.md: order across a failed delivery).
+        self._failures().failed(t, 0, alone=True)
 
     def _outputs_of(self, t: Task, indexes: Iterable[int]) -> Callable[[], None] | None:
         """Outputs of records of `t` being marked finished: into the open transaction, which
