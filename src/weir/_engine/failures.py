@@ -46,6 +46,8 @@ __all__ = ["Failed", "Failures"]
 
 log = get_logger(__name__)
 
+# The longest the owner sleeps while outputs wait for their delivery reports.
+_OUTPUT_WAIT = 0.002
 _UNORDERED = Lane.NONE  # the lane of a record in unordered mode: it holds none
 
 State = Literal["retry", "running", "dead_letter", "blocked"]
@@ -242,6 +244,10 @@ class Failures:
     def wait(self, timeout: float) -> float:
         """`timeout`, cut short to when the next attempt is due: the owner must not sleep
         through it in a poll (with nothing else in flight a 50 ms backoff took 200 ms)."""
+        if self.outputs is not None and self.outputs.pending:
+            # Delivery reports are served by the owner's poll of the producer: a record waits
+            # below the watermark, in the budget, until the owner wakes to serve its report.
+            timeout = min(timeout, _OUTPUT_WAIT)
         if not self._due:
             return timeout
         return max(0.0, min(timeout, self._due[0][0] - self._clock.monotonic()))

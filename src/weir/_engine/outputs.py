@@ -45,19 +45,22 @@ _SERVE_EVERY_S = 1.0
 # record fails: the budget bounds what is in flight, so a full queue is a stalled broker.
 _QUEUE_WAIT_S = 1.0
 
-Confirmed = Callable[[OutputError | None], None]
-"""Called on the owner thread with None once every output of a record was confirmed, else with
-the first failure."""
+Confirmed = Callable[[list[OutputError | None]], None]
+"""Called on the owner thread once every output of a group of records was answered: for each
+record, None (all its outputs confirmed) or the first failure of one of them."""
 
 
 class _Pending:
-    __slots__ = ("assignment", "done", "error", "left")
+    """The outputs of a group of records (those of one task's settlement): finished together,
+    so that the watermark moves once per group, not once per record."""
 
-    def __init__(self, assignment: Assignment, left: int, done: Confirmed) -> None:
+    __slots__ = ("assignment", "done", "errors", "left")
+
+    def __init__(self, assignment: Assignment, records: int, left: int, done: Confirmed) -> None:
         self.assignment = assignment
         self.left = left
         self.done = done
-        self.error: OutputError | None = None
+        self.errors: list[OutputError | None] = [None] * records
 
 
 class Outputs:
@@ -72,11 +75,10 @@ class Outputs:
         self._producer: ProducerClient | None = None
         self._records: dict[int, _Pending] = {}  # by sequence number: a record's outputs
         self._seq = itertools.count()
-        self._results: list[tuple[int, KafkaError | None]] = []
+        self._results: list[tuple[int, int, KafkaError | None]] = []
         self._next_serve = 0.0
         self._closed = False
         self._fatal: KafkaError | None = None
-        self.produced = 0  # outputs confirmed by the broker
 
     @classmethod
     def of(
@@ -105,43 +107,43 @@ class Outputs:
 
     @property
     def pending(self) -> int:
-        """Records whose outputs are not all confirmed yet."""
+        """Groups of records whose outputs are not all confirmed yet."""
         return len(self._records)
 
     def pending_of(self, assignments: Collection[Assignment]) -> int:
-        return sum(1 for p in self._records.values() if p.assignment in assignments)
+        return sum(len(p.errors) for p in self._records.values() if p.assignment in assignments)
 
     def _producer_now(self) -> ProducerClient:
         if self._producer is None:
             self._producer = self._factory(self.producer_config())
         return self._producer
 
-    def send(self, a: Assignment, outputs: Sequence[Output], done: Confirmed) -> None:
-        """Produce the outputs of one record of `a`; `done` gets the outcome on a later `poll`
-        (at once, with the failure, if the client refused one)."""
+    def send(self, a: Assignment, outputs: Sequence[Sequence[Output]], done: Confirmed) -> None:
+        """Produce the outputs of records of `a` (`outputs[j]`: those of the j-th record);
+        `done` gets the outcome of each record on a later `poll`."""
         seq = next(self._seq)
-        pending = _Pending(a, len(outputs), done)
+        pending = _Pending(a, len(outputs), sum(map(len, outputs)), done)
         self._records[seq] = pending
         producer = self._producer_now()
+        for j, outs in enumerate(outputs):
 
-        def delivered(err: KafkaError | None, msg: Any) -> None:
-            if not self._closed:
-                self._results.append((seq, err))
+            def delivered(err: KafkaError | None, msg: Any, j: int = j) -> None:
+                if not self._closed:
+                    self._results.append((seq, j, err))
 
-        for out in outputs:
-            try:
-                self._produce(producer, out, delivered)
-            except (KafkaException, BufferError) as exc:
-                err = exc.args[0] if exc.args else None
-                if isinstance(err, KafkaError) and err.fatal():
-                    self._fatal = err  # failed at the next poll: never inside a settlement
-                    return
-                reason = err if isinstance(err, KafkaError) else exc
-                self._results.append((seq, _as_kafka_error(reason)))
-                pending.left -= 1
-                # The outputs after it are not sent: the record fails and runs again.
-                self._results.extend((seq, None) for _ in range(pending.left))
-                return
+            for k, out in enumerate(outs):
+                try:
+                    self._produce(producer, out, delivered)
+                except (KafkaException, BufferError) as exc:
+                    err = exc.args[0] if exc.args else None
+                    if isinstance(err, KafkaError) and err.fatal():
+                        self._fatal = err  # failed at the next poll: never inside a settlement
+                        return
+                    reason = err if isinstance(err, KafkaError) else exc
+                    # This record fails (its later outputs are not sent); it runs again.
+                    self._results.append((seq, j, _as_kafka_error(reason)))
+                    self._results.extend((seq, j, None) for _ in range(len(outs) - k - 1))
+                    break
 
     def _produce(self, producer: ProducerClient, out: Output, delivered: Any) -> None:
         deadline = time.monotonic() + _QUEUE_WAIT_S
@@ -162,20 +164,18 @@ class Outputs:
 
     def _serve(self) -> None:
         results, self._results = self._results, []
-        for seq, err in results:
+        for seq, j, err in results:
             p = self._records.get(seq)
             if p is None:
                 continue  # forgotten (revoked, lost) or failed already
-            if err is not None and p.error is None:
+            if err is not None and p.errors[j] is None:
                 text = f"output not confirmed by the broker: {err.str()}"
-                p.error = OutputError(text, err.name())
+                p.errors[j] = OutputError(text, err.name())
             p.left -= 1
             if p.left > 0:
                 continue
             del self._records[seq]
-            if p.error is None:
-                self.produced += 1
-            p.done(p.error)
+            p.done(p.errors)
 
     def _serve_producer(self, call: Callable[[Any], object]) -> None:
         producer = self._producer
@@ -199,7 +199,7 @@ class Outputs:
         self._results = []
         failure = OutputError(f"the output producer failed for good: {err.str()}", err.name())
         for p in records.values():
-            p.done(failure)
+            p.done([failure] * len(p.errors))
 
     def poll(self) -> None:
         """Serve delivery reports (owner thread, every turn) and the producer's log lines."""

@@ -343,45 +343,60 @@ class Settlement:
         assert self._alo is not None and t.outputs is not None
         a, outputs, recs = t.assignment, t.outputs, t.records
         now: list[int] = []
+        held: list[int] = []
         for i in indexes:
             out = outputs.get(i)
-            batch = t.batch or t.batches[i]
-            if not out or batch.revoked:  # a rewound batch: it runs again, outputs and all
+            if not out or (t.batch or t.batches[i]).revoked:  # rewound: it runs again
                 now.append(i)
-                continue
-            self._alo.send(a, out, self._confirm(a, recs[i], batch))
+            else:
+                held.append(i)
+        if held:
+            group = [recs[i] for i in held]
+            batches = [t.batch or t.batches[i] for i in held]
+            self._alo.send(
+                a,
+                [outputs[i] for i in held],
+                lambda errors: self._confirmed(a, group, batches, errors),
+            )
         if not now:
             return
         picked = [recs[i] for i in now]
         if not released:
             self._released(a, len(now), sum(map(size_of, picked)))
-        batches = t.batch if t.batch is not None else [t.batches[i] for i in now]
-        self._finished(a, picked, batches, "handled")
-
-    def _confirm(
-        self, a: Assignment, rec: Record, batch: BatchProgress
-    ) -> Callable[[BaseException | None], None]:
-        return lambda error: self._confirmed(a, rec, batch, error)
+        self._finished(
+            a, picked, t.batch if t.batch is not None else [t.batches[i] for i in now], "handled"
+        )
 
     def _confirmed(
-        self, a: Assignment, rec: Record, batch: BatchProgress, error: BaseException | None
+        self,
+        a: Assignment,
+        recs: list[Record],
+        batches: list[BatchProgress],
+        errors: Sequence[BaseException | None],
     ) -> None:
-        """The outputs of `rec` were confirmed by the broker (`error` None): it is finished
-        now. Else it failed: into the failure policy, as if its call had raised, and a retry
-        produces its outputs again (those already written are written twice)."""
+        """The broker answered for every output of `recs`: those whose outputs were all
+        confirmed (`errors[j]` None) are finished now; the others failed, into the failure
+        policy as if their call had raised, and a retry produces their outputs again (those
+        already written are written twice)."""
         if self._owner_of(a) is None or a.cancel.is_set():
             return  # revoked or lost: its budget went with the assignment
-        if error is None:
-            self._released(a, 1, rec.size)
-            self._finished(a, [rec], batch, "handled")
-            return
-        self.failed += 1
-        log.warning("output_failed", event_id=rec.event_id, error=str(error))
-        t = Task(a, [rec], [batch], None)
-        t.outcomes, t.errors = bytearray([FAILED]), {0: error}
-        # Its lane ran on while its outputs were in flight: it is retried by itself, and its
-        # lane does not wait for it (docs/producing.md: order across a failed delivery).
-        self._failures().failed(t, 0, alone=True)
+        ok = [j for j, e in enumerate(errors) if e is None]
+        if ok:
+            done = recs if len(ok) == len(recs) else [recs[j] for j in ok]
+            self._released(a, len(done), sum(map(size_of, done)))
+            self._finished(a, done, batches if len(ok) == len(recs) else [batches[j] for j in ok],
+                           "handled")  # fmt: skip
+        for j, error in enumerate(errors):
+            if error is None:
+                continue
+            rec = recs[j]
+            self.failed += 1
+            log.warning("output_failed", event_id=rec.event_id, error=str(error))
+            t = Task(a, [rec], [batches[j]], None)
+            t.outcomes, t.errors = bytearray([FAILED]), {0: error}
+            # Its lane ran on while its outputs were in flight: it is retried by itself, and
+            # its lane does not wait for it (docs/producing.md: order across a failed delivery).
+            self._failures().failed(t, 0, alone=True)
 
     def _outputs_of(self, t: Task, indexes: Iterable[int]) -> Callable[[], None] | None:
         """Outputs of records of `t` being marked finished: into the open transaction, which
