@@ -48,8 +48,9 @@ class SlowBroker(FakeBroker):
     report only at a poll that far after the write. At every poll it checks the invariant:
     every input below the group's committed offset has a confirmed output (`violations`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_s: float = _DELAY_S) -> None:
         super().__init__()
+        self.delay_s = delay_s
         self.confirmed: set[tuple[int, int]] = set()
         self.violations: list[str] = []
         self._watching = threading.Lock()
@@ -80,7 +81,7 @@ class _SlowProducer(FakeProducer):
         self, topic: str, value: Any = None, key: Any = None, **kw: Any
     ) -> None:
         report = kw.pop("on_delivery", None)
-        at = time.monotonic() + _DELAY_S
+        at = time.monotonic() + self._watch.delay_s
 
         def later(err: KafkaError | None, msg: Any) -> None:
             self._late.append((at, report, err, msg))
@@ -252,3 +253,37 @@ def test_many_failed_deliveries_at_once_are_each_retried_and_the_budget_balances
     for m in broker.messages(IN):
         if text(m) in lettered:
             assert f"{m.partition()}:{m.offset()}" not in written
+
+
+def test_shutdown_waits_for_outputs_in_flight_and_commits_their_records(
+    members: list[GroupConsumer],
+) -> None:
+    """The broker confirms each output 300 ms late: a member stopped with outputs in flight
+    flushes them within shutdown_timeout_s and its final commit covers their records, and no
+    commit before passed one."""
+    broker = SlowBroker(delay_s=0.3)
+    broker_with(100, broker)
+    gc = member(broker, Enrich(), members)
+    wait_until(lambda: len(broker.messages(OUT)) == 100, "every output written", 10)
+    gc.stop()
+    gc.join(10)
+    broker.check()
+    assert broker.violations == []
+    assert broker.committed_offsets("g", IN) == {(IN, 0): 50, (IN, 1): 50}
+
+
+def test_a_revoke_waits_for_outputs_in_flight_and_the_next_owner_starts_after_them(
+    members: list[GroupConsumer],
+) -> None:
+    """A second member joins while the first has outputs in flight (confirmed 300 ms late):
+    the revoke's drain waits for them, commits their records in the hand-off, and no commit
+    passed an unconfirmed output; every input's output is written."""
+    broker = SlowBroker(delay_s=0.3)
+    broker_with(200, broker)
+    member(broker, Enrich(), members)
+    wait_until(lambda: len(broker.messages(OUT)) >= 50, "outputs in flight", 10)
+    member(broker, Enrich(), members)
+    wait_until(lambda: all_committed(broker, 100), "all committed", 20)
+    broker.check()
+    assert broker.violations == []
+    assert set(by_input(broker)) == {f"{p}:{o}" for p in range(2) for o in range(100)}
