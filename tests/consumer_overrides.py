@@ -41,6 +41,7 @@ class Overrides(TypedDict, total=False):
     batch_max_wait_s: float
     batch_max_bytes: int | None
     flush_timeout_s: float
+    output_timeout_s: float
     poll_timeout_s: float
     commit_interval_s: float
     commit_every_records: int

@@ -528,6 +528,17 @@ class ConsumerConfig(BaseModel):
         "`offset.metadata.max.bytes` (a larger map is cut, never the commit).",
     )
 
+    output_timeout_s: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        strict=True,
+        allow_inf_nan=False,
+        description="At-least-once outputs (`ctx.produce` without `transactional_id`): how long "
+        "an output may take to be confirmed by the broker before it counts as failed and its "
+        "record goes to the failure policy ([producing.md](producing.md)).",
+    )
+
     transactional_id: str | None = Field(
         None,
         min_length=1,
@@ -1087,6 +1098,7 @@ class _OptionalSettings(TypedDict, total=False):
     batch_max_wait_s: float
     batch_max_bytes: int | None
     flush_timeout_s: float
+    output_timeout_s: float
     poll_timeout_s: float
     commit_interval_s: float
     commit_every_records: int

@@ -29,6 +29,7 @@ __all__ = [
     "NonRetryable",
     "OffsetResetError",
     "OffsetsError",
+    "OutputError",
     "ReadError",
     "RedriveError",
     "SeekError",
@@ -185,6 +186,16 @@ class DeserializationError(NonRetryable, WeirError):
         self.record = record
         self.field = field
         self.__cause__ = cause
+
+
+class OutputError(WeirError):
+    """An output a handler produced (`ctx.produce`, at-least-once) was not confirmed by the
+    broker: its record fails into the failure policy, and a retry produces its outputs again.
+    `code` is the client's error name (`MSG_SIZE_TOO_LARGE`, `_MSG_TIMED_OUT`, ...)."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class TransactionError(WeirError):

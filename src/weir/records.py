@@ -295,7 +295,8 @@ size_of = operator.attrgetter("_size")
 
 class Output:
     """A record a handler produced with `Context.produce`: written into the member's Kafka
-    transaction when its input record is marked finished."""
+    transaction when its input record is marked finished (`transactional_id`), else produced
+    when the call returns and confirmed by the broker before its input counts as finished."""
 
     __slots__ = ("headers", "key", "partition", "topic", "value")
 
@@ -332,10 +333,11 @@ _Outputs = TypeVar("_Outputs", list[Output], dict[int, list[Output]])
 
 
 def _producing(outputs: _Outputs | None) -> _Outputs:
-    """Where a context keeps its outputs; refused in a member that is not transactional."""
+    """Where a context keeps its outputs; refused by a context not built by a member."""
     if outputs is None:
         raise RuntimeError(
-            "ctx.produce needs a transactional member: set transactional_id (docs/exactly-once.md)"
+            "ctx.produce needs a context built by a GroupConsumer (this one takes no outputs): "
+            "docs/producing.md"
         )
     return outputs
 
@@ -403,10 +405,13 @@ class Context:
         headers: Sequence[tuple[str, bytes | str | None]] | None = None,
         partition: int | None = None,
     ) -> None:
-        """Produce an output record into the member's Kafka transaction (`transactional_id`).
-        It is written when this handler's record is marked finished, in the same transaction
-        as the input's offset: committed together or not at all. Outputs of a call that raises
-        are dropped (a retry produces them again)."""
+        """Produce an output record. With `transactional_id` it goes into the member's Kafka
+        transaction when this handler's record is marked finished, with the input's offset:
+        committed together or not at all. Without, it is produced when the call returns, by
+        the member's idempotent producer, and the record counts as finished only once the
+        broker confirmed all its outputs; a failed delivery fails the record into the failure
+        policy (at-least-once: a retry writes them again, docs/producing.md). Outputs of a call
+        that raises are dropped (a retry produces them again)."""
         _producing(self._outputs).append(_output(topic, value, key, headers, partition))
 
     @property
@@ -497,7 +502,8 @@ class BatchContext:
     call then does. A call that returns finishes every record not marked failed; a call that
     raises fails every record not marked done, as one batch failure (docs/handlers.md).
     `produce(record, topic, ...)` records an output of one record of the batch: it is written
-    when that record is marked finished, with its offset, in a transactional member.
+    when that record is marked finished, with its offset in a transactional member, else
+    produced then and confirmed before the record counts as finished (docs/producing.md).
     """
 
     __slots__ = ("_index", "_marks", "_outputs", "_parts", "_records")
@@ -515,7 +521,7 @@ class BatchContext:
         # Index into the batch -> None (done) or the record's own error (failed).
         self._marks: dict[int, BaseException | None] = {}
         # Index into the batch -> the outputs produced for that record in this call; None in a
-        # member without transactional_id (`produce` refuses).
+        # context not built by a member (`produce` refuses).
         self._outputs: dict[int, list[Output]] | None = {} if outputs else None
 
     def _position(self, record: Record, doing: str = "mark") -> int:
@@ -558,12 +564,12 @@ class BatchContext:
         headers: Sequence[tuple[str, bytes | str | None]] | None = None,
         partition: int | None = None,
     ) -> None:
-        """Produce an output of `record` (a record of this batch) into the member's Kafka
-        transaction (`transactional_id`). It is written when `record` is marked finished, in the
-        same transaction as its offset, and only then: the outputs of a record that fails (marked
-        `fail`, held behind a failed record of its lane, or in a call that raised without being
-        marked `done`) are dropped, and the call that finishes it on a retry produces them again
-        (docs/exactly-once.md#batch-handlers)."""
+        """Produce an output of `record` (a record of this batch). It is written when `record`
+        is marked finished (in a transactional member in the same transaction as its offset;
+        else confirmed by the broker before `record` counts as finished), and only then: the
+        outputs of a record that fails (marked `fail`, held behind a failed record of its lane,
+        or in a call that raised without being marked `done`) are dropped, and the call that
+        finishes it on a retry produces them again (docs/exactly-once.md#batch-handlers)."""
         outputs = _producing(self._outputs)
         if not isinstance(record, Record):
             raise TypeError(

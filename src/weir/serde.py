@@ -39,8 +39,11 @@ __all__ = [
     "Deserializer",
     "DeserializingBatchHandler",
     "DeserializingHandler",
+    "Serializer",
     "json_deserializer",
+    "json_serializer",
     "pydantic_deserializer",
+    "pydantic_serializer",
     "schema_registry_deserializer",
 ]
 
@@ -48,6 +51,36 @@ Deserializer = Callable[[bytes | None], Any]
 """Raw bytes (None for a null key or value) to the object the handler reads."""
 
 M = TypeVar("M", bound=BaseModel)
+
+Serializer = Callable[[Any], bytes | None]
+"""An object to the bytes of an output's key or value (`ctx.produce`); the mirror of a
+`Deserializer`. Called in the handler's thread: what it raises fails the record there."""
+
+
+def json_serializer(*, allow_null: bool = True) -> Callable[[object], bytes | None]:
+    """Python objects to UTF-8 JSON (what `json_deserializer` reads); None stays a null key
+    or value unless `allow_null` is False (then it raises)."""
+
+    def serialize(obj: object) -> bytes | None:
+        if obj is None:
+            if allow_null:
+                return None
+            raise ValueError("None where JSON was expected")
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+    return serialize
+
+
+def pydantic_serializer(model: type[M]) -> Callable[[M], bytes]:
+    """`model` instances to JSON (what `pydantic_deserializer(model)` reads); anything else
+    is refused with a TypeError naming what it got."""
+
+    def serialize(obj: M) -> bytes:
+        if not isinstance(obj, model):
+            raise TypeError(f"expected a {model.__name__}, got {type(obj).__name__}")
+        return obj.model_dump_json().encode()
+
+    return serialize
 
 
 def json_deserializer(*, allow_null: bool = True) -> Deserializer:

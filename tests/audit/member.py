@@ -67,6 +67,25 @@ class DyingProducer(Producer):
         super().commit_transaction(*args, **kwargs)
 
 
+class DyingOutputs(Producer):
+    """An at-least-once member's output producer whose process SIGKILLs itself right after its
+    `die_at`-th output was handed to librdkafka, before its delivery report could come back:
+    the outputs in flight are lost or written, and their records must not have been committed."""
+
+    def __init__(self, conf: dict[str, Any], die_at: int, audit: AuditWriter) -> None:
+        super().__init__(conf)
+        self._die_at = die_at
+        self._audit = audit
+        self._produced = 0
+
+    def produce(self, *args: Any, **kwargs: Any) -> None:
+        super().produce(*args, **kwargs)
+        self._produced += 1
+        if self._produced == self._die_at:
+            self._audit.write("killed_after_produce")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _held(text: str) -> tuple[int, int]:
     partition, _, offset = text.partition(":")
     return int(partition), int(offset)
@@ -105,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transaction-interval", type=float, default=0.1)
     ap.add_argument("--transaction-timeout", type=float, default=10.0)
     ap.add_argument("--die-at-commit", type=int, default=0)
+    # At-least-once outputs: produce the transform of every record to this topic (ctx.produce
+    # without transactional_id), the process killed after its Nth output (--die-at-produce).
+    ap.add_argument("--alo-output", default=None)
+    ap.add_argument("--die-at-produce", type=int, default=0)
     # With --output: a batch handler (handle_batch) of batches of at most this many records.
     ap.add_argument("--batch", type=int, default=0)
     args = ap.parse_args(argv)
@@ -162,11 +185,13 @@ def main(argv: list[str] | None = None) -> int:
             handler = AuditedBatchTransform(audit, args.output, args.slow_ms)
             config["batch_max_records"] = args.batch
     die_at: int = args.die_at_commit
-    gc = GroupConsumer(
-        handler,
-        producer_factory=(lambda conf: DyingProducer(conf, die_at, audit)) if die_at else None,
-        **config,
-    )
+    factory: Any = (lambda conf: DyingProducer(conf, die_at, audit)) if die_at else None
+    if args.alo_output is not None:
+        handler = AuditedTransform(audit, args.alo_output, args.slow_ms)
+        die_after: int = args.die_at_produce
+        if die_after:
+            factory = lambda conf: DyingOutputs(conf, die_after, audit)  # noqa: E731
+    gc = GroupConsumer(handler, producer_factory=factory, **config)
 
     def on_commit(e: CommitEvent) -> None:
         audit.commit(e)

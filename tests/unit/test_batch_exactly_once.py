@@ -198,7 +198,7 @@ def test_batch_produce_refuses_a_record_of_another_batch_and_a_member_without_a_
     with pytest.raises(TypeError, match="topic must be a non-empty str"):
         ctx.produce(ctx._records[0], "", b"y")
     plain = BatchContext([Record(IN, 0, 5, None, b"x")], {})
-    with pytest.raises(RuntimeError, match="needs a transactional member"):
+    with pytest.raises(RuntimeError, match="needs a context built by a GroupConsumer"):
         plain.produce(plain._records[0], OUT, b"y")
 
 

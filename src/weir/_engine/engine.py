@@ -43,6 +43,7 @@ from weir._engine.flushing import Flushing, batch_limits, workers_for
 from weir._engine.intake import Run, runs_of
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.metrics import Metrics
+from weir._engine.outputs import Outputs
 from weir._engine.ownership import Ownership, PartitionState, Scope, Tracker
 from weir._engine.protocols import ProtocolProbe, choose_protocol, warn_commit_blackout
 from weir._engine.rates import RateLimits
@@ -149,6 +150,7 @@ class Engine:
             dead_letters,
             clock=clock,
             refusals=self.errors,
+            outputs=Outputs.of(cfg, producer_factory or _producer, ClientLog(self._repeats)),
         )
         self.pauses = AppPauses(self.fetch, lambda: self.own.partitions, clock)
         self.replay = ReplayMaps(cfg.offset_map, cfg.offset_map_max_bytes)
@@ -225,6 +227,7 @@ class Engine:
             self.txn,
             self._fenced,
             clock=clock,
+            outputs=self.failures.outputs,
         )
         self.flushing = Flushing(
             handler, workers, self.settle, self.own, self.starts, self.callbacks, self._hook,
@@ -400,11 +403,9 @@ class Engine:
                 client.consume(1, 0)
                 life.polled_at = self.clock.monotonic()
             self.settle.drain(0)
-            dead_letters = self.failures.dead_letters
-            if dead_letters is not None and dead_letters.pending:
-                # Confirmed dead letters count as finished before the final commit.
-                dead_letters.flush(deadline - self.clock.monotonic())
-                self.settle.drain(0)
+            # Confirmed dead letters and outputs count as finished before the final commit.
+            self.failures.flush_writes(deadline - self.clock.monotonic())
+            self.settle.drain(0)
             self.settle.settle_started(self.own.assignments())
             self.flushing.flush(self.own.partitions, deadline - self.clock.monotonic())
             left = self.scheduler.running(self.own.assignments())
@@ -439,8 +440,7 @@ class Engine:
                     self.fence.close()
                 except Exception:
                     log.exception("fence_close_failed")
-            if self.failures.dead_letters is not None:
-                self.failures.dead_letters.close()
+            self.failures.close()
             # The closes served the last of the clients' errors and lines.
             self._repeats.flush()
             hook = self.handler.on_shutdown
@@ -595,8 +595,7 @@ class Engine:
             if remaining <= 0:
                 break
             self.settle.drain(min(remaining, 0.05))
-            if failures.dead_letters is not None:
-                failures.dead_letters.poll()
+            failures.poll_writes()
         self.settle.settle_started(assignments)
         self.flushing.flush({a.tp for a in assignments}, deadline - self.clock.monotonic())
 

@@ -30,6 +30,7 @@ from weir._engine.clock import SYSTEM, Clock
 from weir._engine.deadletter import DeadLetters, WriteFailure
 from weir._engine.fetching import FetchControl
 from weir._engine.lifecycle import Lifecycle
+from weir._engine.outputs import Outputs
 from weir._engine.refusals import Denied, RefusalSink
 from weir._engine.scheduling import Scheduler
 from weir._engine.tasks import HELD, Assignment, Lane, LaneKey, Task
@@ -45,6 +46,8 @@ __all__ = ["Failed", "Failures"]
 
 log = get_logger(__name__)
 
+# The longest the owner sleeps while outputs wait for their delivery reports.
+_OUTPUT_WAIT = 0.002
 _UNORDERED = Lane.NONE  # the lane of a record in unordered mode: it holds none
 
 State = Literal["retry", "running", "dead_letter", "blocked"]
@@ -89,8 +92,12 @@ class Failures:
         *,
         clock: Clock = SYSTEM,
         refusals: RefusalSink | None = None,
+        outputs: Outputs | None = None,
     ) -> None:
         self._clock = clock
+        # At-least-once outputs: served with the dead letters (both hold records until the
+        # broker confirms them).
+        self.outputs = outputs
         self._refusals = refusals
         self._cfg = cfg
         self._scheduler = scheduler
@@ -110,9 +117,10 @@ class Failures:
 
     # -- from the engine -----------------------------------------------------------------
 
-    def failed(self, task: Task, index: int) -> None:
+    def failed(self, task: Task, index: int, *, alone: bool = False) -> None:
         """Record `index` of `task` failed (its outcome FAILED). Called before the scheduler
-        holds the record's lane."""
+        holds the record's lane. `alone`: it holds no lane (its output failed after its lane
+        ran on): it is retried by itself, as in unordered mode."""
         a = task.assignment
         if not a.dispatching or a.cancel.is_set():
             return  # revoked, lost or stopping: its state goes with the assignment
@@ -123,7 +131,8 @@ class Failures:
         key = (a, rec.offset)
         f = self._failed.get(key)
         if f is None:
-            lane = self._scheduler.lane_key(rec) if self._scheduler.ordered else _UNORDERED
+            ordered = self._scheduler.ordered and not alone
+            lane = self._scheduler.lane_key(rec) if ordered else _UNORDERED
             f = self._failed[key] = Failed(a, rec, task.batches[index], lane, attempt, now, error)
         else:
             f.attempt, f.error = attempt, error
@@ -205,6 +214,8 @@ class Failures:
         True if some record was handed out again."""
         if self.dead_letters is not None:
             self.dead_letters.poll()
+        if self.outputs is not None:
+            self.outputs.poll()
         if self._failed and self._cfg.ordering == "key":
             self._park_long_lanes()
         due = self._due
@@ -233,6 +244,10 @@ class Failures:
     def wait(self, timeout: float) -> float:
         """`timeout`, cut short to when the next attempt is due: the owner must not sleep
         through it in a poll (with nothing else in flight a 50 ms backoff took 200 ms)."""
+        if self.outputs is not None and self.outputs.pending:
+            # Delivery reports are served by the owner's poll of the producer: a record waits
+            # below the watermark, in the budget, until the owner wakes to serve its report.
+            timeout = min(timeout, _OUTPUT_WAIT)
         if not self._due:
             return timeout
         return max(0.0, min(timeout, self._due[0][0] - self._clock.monotonic()))
@@ -251,16 +266,39 @@ class Failures:
         for key in [k for k in self._failed if k[0] in assignments]:
             if self._failed.pop(key).parked:
                 parked.add(key[0].tp)
+        if self.outputs is not None:
+            self.outputs.forget(assignments)
         gone = {a.tp for a in assignments}
         self._blocked_logged -= gone
         self._fetch.release(parked, "blocked")
         self._still_refused()
 
     def pending(self, assignments: Collection[Assignment]) -> int:
-        """Dead-letter writes of these assignments still waiting for the broker."""
-        return sum(
+        """Dead-letter writes and records with outputs of these assignments still waiting for
+        the broker."""
+        outputs = 0 if self.outputs is None else self.outputs.pending_of(assignments)
+        return outputs + sum(
             1 for (a, _), f in self._failed.items() if f.state == "dead_letter" and a in assignments
         )
+
+    def poll_writes(self) -> None:
+        """Serve the producers' delivery reports (a drain's wait)."""
+        if self.dead_letters is not None:
+            self.dead_letters.poll()
+        if self.outputs is not None:
+            self.outputs.poll()
+
+    def flush_writes(self, timeout: float) -> None:
+        """Before the final commit: confirmed dead letters and outputs count as finished."""
+        deadline = self._clock.monotonic() + timeout
+        for writes in (self.dead_letters, self.outputs):
+            if writes is not None and writes.pending:
+                writes.flush(deadline - self._clock.monotonic())
+
+    def close(self) -> None:
+        for writes in (self.dead_letters, self.outputs):
+            if writes is not None:
+                writes.close()
 
     @property
     def waiting(self) -> int:

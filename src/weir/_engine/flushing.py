@@ -39,7 +39,7 @@ def workers_for(
     """What runs the handler's calls: an async handler's event loop, or a pool of worker
     threads; a `BatchHandler`'s workers join its records into `handle_batch` calls (on the
     loop, at most `max_in_flight` calls at once, for an `async def handle_batch`)."""
-    outputs = cfg.transactional_id is not None
+    outputs = True  # ctx.produce: into the transaction, or confirmed outputs (at-least-once)
     lanes = lane_of(cfg.ordering)
     if isinstance(handler, BatchHandler):
         limits = BatchLimits(cfg.batch_max_records, cfg.batch_max_bytes, cfg.batch_max_wait_s)

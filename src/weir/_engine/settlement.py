@@ -38,6 +38,7 @@ from weir._engine.clock import SYSTEM, Clock
 from weir._engine.committing import Committer
 from weir._engine.failures import Failed, Failures
 from weir._engine.metrics import Metrics
+from weir._engine.outputs import Outputs
 from weir._engine.ownership import Ownership, PartitionState
 from weir._engine.scheduling import Scheduler
 from weir._engine.tasks import DONE, FAILED, FENCED, Assignment, Task
@@ -91,8 +92,10 @@ class Settlement:
         on_fenced: Callable[[Assignment, FencedError], None],
         *,
         clock: Clock = SYSTEM,
+        outputs: Outputs | None = None,
     ) -> None:
         self._clock = clock
+        self._alo = outputs  # at-least-once outputs (a member without transactional_id)
         self._own = own
         self._scheduler = scheduler
         self._workers = workers
@@ -246,9 +249,12 @@ class Settlement:
         t.reported, t.reported_bytes = hi, t.reported_bytes + nbytes
         a = t.assignment
         if self._owner_of(a) is not None:
-            self._released(a, hi - lo, nbytes)
-            batches = t.batch if t.batch is not None else [t.batches[i] for i in idx]
-            self._finished(a, picked, batches, "handled", self._outputs_of(t, idx))
+            if self._alo is not None and t.outputs:
+                self._handled(t, idx)
+            else:
+                self._released(a, hi - lo, nbytes)
+                batches = t.batch if t.batch is not None else [t.batches[i] for i in idx]
+                self._finished(a, picked, batches, "handled", self._outputs_of(t, idx))
         self._scheduler.progressed(t, idx)
 
     def _settle_range(self, t: Task, lo: int, hi: int, nbytes: int) -> None:
@@ -256,6 +262,9 @@ class Settlement:
         set: its record is not known to be finished, so it never moves the watermark."""
         a = t.assignment
         if self._owner_of(a) is None:
+            return
+        if self._alo is not None and t.outputs:
+            self._handled(t, range(lo, hi))
             return
         self._released(a, hi - lo, nbytes)
         whole = lo == 0 and hi == len(t.records)
@@ -308,6 +317,14 @@ class Settlement:
                 elif owned:
                     self._failures().failed(t, i)  # retry, or the final policy
         if owned:
+            if finished and self._alo is not None and t.outputs:
+                held = [i for i in finished if t.outputs.get(i)]
+                for i in held:  # leave the budget when their outputs are confirmed
+                    leaving -= 1
+                    nbytes -= t.records[i].size
+                self._released(a, leaving, nbytes)
+                self._handled(t, finished, released=True)
+                return
             self._released(a, leaving, nbytes)
             if finished:
                 self._finished(
@@ -317,6 +334,69 @@ class Settlement:
                     "handled",
                     self._outputs_of(t, finished),
                 )
+
+    def _handled(self, t: Task, indexes: Sequence[int], *, released: bool = False) -> None:
+        """At-least-once: records `indexes` of `t` returned, some with outputs. Those without
+        are finished now; those with outputs are produced now and stay in the budget, below
+        the watermark, until the broker confirmed them all (`_confirmed`). `released`: the
+        caller released the budget of those without."""
+        assert self._alo is not None and t.outputs is not None
+        a, outputs, recs = t.assignment, t.outputs, t.records
+        now: list[int] = []
+        held: list[int] = []
+        for i in indexes:
+            out = outputs.get(i)
+            if not out or (t.batch or t.batches[i]).revoked:  # rewound: it runs again
+                now.append(i)
+            else:
+                held.append(i)
+        if held:
+            group = [recs[i] for i in held]
+            batches = [t.batch or t.batches[i] for i in held]
+            self._alo.send(
+                a,
+                [outputs[i] for i in held],
+                lambda errors: self._confirmed(a, group, batches, errors),
+            )
+        if not now:
+            return
+        picked = [recs[i] for i in now]
+        if not released:
+            self._released(a, len(now), sum(map(size_of, picked)))
+        self._finished(
+            a, picked, t.batch if t.batch is not None else [t.batches[i] for i in now], "handled"
+        )
+
+    def _confirmed(
+        self,
+        a: Assignment,
+        recs: list[Record],
+        batches: list[BatchProgress],
+        errors: Sequence[BaseException | None],
+    ) -> None:
+        """The broker answered for every output of `recs`: those whose outputs were all
+        confirmed (`errors[j]` None) are finished now; the others failed, into the failure
+        policy as if their call had raised, and a retry produces their outputs again (those
+        already written are written twice)."""
+        if self._owner_of(a) is None or a.cancel.is_set():
+            return  # revoked or lost: its budget went with the assignment
+        ok = [j for j, e in enumerate(errors) if e is None]
+        if ok:
+            done = recs if len(ok) == len(recs) else [recs[j] for j in ok]
+            self._released(a, len(done), sum(map(size_of, done)))
+            self._finished(a, done, batches if len(ok) == len(recs) else [batches[j] for j in ok],
+                           "handled")  # fmt: skip
+        for j, error in enumerate(errors):
+            if error is None:
+                continue
+            rec = recs[j]
+            self.failed += 1
+            log.warning("output_failed", event_id=rec.event_id, error=str(error))
+            t = Task(a, [rec], [batches[j]], None)
+            t.outcomes, t.errors = bytearray([FAILED]), {0: error}
+            # Its lane ran on while its outputs were in flight: it is retried by itself, and
+            # its lane does not wait for it (docs/producing.md: order across a failed delivery).
+            self._failures().failed(t, 0, alone=True)
 
     def _outputs_of(self, t: Task, indexes: Iterable[int]) -> Callable[[], None] | None:
         """Outputs of records of `t` being marked finished: into the open transaction, which

@@ -1,0 +1,247 @@
+"""At-least-once outputs: what handlers produce (`ctx.produce`) in a member without
+`transactional_id`, written by one idempotent producer and confirmed before their record counts.
+
+A record whose call returned with outputs is not finished when the call returns: its outputs are
+produced then (owner thread, when the call's result is settled), and the record stays in the
+budget, below the watermark, until the broker confirmed every one of them (delivery reports,
+served by `poll` on the owner thread). Then it is finished like any handled record. A failed
+delivery (after the producer's own retries, within `output_timeout_s`) fails the record into the
+failure policy: a retry runs the handler again and produces its outputs again, so an output
+whose delivery report was lost, or whose sibling failed, is written twice (at-least-once). The
+producer is idempotent with `acks=all`: the producer's own retries add no duplicates.
+
+Outputs belong to an assignment: a revoke's drain waits for them within its budget (`pending`);
+a lost or revoked partition's outputs still in flight are forgotten (`forget`) and their records
+run again at the next owner, which produces them again. The producer follows the dead-letter
+producer's handling (`weir._engine.deadletter`): the member's cluster and log settings, a fatal
+error fails what it holds and replaces it at the next output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+
+from weir._engine.client import ProducerClient, ProducerFactory
+from weir._engine.deadletter import shared_settings
+from weir._engine.tasks import Assignment
+from weir.config import ConsumerConfig
+from weir.errors import OutputError
+from weir.logs import get_logger
+from weir.records import Output
+
+__all__ = ["Outputs"]
+
+log = get_logger(__name__)
+
+# With nothing in flight the producer is still served this often: its log lines reach the logger.
+_SERVE_EVERY_S = 1.0
+# How long `send` waits for room in the producer's queue (it is served meanwhile) before the
+# record fails: the budget bounds what is in flight, so a full queue is a stalled broker.
+_QUEUE_WAIT_S = 1.0
+
+Confirmed = Callable[[list[OutputError | None]], None]
+"""Called on the owner thread once every output of a group of records was answered: for each
+record, None (all its outputs confirmed) or the first failure of one of them."""
+
+
+class _Pending:
+    """The outputs of a group of records (those of one task's settlement): finished together,
+    so that the watermark moves once per group, not once per record."""
+
+    __slots__ = ("assignment", "done", "errors", "left")
+
+    def __init__(self, assignment: Assignment, records: int, left: int, done: Confirmed) -> None:
+        self.assignment = assignment
+        self.left = left
+        self.done = done
+        self.errors: list[OutputError | None] = [None] * records
+
+
+class Outputs:
+    """Owner thread only."""
+
+    def __init__(
+        self, cfg: ConsumerConfig, factory: ProducerFactory, logger: object | None = None
+    ) -> None:
+        self._cfg = cfg
+        self._factory = factory
+        self._logger = logger
+        self._producer: ProducerClient | None = None
+        self._records: dict[int, _Pending] = {}  # by sequence number: a record's outputs
+        self._seq = itertools.count()
+        self._results: list[tuple[int, int, KafkaError | None]] = []
+        self._next_serve = 0.0
+        self._closed = False
+        self._fatal: KafkaError | None = None
+
+    @classmethod
+    def of(
+        cls, cfg: ConsumerConfig, factory: ProducerFactory, logger: object | None
+    ) -> Outputs | None:
+        """A member's outputs, if it is not transactional (a transaction writes them then)."""
+        return None if cfg.transactional_id is not None else cls(cfg, factory, logger)
+
+    def producer_config(self) -> dict[str, Any]:
+        cfg = self._cfg
+        conf = shared_settings(cfg, self._logger)
+        timeout_ms = max(1, round(cfg.output_timeout_s * 1000))
+        conf.update(
+            {
+                "bootstrap.servers": cfg.bootstrap_servers,
+                "enable.idempotence": True,
+                "acks": "all",
+                # Outputs hold their records below the watermark until confirmed: a short wait
+                # batches those of concurrent calls without holding commits back.
+                "linger.ms": 1,
+                "message.timeout.ms": timeout_ms,
+                "request.timeout.ms": min(30_000, timeout_ms),
+            }
+        )
+        return conf
+
+    @property
+    def pending(self) -> int:
+        """Groups of records whose outputs are not all confirmed yet."""
+        return len(self._records)
+
+    def pending_of(self, assignments: Collection[Assignment]) -> int:
+        return sum(len(p.errors) for p in self._records.values() if p.assignment in assignments)
+
+    def _producer_now(self) -> ProducerClient:
+        if self._producer is None:
+            self._producer = self._factory(self.producer_config())
+        return self._producer
+
+    def send(self, a: Assignment, outputs: Sequence[Sequence[Output]], done: Confirmed) -> None:
+        """Produce the outputs of records of `a` (`outputs[j]`: those of the j-th record);
+        `done` gets the outcome of each record on a later `poll`."""
+        seq = next(self._seq)
+        pending = _Pending(a, len(outputs), sum(map(len, outputs)), done)
+        self._records[seq] = pending
+        producer = self._producer_now()
+        for j, outs in enumerate(outputs):
+
+            def delivered(err: KafkaError | None, msg: Any, j: int = j) -> None:
+                if not self._closed:
+                    self._results.append((seq, j, err))
+
+            for k, out in enumerate(outs):
+                try:
+                    self._produce(producer, out, delivered)
+                except (KafkaException, BufferError) as exc:
+                    err = exc.args[0] if exc.args else None
+                    if isinstance(err, KafkaError) and err.fatal():
+                        self._fatal = err  # failed at the next poll: never inside a settlement
+                        return
+                    reason = err if isinstance(err, KafkaError) else exc
+                    # This record fails (its later outputs are not sent); it runs again.
+                    self._results.append((seq, j, _as_kafka_error(reason)))
+                    self._results.extend((seq, j, None) for _ in range(len(outs) - k - 1))
+                    break
+
+    def _produce(self, producer: ProducerClient, out: Output, delivered: Any) -> None:
+        deadline = time.monotonic() + _QUEUE_WAIT_S
+        while True:
+            try:
+                kwargs: dict[str, Any] = {"on_delivery": delivered}
+                if out.headers is not None:
+                    kwargs["headers"] = list(out.headers)
+                if out.partition is not None:
+                    kwargs["partition"] = out.partition
+                producer.produce(out.topic, out.value, out.key, **kwargs)
+                return
+            except BufferError:
+                # The producer's queue is full: serve it, then try again until the deadline.
+                if time.monotonic() >= deadline:
+                    raise
+                self._serve_producer(lambda p: p.poll(0.01))
+
+    def _serve(self) -> None:
+        results, self._results = self._results, []
+        for seq, j, err in results:
+            p = self._records.get(seq)
+            if p is None:
+                continue  # forgotten (revoked, lost) or failed already
+            if err is not None and p.errors[j] is None:
+                text = f"output not confirmed by the broker: {err.str()}"
+                p.errors[j] = OutputError(text, err.name())
+            p.left -= 1
+            if p.left > 0:
+                continue
+            del self._records[seq]
+            p.done(p.errors)
+
+    def _serve_producer(self, call: Callable[[Any], object]) -> None:
+        producer = self._producer
+        if producer is None:
+            return
+        try:
+            call(producer)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not isinstance(err, KafkaError) or not err.fatal():
+                raise
+            self._serve()
+            self._failed_for_good(err)
+
+    def _failed_for_good(self, err: KafkaError) -> None:
+        """The producer hit a fatal error: every record it holds fails (and runs again through
+        the failure policy); a new producer is made at the next output."""
+        self._producer = None
+        log.error("output_producer_failed", code=err.name(), error=err.str(), pending=self.pending)
+        records, self._records = self._records, {}
+        self._results = []
+        failure = OutputError(f"the output producer failed for good: {err.str()}", err.name())
+        for p in records.values():
+            p.done([failure] * len(p.errors))
+
+    def poll(self) -> None:
+        """Serve delivery reports (owner thread, every turn) and the producer's log lines."""
+        if self._fatal is not None:
+            err, self._fatal = self._fatal, None
+            self._failed_for_good(err)
+        if self._producer is None:
+            if self._results:
+                self._serve()
+            return
+        now = time.monotonic()
+        if self._records or now >= self._next_serve:
+            self._next_serve = now + _SERVE_EVERY_S
+            self._serve_producer(lambda p: p.poll(0))
+            self._serve()
+
+    def flush(self, timeout: float) -> int:
+        """Wait up to `timeout` for the outputs in flight; returns the records still waiting."""
+        if self._records:
+            self._serve_producer(lambda p: p.flush(max(0.0, timeout)))
+            self._serve()
+        return self.pending
+
+    def forget(self, assignments: Collection[Assignment]) -> None:
+        """Revoked or lost: their records run again at the next owner; reports that come for
+        them later are ignored."""
+        for seq in [s for s, p in self._records.items() if p.assignment in assignments]:
+            del self._records[seq]
+
+    def close(self) -> None:
+        """The member stopped: outputs still in flight are dropped (the final commit stayed
+        below their records)."""
+        producer, self._producer = self._producer, None
+        self._closed = True
+        self._records = {}
+        self._results = []
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                producer.poll(0)
+
+
+def _as_kafka_error(reason: KafkaError | BaseException) -> KafkaError:
+    if isinstance(reason, KafkaError):
+        return reason
+    return KafkaError(KafkaError._FAIL, f"{type(reason).__name__}: {reason}")

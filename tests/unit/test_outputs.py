@@ -1,0 +1,289 @@
+"""At-least-once outputs on the in-memory FakeBroker: `ctx.produce` in a member without
+`transactional_id` goes through one idempotent producer, and a record counts as finished only
+once the broker confirmed its outputs. A commit never passes a record whose output is not
+confirmed; a failed delivery fails the record into the failure policy, whose retry produces
+the output again."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import pytest
+from confluent_kafka import KafkaError, TopicPartition
+from tests.consumer_overrides import Overrides
+from tests.waiting import wait_until
+from typing_extensions import Unpack
+
+from weir import Context, FailurePolicy, GroupConsumer, Handler, Record, RetryPolicy
+from weir.testing.fake_broker import FakeBroker, FakeMessage
+from weir.testing.fake_producer import FakeProducer
+
+pytestmark = pytest.mark.timeout(60)
+
+IN, OUT, DLQ = "orders", "out", "orders.dlq"
+Ordering = Literal["key", "partition", "unordered"]
+
+_DELAY_S = 0.03  # how long the slow broker takes to confirm an output
+
+
+class Enrich(Handler):
+    """One output per record: `<partition>:<offset>@<attempt>`."""
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        value = f"{record.partition}:{record.offset}@{ctx.attempt}"
+        ctx.produce(OUT, value, record.key)
+
+
+class AsyncEnrich(Handler):
+    async def handle(self, record: Record, ctx: Context) -> None:
+        ctx.produce(OUT, f"{record.partition}:{record.offset}@{ctx.attempt}", record.key)
+
+
+class SlowBroker(FakeBroker):
+    """A broker whose output confirmations come `_DELAY_S` late: the producer serves a delivery
+    report only at a poll that far after the write. At every poll it checks the invariant:
+    every input below the group's committed offset has a confirmed output (`violations`)."""
+
+    def __init__(self, delay_s: float = _DELAY_S) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.confirmed: set[tuple[int, int]] = set()
+        self.violations: list[str] = []
+        self._watching = threading.Lock()
+
+    def producer_factory(self, conf: dict[str, Any]) -> FakeProducer:
+        if conf.get("transactional.id") is not None or conf.get("linger.ms") == 0:
+            return super().producer_factory(conf)  # a dead-letter producer
+        producer = _SlowProducer(conf, broker=self, watch=self)
+        with self._lock:
+            self.producers.append(producer)
+        return producer
+
+    def check(self) -> None:
+        with self._watching:
+            for (_, p), end in self.committed_offsets("g", IN).items():
+                late = [o for o in range(end) if (p, o) not in self.confirmed]
+                if late:
+                    self.violations.append(f"committed {IN}[{p}]@{end} before outputs of {late}")
+
+
+class _SlowProducer(FakeProducer):
+    def __init__(self, conf: Mapping[str, Any], *, broker: FakeBroker, watch: SlowBroker) -> None:
+        super().__init__(conf, broker=broker)
+        self._watch = watch
+        self._late: list[tuple[float, Any, KafkaError | None, Any]] = []
+
+    def produce(  # type: ignore[override]  # the engine's call: on_delivery, by keyword
+        self, topic: str, value: Any = None, key: Any = None, **kw: Any
+    ) -> None:
+        report = kw.pop("on_delivery", None)
+        at = time.monotonic() + self._watch.delay_s
+
+        def later(err: KafkaError | None, msg: Any) -> None:
+            self._late.append((at, report, err, msg))
+
+        kw["on_delivery"] = later
+        super().produce(topic, value, key, **kw)
+
+    def _due(self, everything: bool) -> int:
+        self._watch.check()
+        super().poll(0)
+        now = time.monotonic()
+        due = [x for x in self._late if everything or x[0] <= now]
+        self._late = [x for x in self._late if not (everything or x[0] <= now)]
+        for _, report, err, msg in due:
+            if err is None:
+                p, rest = msg.value().decode().split(":")
+                self._watch.confirmed.add((int(p), int(rest.split("@")[0])))
+            report(err, msg)
+        return len(self._late)
+
+    def poll(self, timeout: float = -1) -> int:
+        return self._due(False)
+
+    def flush(self, timeout: float = -1) -> int:
+        return self._due(True)
+
+
+def broker_with(records: int, broker: FakeBroker | None = None) -> FakeBroker:
+    broker = broker or FakeBroker()
+    broker.create_topic(IN, partitions=2)
+    broker.create_topic(OUT, partitions=3)
+    broker.create_topic(DLQ, partitions=1)
+    for i in range(records):
+        broker.produce(IN, key=f"k{i % 5}", value=f"v{i}", partition=i % 2)
+    broker.commit("g", [TopicPartition(IN, p, 0) for p in range(2)])
+    return broker
+
+
+def member(
+    broker: FakeBroker, handler: Handler, members: list[GroupConsumer], **kw: Unpack[Overrides]
+) -> GroupConsumer:
+    settings: Overrides = {
+        "auto_offset_reset": "earliest",
+        "commit_interval_s": 0.01,
+        "failure": FailurePolicy(
+            retry=RetryPolicy(max_attempts=3, backoff_initial_s=0.01, jitter=0.0),
+            final="dead_letter",
+        ),
+        **kw,
+    }
+    gc = GroupConsumer(
+        handler,
+        bootstrap_servers="fake:9092",
+        group_id="g",
+        topics=[IN],
+        consumer_factory=broker.consumer_factory,
+        producer_factory=broker.producer_factory,
+        **settings,
+    )
+    members.append(gc)
+    gc.start()
+    return gc
+
+
+def all_committed(broker: FakeBroker, end: int) -> bool:
+    got = broker.committed_offsets("g", IN)
+    return all(got.get((IN, p)) == end for p in range(2))
+
+
+def text(m: FakeMessage) -> str:
+    value = m.value()
+    assert value is not None
+    return value.decode()
+
+
+def by_input(broker: FakeBroker) -> Counter[str]:
+    return Counter(text(m).split("@")[0] for m in broker.messages(OUT))
+
+
+def output_producers(broker: FakeBroker) -> list[FakeProducer]:
+    return [p for p in broker.producers if p.conf.get("linger.ms") == 1]
+
+
+@pytest.mark.parametrize("ordering", ["key", "unordered"])
+@pytest.mark.parametrize("handler", [Enrich, AsyncEnrich])
+def test_every_output_is_written_by_an_idempotent_producer_and_confirmed_before_its_commit(
+    members: list[GroupConsumer], ordering: Ordering, handler: type[Handler]
+) -> None:
+    """The broker confirms each output 30 ms after it is written: no commit ever covers an
+    input whose output is not confirmed, and every input's output is written once."""
+    broker = broker_with(400, SlowBroker())
+    assert isinstance(broker, SlowBroker)
+    member(broker, handler(), members, ordering=ordering)
+    wait_until(lambda: all_committed(broker, 200), "all committed", 20)
+    broker.check()
+    assert broker.violations == []
+    assert by_input(broker) == Counter(f"{p}:{o}" for p in range(2) for o in range(200))
+    [producer] = output_producers(broker)
+    assert producer.conf["enable.idempotence"] is True
+    assert producer.conf["acks"] == "all"
+    assert "transactional.id" not in producer.conf
+
+
+@pytest.mark.parametrize("ordering", ["key", "partition", "unordered"])
+def test_a_failed_delivery_fails_its_record_into_the_retry_that_writes_it_again(
+    members: list[GroupConsumer], ordering: Ordering
+) -> None:
+    """The broker refuses one output: its record is not finished (no commit passes it), it is
+    retried, and the retry's output (`@2`) is written; every other input's output once."""
+    broker = broker_with(200)
+    gc = member(broker, Enrich(), members, ordering=ordering)
+    wait_until(lambda: output_producers(broker), "the output producer", 10)
+    [producer] = output_producers(broker)
+    wait_until(lambda: all_committed(broker, 100), "all committed", 20)
+    refused = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large")
+    producer.fail_deliveries(refused, count=1)
+    broker.produce(IN, key="k0", value="late", partition=0)
+    wait_until(lambda: broker.committed_offsets("g", IN).get((IN, 0)) == 101, "committed", 20)
+    outs = sorted(text(m) for m in broker.messages(OUT) if text(m).startswith("0:100@"))
+    assert outs == ["0:100@2"], outs
+    assert gc.stats().retries >= 1
+
+
+def test_an_output_refused_through_every_retry_is_dead_lettered(
+    members: list[GroupConsumer],
+) -> None:
+    """A record whose output the broker refuses on every attempt goes to the final policy like a
+    record whose handler raised: dead-lettered, then committed past."""
+    broker = broker_with(0)
+    gc = member(broker, Enrich(), members)
+    broker.produce(IN, key="k0", value="first", partition=0)
+    wait_until(lambda: broker.committed_offsets("g", IN).get((IN, 0)) == 1, "committed", 20)
+    [producer] = output_producers(broker)
+    refused = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large")
+    producer.fail_deliveries(refused, count=3)
+    broker.produce(IN, key="k0", value="poison", partition=0)
+    wait_until(lambda: broker.committed_offsets("g", IN).get((IN, 0)) == 2, "dead-lettered", 20)
+    assert [text(m) for m in broker.messages(DLQ)] == ["poison"]
+    assert gc.stats().dead_lettered == 1
+
+
+@pytest.mark.parametrize("refused_count", [40, 260])
+@pytest.mark.parametrize("ordering", ["key", "partition", "unordered"])
+def test_many_failed_deliveries_at_once_are_each_retried_and_the_budget_balances(
+    members: list[GroupConsumer], ordering: Ordering, refused_count: int
+) -> None:
+    """A broker that refuses a run of outputs (an oversized record fails its whole batch):
+    each of their records is retried and written, or (refused on all 3 attempts) dead-lettered
+    and never run again; the budget comes back to zero records in flight."""
+    broker = broker_with(0)
+    gc = member(broker, Enrich(), members, ordering=ordering)
+    broker.produce(IN, key="k0", value="first", partition=0)
+    wait_until(lambda: broker.committed_offsets("g", IN).get((IN, 0)) == 1, "committed", 20)
+    [producer] = output_producers(broker)
+    refused = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large")
+    producer.fail_deliveries(refused, count=refused_count)
+    for i in range(100):
+        broker.produce(IN, key=f"k{i % 5}", value=f"v{i}", partition=i % 2)
+    ends = {(IN, 0): 51, (IN, 1): 50}
+    wait_until(lambda: broker.committed_offsets("g", IN) == ends, "all committed", 20)
+    lettered = {text(m) for m in broker.messages(DLQ)}
+    wait_until(lambda: gc.stats().dead_lettered == len(lettered), "the stats", 5)
+    assert (len(lettered) > 0) == (refused_count > 200)
+    wait_until(lambda: gc.stats().in_flight == 0, "the budget balances", 5)
+    assert gc.stats().in_flight == 0  # not below either
+    # Every input was written or dead-lettered, and a dead-lettered one never ran again.
+    written = set(by_input(broker))
+    assert len(written) + len(lettered) == sum(ends.values())
+    for m in broker.messages(IN):
+        if text(m) in lettered:
+            assert f"{m.partition()}:{m.offset()}" not in written
+
+
+def test_shutdown_waits_for_outputs_in_flight_and_commits_their_records(
+    members: list[GroupConsumer],
+) -> None:
+    """The broker confirms each output 300 ms late: a member stopped with outputs in flight
+    flushes them within shutdown_timeout_s and its final commit covers their records, and no
+    commit before passed one."""
+    broker = SlowBroker(delay_s=0.3)
+    broker_with(100, broker)
+    gc = member(broker, Enrich(), members)
+    wait_until(lambda: len(broker.messages(OUT)) == 100, "every output written", 10)
+    gc.stop()
+    gc.join(10)
+    broker.check()
+    assert broker.violations == []
+    assert broker.committed_offsets("g", IN) == {(IN, 0): 50, (IN, 1): 50}
+
+
+def test_a_revoke_waits_for_outputs_in_flight_and_the_next_owner_starts_after_them(
+    members: list[GroupConsumer],
+) -> None:
+    """A second member joins while the first has outputs in flight (confirmed 300 ms late):
+    the revoke's drain waits for them, commits their records in the hand-off, and no commit
+    passed an unconfirmed output; every input's output is written."""
+    broker = SlowBroker(delay_s=0.3)
+    broker_with(200, broker)
+    member(broker, Enrich(), members)
+    wait_until(lambda: len(broker.messages(OUT)) >= 50, "outputs in flight", 10)
+    member(broker, Enrich(), members)
+    wait_until(lambda: all_committed(broker, 100), "all committed", 20)
+    broker.check()
+    assert broker.violations == []
+    assert set(by_input(broker)) == {f"{p}:{o}" for p in range(2) for o in range(100)}
