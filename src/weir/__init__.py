@@ -80,4 +80,4 @@ __all__ = [
     "WeirError",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
