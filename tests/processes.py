@@ -4,6 +4,7 @@ around). Tests that use these belong to the integration tier."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 WEIR = Path(sys.executable).with_name("weir")
+
+
+def ctrl_c_as_at_a_terminal() -> None:
+    """`preexec_fn` for a process a test sends SIGINT: its default disposition back. A shell
+    without job control starts background commands with SIGINT ignored, and the whole suite
+    run that way (`bash .ci/run &`) handed that to every process it started: weir's Ctrl-C
+    tests then waited for a process that never saw the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_weir(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
+from tests.processes import ctrl_c_as_at_a_terminal
 from weir.cli import main
 from weir.testing.pytest_plugin import TopicFactory, commit_offsets, produce
 
@@ -258,6 +259,7 @@ def watcher(group: Group) -> Iterator[subprocess.Popen[str]]:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )
     yield proc
     proc.kill()

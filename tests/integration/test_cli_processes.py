@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.processes import WEIR, run_weir
+from tests.processes import WEIR, ctrl_c_as_at_a_terminal, run_weir
 from tests.waiting import wait_until
 from weir.cli import main
 
@@ -150,6 +150,7 @@ def test_ctrl_c_while_waiting_for_the_cluster_is_a_quiet_exit_130() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )
     try:
         # Its admin client runs (librdkafka's threads are up): weir is waiting for the cluster.

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from tests.processes import WEIR
+from tests.processes import WEIR, ctrl_c_as_at_a_terminal
 from weir.cli import main
 from weir.testing.pytest_plugin import TopicFactory, commit_offsets, produce
 
@@ -188,6 +188,7 @@ def test_ctrl_c_ends_a_follower_and_a_closed_pipe_ends_it_quietly(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )
     try:
         assert follower.stdout is not None and follower.stderr is not None
