@@ -40,6 +40,7 @@ def wait_for_isr(admin: AdminClient, topic: str, size: int, timeout: float) -> N
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # 20 s or more: make integration
 def test_one_node_down_then_back(kafka_cluster: EmbeddedKafkaCluster) -> None:
     bootstrap = kafka_cluster.bootstrap_servers
     assert len(bootstrap.split(",")) == 3

@@ -117,6 +117,7 @@ def test_cli_background_start_status_stop(
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow  # 20 s or more: make integration
 def test_cli_foreground_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     state = tmp_path / "broker.json"
     command = ["broker", "start", "--foreground", "--state", str(state)]

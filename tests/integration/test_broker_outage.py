@@ -97,6 +97,7 @@ def brokers_down_metric(url: str) -> float:
     return float(sample.value)
 
 
+@pytest.mark.slow  # 20 s or more: make integration
 def test_readyz_turns_503_in_an_outage_of_the_only_broker_and_200_after(
     kafka: EmbeddedKafka, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -685,7 +685,10 @@ class FirstOffsets(Transform):
         super().handle(record, ctx)
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(
+    "protocol",
+    ["classic", pytest.param("consumer", marks=pytest.mark.slow)],  # 20 s each
+)
 def test_a_transactional_member_starts_exactly_at_the_committed_offset_after_unstable(
     kafka_bootstrap: str, make_topic: TopicFactory, protocol: GroupProtocol
 ) -> None:

@@ -70,7 +70,15 @@ def rejoined(name: str) -> Callable[[list[dict[str, Any]]], bool]:
     return check
 
 
-@pytest.mark.parametrize("protocol", ["eager", "cooperative", "consumer"])
+# One protocol in make test; the other two (about 30 s each) in make integration.
+@pytest.mark.parametrize(
+    "protocol",
+    [
+        pytest.param("eager", marks=pytest.mark.slow),
+        "cooperative",
+        pytest.param("consumer", marks=pytest.mark.slow),
+    ],
+)
 def test_hand_offs_keep_every_invariant(
     kafka_bootstrap: str, make_topic: TopicFactory, tmp_path: Path, protocol: str
 ) -> None:

@@ -84,7 +84,9 @@ def _finish(members: Members, name: str, bootstrap: str, group: str, topic: str,
     assert members.stop(name) == 0
 
 
-@pytest.mark.parametrize("protocol", ["cooperative", "consumer"])
+@pytest.mark.parametrize(
+    "protocol", ["cooperative", pytest.param("consumer", marks=pytest.mark.slow)]
+)
 def test_after_sigkill_the_next_owner_rehandles_only_the_held_record_and_what_finished_since(
     kafka_bootstrap: str,
     make_topic: TopicFactory,
@@ -250,6 +252,7 @@ def test_a_map_that_cannot_fit_is_cut_and_commits_keep_flowing(
     assert not report.violations, report.violations[:10]
 
 
+@pytest.mark.slow  # 20 s or more: make integration
 def test_a_hand_off_commit_whose_map_the_broker_refuses_goes_again_with_a_smaller_map(
     kafka_bootstrap: str, make_topic: TopicFactory, tmp_path: Path
 ) -> None:

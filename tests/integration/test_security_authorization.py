@@ -209,6 +209,7 @@ def test_a_refused_dead_letter_blocks_its_partition_until_the_acl_is_granted(
     assert seen[-1] == "good"
 
 
+@pytest.mark.slow  # 20 s or more: make integration
 def test_a_dead_letter_topic_the_acls_hide_fails_the_start(
     kafka_secure_broker: EmbeddedKafka,
     kafka_secure_admin: AdminClient,
