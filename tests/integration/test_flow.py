@@ -40,6 +40,7 @@ def _bulk(bootstrap: str, topic: str, n: int, size: int) -> None:
     assert p.flush(60) == 0
 
 
+@pytest.mark.slow  # 13-16 s: make integration
 def test_backlog_drains_within_budget_without_losing_membership(
     kafka_bootstrap: str, make_topic: TopicFactory
 ) -> None:
@@ -81,6 +82,7 @@ def test_backlog_drains_within_budget_without_losing_membership(
     assert sum(committed(kafka_bootstrap, group, topic, 4)) == n
 
 
+@pytest.mark.slow  # 13-16 s: make integration
 def test_batches_slower_than_max_poll_interval_keep_the_member(
     kafka_bootstrap: str, make_topic: TopicFactory
 ) -> None:

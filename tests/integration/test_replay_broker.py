@@ -196,6 +196,7 @@ def test_a_graceful_stop_in_key_mode_leaves_nothing_finished_to_rehandle(
     assert not report.violations, report.violations[:10]
 
 
+@pytest.mark.slow  # 13-16 s: make integration
 def test_a_map_that_cannot_fit_is_cut_and_commits_keep_flowing(
     kafka_bootstrap: str, make_topic: TopicFactory, tmp_path: Path
 ) -> None:

@@ -99,8 +99,14 @@ def _caught(machine: Machine, invariant: str, run: settings = HUNT) -> None:
 # -- controls ------------------------------------------------------------------------------
 
 
+# The threaded and transactional controls (about 17 s each) run in make chaos; the plain one here.
 @pytest.mark.parametrize(
-    "machine", [EngineMachine, ConcurrentEngineMachine, TransactionalEngineMachine]
+    "machine",
+    [
+        EngineMachine,
+        pytest.param(ConcurrentEngineMachine, marks=pytest.mark.slow),
+        pytest.param(TransactionalEngineMachine, marks=pytest.mark.slow),
+    ],
 )
 def test_unmutated_engine_passes(machine: Machine) -> None:
     """Control: the engine as it is passes the machines under the default tier's settings."""
