@@ -75,13 +75,14 @@ class AppPauses:
         return {t: None if end is None else max(0.0, end - now) for t, end in self._until.items()}
 
     def turn(self, now: float) -> None:
-        """Serve the handlers' pauses, and end the pauses whose time is up."""
-        while True:
-            try:
-                tp, for_s = self._asked.get_nowait()
-            except queue.Empty:
-                break
+        """Serve the handlers' pauses, and end the pauses whose time is up. Every turn of the
+        owner loop: with no pause asked for or held it looks at two empty containers."""
+        asked = self._asked
+        while not asked.empty():  # only the owner takes from it: empty() cannot race a get
+            tp, for_s = asked.get_nowait()
             self.pause(tp, for_s)
+        if not self._until:
+            return
         ended = [t for t, end in self._until.items() if end is not None and end <= now]
         if not ended:
             return
