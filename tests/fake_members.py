@@ -4,7 +4,12 @@ bounds), so that what a test waits for happens within milliseconds."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from weir import GroupConsumer
 from weir.config import ConsumerSettings
+from weir.testing.fake import FakeConsumer
 
 TOPIC = "t"
 
@@ -22,3 +27,20 @@ FAKE_LOOP: ConsumerSettings = {
 
 SETTINGS: ConsumerSettings = {**FAKE_LOOP, "startup_timeout_s": 1.0, "workers": 4}
 """The quick loop with four workers and a start that gives up after a second."""
+
+
+def started(
+    members: list[GroupConsumer],
+    fake: FakeConsumer,
+    handler: Any,
+    settings: Mapping[str, Any] = SETTINGS,
+    wait_s: float = 10.0,
+    **overrides: Any,
+) -> GroupConsumer:
+    """A member on `fake` with `settings` and `overrides`, started and up within `wait_s`;
+    appended to `members` (the fixture that stops them after the test)."""
+    gc = GroupConsumer(handler, consumer_factory=fake.factory, **{**settings, **overrides})
+    members.append(gc)
+    gc.start()
+    assert gc.wait_started(wait_s)
+    return gc

@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from pydantic import ValidationError
 from tests.fake_members import SETTINGS as FAKE_SETTINGS
+from tests.fake_members import started
 from tests.logged import events
 from tests.waiting import wait_until
 
@@ -44,11 +45,7 @@ SETTINGS: dict[str, Any] = {**FAKE_SETTINGS, "workers": 2}
 @pytest.fixture
 def launch(members: list[GroupConsumer]) -> Callable[..., GroupConsumer]:
     def go(handler: Callable[[Record], object], fake: FakeConsumer, **kw: Any) -> GroupConsumer:
-        gc = GroupConsumer(handler, consumer_factory=fake.factory, **{**SETTINGS, **kw})
-        members.append(gc)
-        gc.start()
-        assert gc.wait_started(WAIT)
-        return gc
+        return started(members, fake, handler, SETTINGS, WAIT, **kw)
 
     return go
 

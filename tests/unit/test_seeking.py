@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
-from tests.fake_members import SETTINGS
+from tests.fake_members import SETTINGS, started
 from tests.waiting import wait_until
 
 from weir import (
@@ -95,11 +95,7 @@ class BatchGate(BatchHandler, Gate):
 def run(
     members: list[GroupConsumer], fake: FakeConsumer, handler: Handler, **settings: Any
 ) -> GroupConsumer:
-    gc = GroupConsumer(handler, consumer_factory=fake.factory, **{**SETTINGS, **settings})
-    members.append(gc)
-    gc.start()
-    assert gc.wait_started(WAIT)
-    return gc
+    return started(members, fake, handler, wait_s=WAIT, **settings)
 
 
 def last_committed(fake: FakeConsumer) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from pydantic import ValidationError
+from tests.fake_members import started
 from tests.waiting import wait_until
 
 from weir import ConsumerConfig, GroupConsumer, Record
@@ -53,11 +54,7 @@ class Handled:
 def run(
     members: list[GroupConsumer], fake: FakeConsumer, handler: Handled, **settings: Any
 ) -> GroupConsumer:
-    gc = GroupConsumer(handler, consumer_factory=fake.factory, **{**SETTINGS, **settings})
-    members.append(gc)
-    gc.start()
-    assert gc.wait_started(WAIT)
-    return gc
+    return started(members, fake, handler, SETTINGS, WAIT, **settings)
 
 
 def pause_reason(gc: GroupConsumer) -> object:
