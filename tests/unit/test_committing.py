@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from weir._engine.committing import Committer
@@ -233,3 +235,33 @@ def test_a_result_from_before_a_restart_is_ignored_and_an_older_one_after_a_fail
     c.result(tp, 3, None, sync=False)
     assert c.confirmed(tp) == 3
     assert c.to_send({tp: 4}) == {tp: 4}
+
+
+@pytest.mark.parametrize(
+    ("code", "level"),
+    [
+        ("STALE_MEMBER_EPOCH", logging.INFO),
+        ("REBALANCE_IN_PROGRESS", logging.INFO),
+        ("NOT_COORDINATOR", logging.INFO),
+        ("COORDINATOR_LOAD_IN_PROGRESS", logging.INFO),
+        ("ILLEGAL_GENERATION", logging.WARNING),
+        ("GROUP_AUTHORIZATION_FAILED", logging.WARNING),
+        (None, logging.WARNING),
+    ],
+)
+def test_a_failure_the_next_commit_repairs_is_logged_at_info_and_others_warn(
+    c: Committer, caplog: pytest.LogCaptureFixture, code: str | None, level: int
+) -> None:
+    """Regression: a KIP-848 member whose assignment grew (a pattern matching a new topic) had
+    its in-flight commits answered STALE_MEMBER_EPOCH, a `commit_failed` warning per partition
+    on stderr of an application that configures no logging, though the next commit with the new
+    epoch passes. Either way the offset is sent again."""
+    caplog.set_level(logging.DEBUG, logger="weir")
+    send(c, {P0: 5})
+    c.result(P0, 5, "Broker: it failed", sync=False, code=code)
+    [logged] = [r for r in caplog.records if r.getMessage().startswith("commit_")]
+    assert logged.levelno == level
+    assert logged.getMessage().startswith(
+        "commit_retriable" if level < logging.WARNING else "commit_failed"
+    )
+    assert c.to_send({P0: 5}) == {P0: 5}

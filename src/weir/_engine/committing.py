@@ -25,6 +25,22 @@ log = get_logger(__name__)
 _UNCONFIRMED_KEPT = 8
 
 
+# Errors the group protocol itself answers a commit with while the member's epoch or the
+# coordinator moves (a KIP-848 member's epoch bumps when its assignment changes, e.g. when a
+# subscribed pattern matches a new topic): the next commit carries the new epoch, so they are
+# part of a rebalance's normal course, not something an operator acts on. Logged at info
+# (`commit_retriable`); the commit failure count and the unconfirmed commit's age still show
+# them (a steady stream is the `WeirCommitFailures` alert).
+RETRIED_QUIETLY = frozenset(
+    {
+        "STALE_MEMBER_EPOCH",
+        "REBALANCE_IN_PROGRESS",
+        "NOT_COORDINATOR",
+        "COORDINATOR_LOAD_IN_PROGRESS",
+    }
+)
+
+
 class _State:
     __slots__ = ("confirmed", "highest", "sent", "unconfirmed")
 
@@ -144,6 +160,8 @@ class Committer:
                 st.sent = st.confirmed
         if error is None:
             log.debug("commit", tp=str(tp), offset=offset, sync=sync)
+        elif code in RETRIED_QUIETLY:
+            log.info("commit_retriable", tp=str(tp), offset=offset, sync=sync, error=error)
         else:
             log.warning("commit_failed", tp=str(tp), offset=offset, sync=sync, error=error)
         status: Literal["committed", "failed"] = "committed" if error is None else "failed"
