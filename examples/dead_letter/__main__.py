@@ -24,13 +24,12 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer
 from confluent_kafka import TopicPartition as TP
-from confluent_kafka.admin import AdminClient
 from pydantic import BaseModel, Field
 
+from examples._kafka import broker, client, create_topics, delete_topics
 from weir import (
     Context,
     FailurePolicy,
@@ -44,11 +43,6 @@ from weir.serde import pydantic_deserializer
 
 PARTITIONS = 3
 CUSTOMERS = 20
-
-# librdkafka's own log lines (a coordinator still loading on a fresh broker) go through this
-# logger, which lets only errors through.
-KAFKA_LOG = logging.getLogger("examples.dead_letter.kafka")
-KAFKA_LOG.setLevel(logging.ERROR)
 
 
 class Order(BaseModel):
@@ -164,30 +158,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def client(bootstrap: str, **conf: Any) -> dict[str, Any]:
-    return {"bootstrap.servers": bootstrap, "logger": KAFKA_LOG, **conf}
-
-
-def create_topic(bootstrap: str, topic: str) -> None:
-    from confluent_kafka.cimpl import NewTopic
-
-    admin = AdminClient(client(bootstrap))
-    admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS)])[topic].result(30)
-    deadline = time.monotonic() + 30
-    while True:  # until every partition has a leader
-        meta = admin.list_topics(topic, timeout=10).topics.get(topic)
-        if (
-            meta is not None
-            and meta.error is None
-            and len(meta.partitions) == PARTITIONS
-            and all(p.leader >= 0 for p in meta.partitions.values())
-        ):
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"topic {topic} has no leader for every partition")
-        time.sleep(0.1)
-
-
 def produce(bootstrap: str, topic: str, n: int, summary: Summary) -> None:
     """The orders, keyed by customer; notes where each landed and each partition's end."""
     producer = Producer(client(bootstrap, **{"enable.idempotence": True, "linger.ms": 5}))
@@ -259,12 +229,11 @@ def run(bootstrap: str, orders: int, timeout: float) -> Summary:
     summary = Summary()
     topic = f"orders-{uuid.uuid4().hex[:8]}"
     group = f"payments-{uuid.uuid4().hex[:8]}"
-    create_topic(bootstrap, topic)
+    create_topics(bootstrap, {topic: PARTITIONS})
     try:
         return consume(bootstrap, topic, group, orders, summary, timeout)
     finally:
-        # Nothing left behind on a broker that outlives the example.
-        AdminClient(client(bootstrap)).delete_topics([topic, f"{topic}.dlq"], operation_timeout=0)
+        delete_topics(bootstrap, [topic, f"{topic}.dlq"])
 
 
 def consume(
@@ -346,18 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # prints to stderr while nothing configures logging: the summary lists each one already.
     logging.getLogger("weir").setLevel(logging.ERROR)
     with contextlib.ExitStack() as stack:
-        bootstrap = args.bootstrap
-        if not bootstrap:
-            from weir.testing import EmbeddedKafka, HarnessError
-
-            print("starting embedded Kafka...", flush=True)
-            try:
-                kafka = stack.enter_context(EmbeddedKafka())
-            except HarnessError as exc:  # no Java, no Maven, a broker that would not start
-                print(f"cannot start the embedded Kafka broker: {exc}", file=sys.stderr)
-                print("(or use a Kafka of yours: --bootstrap HOST:PORT)", file=sys.stderr)
-                return 1
-            bootstrap = kafka.bootstrap_servers
+        bootstrap = broker(stack, args.bootstrap)
+        if bootstrap is None:
+            return 1
         summary = run(bootstrap, args.orders, args.timeout)
         print_summary(summary)
     return 0 if summary.ok else 1
