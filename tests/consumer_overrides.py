@@ -25,6 +25,7 @@ class Overrides(TypedDict, total=False):
     max_in_flight: int
     max_records_per_s: float | None
     max_records_per_s_by_topic: Mapping[str, float]
+    max_records_per_s_per_key: float | None
     group_protocol: GroupProtocol
     assignment_strategy: Literal["range", "roundrobin", "cooperative-sticky"] | None
     remote_assignor: Literal["uniform", "range"] | None

@@ -333,6 +333,16 @@ class ConsumerConfig(BaseModel):
         description="`max_records_per_s` per topic, on top of the member's: names as subscribed, "
         "or topics a subscribed pattern matches.",
     )
+    max_records_per_s_per_key: float | None = Field(
+        None,
+        gt=0,
+        strict=True,
+        allow_inf_nan=False,
+        json_schema_extra={"unit": "records/s"},
+        description="At most this many records of one key (in one topic) handed to the handler "
+        'per second, on top of the other limits; `ordering="key"` only, and records without a '
+        "key are not limited by it ([flow-control.md](flow-control.md#rate-limits)).",
+    )
 
     group_protocol: Literal["classic", "consumer", "auto"] = Field(
         "classic",
@@ -674,6 +684,17 @@ class ConsumerConfig(BaseModel):
                     f"max_records_per_s_by_topic[{name!r}]: a rate is records per second, more "
                     f"than 0 and finite, got {rate!r}"
                 )
+        return v
+
+    @field_validator("max_records_per_s_per_key")
+    @classmethod
+    def _rate_per_key(cls, v: float | None, info: ValidationInfo) -> float | None:
+        ordering = info.data.get("ordering")
+        if v is not None and ordering is not None and ordering != "key":
+            raise ValueError(
+                f'a rate per key needs ordering="key" (this member\'s is {ordering!r}): only '
+                "there does a key have a lane of its own that can wait while the others run"
+            )
         return v
 
     @field_validator("failure_by_topic")
@@ -1080,6 +1101,7 @@ class _OptionalSettings(TypedDict, total=False):
     start_at: datetime | None
     max_records_per_s: float | None
     max_records_per_s_by_topic: Mapping[str, float]
+    max_records_per_s_per_key: float | None
     ordering: Ordering
     workers: int
     max_in_flight: int

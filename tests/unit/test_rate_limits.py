@@ -12,6 +12,8 @@ from tests.fake_members import SETTINGS
 from tests.stepped import Stepped
 
 from weir import ConsumerConfig, GroupConsumer, Partition, Record
+from weir._engine.rates import RateLimits
+from weir.testing.clock import ManualClock
 from weir.testing.fake import FakeConsumer
 
 pytestmark = pytest.mark.timeout(120)
@@ -42,7 +44,7 @@ def stepped(fake: FakeConsumer, handler: Counted, **settings: Any) -> Stepped:
     return Stepped(fake, handler, cfg)
 
 
-def run_and_check(s: Stepped, handled: Any, n: int, rate: float) -> float:
+def run_and_check(s: Stepped, handled: Any, n: int, rate: float, slack: int = SLACK) -> float:
     """Step until `n` are handled, checking the rate's bound at every step; the run's time
     (from the clock's start: the limits were made after it)."""
     start = s.clock.start
@@ -52,7 +54,7 @@ def run_and_check(s: Stepped, handled: Any, n: int, rate: float) -> float:
             s.engine.step()
             assert s.life.failure is None, repr(s.life.failure)
             elapsed = s.clock.now - start
-            assert handled() <= rate * (1.0 + elapsed) + SLACK, (handled(), elapsed)
+            assert handled() <= rate * (1.0 + elapsed) + slack, (handled(), elapsed)
             assert elapsed < 3 * n / rate, f"only {handled()} of {n} in {elapsed:.1f} s"
     finally:
         s.stop()
@@ -93,6 +95,84 @@ def test_a_topics_rate_holds_that_topic_and_not_the_others() -> None:
     assert t_when_u_done and t_when_u_done[0] < N / 2, t_when_u_done
 
 
+def test_a_keys_rate_holds_at_every_step_and_over_the_run() -> None:
+    """Half a partition's records have one key, limited to 100/s: at every step no more of them
+    ran than the rate allows (planted: a group taking all the key's waiting records at once),
+    and the run is no slower than the rate either."""
+    fake = FakeConsumer()
+    fake.produce_many("t", 0, range(N), key=lambda o: b"hot" if o % 2 else b"k%d" % (o % 100))
+    fake.script_assign([P0])
+    hot = Counted()
+
+    def handler(record: Record) -> None:
+        if record.key == b"hot":
+            hot(record)
+
+    s = stepped(fake, handler, max_records_per_s_per_key=RATE / 2)  # type: ignore[arg-type]
+    elapsed = run_and_check(s, hot.total, N // 2, RATE / 2)
+    assert elapsed <= (N // 2 - RATE / 2) / (RATE / 2) * 1.05 + 1.0, elapsed
+
+
+def test_a_hot_key_waits_alone_and_the_other_keys_of_its_partition_run_on() -> None:
+    """A rate per key of 1/s; batches of a partition arrive one after another, each one record
+    of the hot key and 49 of keys of their own. The hot key's lane is free when a batch comes,
+    so its record joins the others' group; once its bucket is empty it must wait alone, not hold
+    the 49 others (planted: the whole group waits for the refill, a second). The hot key keeps
+    to its rate at every step."""
+    fake = FakeConsumer()
+    fake.script_assign([P0])
+    hot, others = Counted(), Counted()
+
+    def handler(record: Record) -> None:
+        (hot if record.key == b"hot" else others)(record)
+
+    rate = 1.0
+    s = stepped(fake, handler, max_records_per_s_per_key=rate)  # type: ignore[arg-type]
+    start = s.clock.start
+    took: list[float] = []
+    try:
+        for i in range(4):
+            base = 50 * i
+            fake.produce_many(
+                "t", 0, range(base, base + 50), key=lambda o: b"hot" if o % 50 == 0 else b"k%d" % o
+            )
+            began = s.clock.now
+            while others.total() < 49 * (i + 1):
+                s.clock.advance(0.01)
+                s.engine.step()
+                assert s.life.failure is None, repr(s.life.failure)
+                elapsed = s.clock.now - start
+                assert hot.total() <= rate * (1.0 + elapsed) + 1, (hot.total(), elapsed)
+                assert s.clock.now - began < 5, f"batch {i}: {others.total()} others handled"
+            took.append(round(s.clock.now - began, 2))
+        while hot.total() < 4:
+            s.clock.advance(0.01)
+            s.engine.step()
+            assert hot.total() <= rate * (1.0 + s.clock.now - start) + 1
+    finally:
+        s.stop()
+    assert max(took) < 0.3, took  # seconds each batch's other keys took
+    assert s.clock.now - start >= 1.9  # the hot key did wait: 4 records, 2 of them at once
+
+
+def test_a_keys_bucket_is_dropped_once_it_has_refilled() -> None:
+    """One bucket per key that ran within about a second: a stream of distinct keys does not
+    grow the limiter without bound."""
+    clock = ManualClock()
+    limits = RateLimits(None, {}, clock, per_key=10.0)
+    limits.start()
+    limits.take_keys("t", [Record("t", 0, o, key=b"k%d" % o) for o in range(1_000)])
+    limits.take_keys("t", [Record("t", 0, o, key=b"k0") for o in range(1_000, 1_010)])
+    assert limits.keys_tracked() == 1_000
+    assert limits.key_open("t", b"k1") and not limits.key_open("t", b"k0")
+    clock.advance(0.5)
+    limits.start()
+    assert limits.keys_tracked() == 1_000  # not refilled yet: they still limit their keys
+    clock.advance(1.0)
+    limits.start()
+    assert limits.keys_tracked() == 0
+
+
 @pytest.mark.parametrize(
     ("settings", "said"),
     [
@@ -102,6 +182,10 @@ def test_a_topics_rate_holds_that_topic_and_not_the_others() -> None:
         ({"max_records_per_s_by_topic": {"t": True}}, "got True"),
         ({"max_records_per_s_by_topic": {"nope": 5}}, "not a subscribed topic"),
         ({"max_records_per_s_by_topic": {5: 5}}, "a key is a topic name"),
+        ({"max_records_per_s_per_key": 0}, "greater than 0"),
+        ({"max_records_per_s_per_key": float("inf")}, "finite"),
+        ({"max_records_per_s_per_key": 5, "ordering": "partition"}, 'needs ordering="key"'),
+        ({"max_records_per_s_per_key": 5, "ordering": "unordered"}, "this member's is 'unordered'"),
     ],
 )
 def test_a_bad_rate_is_refused_where_the_member_is_built(settings: Any, said: str) -> None:

@@ -1,5 +1,5 @@
 """Rate limits: at most `max_records_per_s` records handed to handlers per second, for the
-member and per topic (`max_records_per_s_by_topic`).
+member, per topic (`max_records_per_s_by_topic`) and per key (`max_records_per_s_per_key`).
 
 A token bucket per limit, with debt: a group of runnable records goes out while its buckets are
 above zero and takes its whole size from them, and the next waits until the refill has paid the
@@ -7,6 +7,14 @@ debt back. The scheduler cuts a limited topic's groups to `GROUP_S` of its rate 
 as it cuts them for `batch_max_bytes`, so over any span longer than a second the rate holds to
 within a few percent. The bucket holds at most one
 second's worth: a member idle for a minute does not then run a minute's records at once.
+
+A key's limit (key mode only) is a bucket per (topic, key), made when the key first runs and
+dropped once it has refilled (an idle key costs nothing). At dispatch the scheduler takes a
+held key's records out of their group, which stays runnable for the other keys
+(`Scheduler._per_key`): a hot key waits in its own lane, in order, and the others run on. Its
+waiting records count against the in-flight budget like any other; the partition is not held
+from fetching for one key, so a key far over its rate fills the budget and flow control pauses
+fetching until it drains.
 
 Records that wait for the rate stay in the scheduler's queue, in order; the partitions whose
 rate held records back are not fetched until it lets them go (fetch reason `rate`), so they do
@@ -21,7 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from weir._engine.clock import Clock
-from weir.records import Partition
+from weir.records import Partition, Record
 
 if TYPE_CHECKING:  # the scheduler imports this module, and the budget imports the scheduler
     from weir._engine.budget import Budget
@@ -52,9 +60,21 @@ class _Bucket:
 class RateLimits:
     """Owner thread only."""
 
-    def __init__(self, member: float | None, by_topic: Mapping[str, float], clock: Clock) -> None:
+    def __init__(
+        self,
+        member: float | None,
+        by_topic: Mapping[str, float],
+        clock: Clock,
+        per_key: float | None = None,
+    ) -> None:
         now = clock.monotonic()
         self._clock = clock
+        self.per_key = per_key
+        # The most records of one key a group may take at once: a key's burst, as `group_cap`.
+        self.key_cap = 1 if per_key is None else max(1, int(per_key * GROUP_S))
+        self._keys: dict[tuple[str, bytes], _Bucket] = {}
+        self._now = now
+        self._pruned = now
         self._member = None if member is None else _Bucket(member, now)
         self._topics = {t: _Bucket(r, now) for t, r in by_topic.items()}
         # What the last dispatch held back: the whole member, or these topics. Their partitions
@@ -66,9 +86,18 @@ class RateLimits:
     @classmethod
     def of(cls, cfg: ConsumerConfig, clock: Clock) -> RateLimits | None:
         """The member's limits, if it has any."""
-        if cfg.max_records_per_s is None and not cfg.max_records_per_s_by_topic:
+        if (
+            cfg.max_records_per_s is None
+            and not cfg.max_records_per_s_by_topic
+            and cfg.max_records_per_s_per_key is None
+        ):
             return None
-        return cls(cfg.max_records_per_s, cfg.max_records_per_s_by_topic, clock)
+        return cls(
+            cfg.max_records_per_s,
+            cfg.max_records_per_s_by_topic,
+            clock,
+            cfg.max_records_per_s_per_key,
+        )
 
     def hold_fetches(self, fetch: FetchControl, budget: Budget) -> None:
         """Each turn: fetch control holds (reason `rate`) the partitions `holds` names."""
@@ -88,7 +117,41 @@ class RateLimits:
             bucket.refill(now)
         self._member_held = False
         self._held_topics.clear()
+        self._now = now
+        if self._keys and now - self._pruned >= BURST_S:
+            # A refilled bucket is a new one: dropping it keeps one bucket per recent key.
+            self._pruned = now
+            for k, bucket in list(self._keys.items()):
+                bucket.refill(now)
+                if bucket.tokens >= bucket.rate * BURST_S:
+                    del self._keys[k]
         return now
+
+    def key_open(self, topic: str, key: bytes) -> bool:
+        """May records of `key` in `topic` go out at this dispatch (`start`)?"""
+        bucket = self._keys.get((topic, key))
+        if bucket is None:
+            return True
+        bucket.refill(self._now)
+        return bucket.tokens > 0
+
+    def take_keys(self, topic: str, records: list[Record]) -> None:
+        """These records of `topic` go out: each keyed one is taken from its key's bucket (made
+        full if it had none)."""
+        rate, keys, now = self.per_key, self._keys, self._now
+        assert rate is not None
+        for rec in records:
+            key = rec._key  # the slot: once per record
+            if key is None:
+                continue
+            bucket = keys.get((topic, key))
+            if bucket is None:
+                bucket = keys[(topic, key)] = _Bucket(rate, now)
+            bucket.tokens -= 1
+
+    def keys_tracked(self) -> int:
+        """How many keys have a bucket now (the ones that ran within about `BURST_S`)."""
+        return len(self._keys)
 
     def take(self, topic: str, n: int) -> bool:
         """May a group of `n` records of `topic` go out now? If so, its size is taken."""

@@ -330,7 +330,9 @@ class Scheduler:
         self._batch = None if batch is None else batch.records
         self._batch_bytes = None if batch is None else batch.nbytes
         rule = self._rule = RULES[ordering](self)
-        self._whole = whole and rule.whole and not self._concurrent
+        # A rate per key needs each key in a lane of its own (`_per_key`).
+        per_key = rates is not None and rates.per_key is not None
+        self._whole = whole and rule.whole and not self._concurrent and not per_key
         self._workers = workers.slots
         self._lanes: dict[Assignment, _Lanes] = {}
         self._waiting: dict[Assignment, _Waiting] = {}
@@ -674,14 +676,15 @@ class Scheduler:
         if max_bytes is not None:
             groups = self._cut(groups, lambda a: max_bytes, size_of)
         rates = self._rates
+        held: list[_Group] = []
         if rates is not None:
             groups = self._cut(groups, lambda a: rates.group_cap(a.tp.topic), _one)
+            rates.start()
+            if rates.per_key is not None:
+                groups = self._per_key(groups, rates, held)
         lane_size = self.lane_task_size()
         size = self._rule.task_size(self.task_size(), lane_size, groups)
         tasks = 0
-        held: list[_Group] = []
-        if rates is not None:
-            rates.start()
         cur: Assignment | None = None
         recs: list[Record] = []
         batches: list[BatchProgress] = []
@@ -700,9 +703,12 @@ class Scheduler:
                     # longer than a task when submitted.
                     self._wait(a, gkeys[0]).push_front(grecs[lane_size:], gbatches[lane_size:])
                     grecs, gbatches = grecs[:lane_size], gbatches[:lane_size]
-            if rates is not None and not rates.take(a.tp.topic, len(grecs)):
-                held.append((a, gkeys, grecs, gbatches))
-                continue
+            if rates is not None:
+                if not rates.take(a.tp.topic, len(grecs)):
+                    held.append((a, gkeys, grecs, gbatches))
+                    continue
+                if rates.per_key is not None:
+                    rates.take_keys(a.tp.topic, grecs)
             gbytes = 0 if max_bytes is None else sum(map(size_of, grecs))
             if recs and (
                 a is not cur
@@ -743,6 +749,62 @@ class Scheduler:
         if held:
             self._pending[:0] = held
         return tasks
+
+    def _per_key(self, groups: list[_Group], rates: RateLimits, held: list[_Group]) -> list[_Group]:
+        """Key mode with a rate per key: a group's records of keys whose bucket is empty leave
+        it as a group of their own that waits (into `held`), so its other keys run on; of a key
+        that may run, at most `key_cap` records go and the rest wait at the front of its lane.
+        Both parts keep their records in offset order."""
+        out: list[_Group] = []
+        cap = rates.key_cap
+        for group in groups:
+            a, gkeys, grecs, gbatches = group
+            lanes = self._lanes.get(a)
+            if gkeys is None or lanes is None or not a.dispatching:
+                out.append(group)  # dispatch drops it
+                continue
+            topic = a.tp.topic
+            stop: set[LaneKey] = {
+                k for k in gkeys if isinstance(k, bytes) and not rates.key_open(topic, k)
+            }
+            if len(stop) == len(gkeys):
+                held.append(group)
+                continue
+            counts: dict[LaneKey, int] = {}
+            go_recs: list[Record] = []
+            go_batches: list[BatchProgress] = []
+            wait_recs: list[Record] = []
+            wait_batches: list[BatchProgress] = []
+            behind: dict[LaneKey, tuple[list[Record], list[BatchProgress]]] = {}
+            for rec, batch in zip(grecs, gbatches, strict=True):
+                key = rec._key
+                if key in stop:
+                    wait_recs.append(rec)
+                    wait_batches.append(batch)
+                elif key is not None and counts.get(key, 0) >= cap:
+                    recs, batches = behind.setdefault(key, ([], []))
+                    recs.append(rec)
+                    batches.append(batch)
+                else:
+                    if key is not None:
+                        counts[key] = counts.get(key, 0) + 1
+                    go_recs.append(rec)
+                    go_batches.append(batch)
+            if not stop and not behind:
+                out.append(group)
+                continue
+            go_keys: list[LaneKey] = [k for k in gkeys if k not in stop]
+            for lane in go_keys:
+                lanes[lane] = go_keys
+            for lane, (recs, batches) in behind.items():
+                self._wait(a, lane).push_front(recs, batches)
+            out.append((a, go_keys, go_recs, go_batches))
+            if wait_recs:
+                wait_keys: list[LaneKey] = [k for k in gkeys if k in stop]
+                for lane in wait_keys:
+                    lanes[lane] = wait_keys
+                held.append((a, wait_keys, wait_recs, wait_batches))
+        return out
 
     def _cut(
         self,
