@@ -101,6 +101,8 @@ class RateLimits:
 
     def hold_fetches(self, fetch: FetchControl, budget: Budget) -> None:
         """Each turn: fetch control holds (reason `rate`) the partitions `holds` names."""
+        if self._member is None and not self._topics:
+            return  # key limits alone never hold a partition's fetches: no walk per turn
         parts, total = budget.parts, budget.records
         fetch.follow(
             list(parts),
