@@ -137,6 +137,42 @@ class Members:
             assert self.stop(name) == 0
         return ends
 
+    def reap(self, dying: set[str]) -> list[str]:
+        """Members of `dying` (each told to kill itself at some point) that have: forgotten,
+        named."""
+        gone = [n for n in dying & set(self.procs) if self.procs[n].poll() is not None]
+        for name in gone:
+            self.procs.pop(name)
+        return gone
+
+    def wind_down(
+        self,
+        producer: SteadyProducer,
+        dying: set[str],
+        spawn_survivor: Callable[[], None],
+        committed_now: Callable[[], list[int] | None],
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+    ) -> list[int]:
+        """The end of a chaos run: stop producing, stop the members still due to die, start one
+        that will not (`spawn_survivor`), wait until the group's commits (`committed_now`, None
+        while they cannot be read) reach the end offsets, then stop every member gracefully.
+        Returns the end offsets."""
+        producer.finish()
+        for name in sorted(dying & set(self.procs)):
+            if self.procs[name].poll() is None:
+                self.stop(name)
+        self.reap(dying)
+        spawn_survivor()
+        ends = end_offsets(bootstrap, topic, partitions)
+        self.wait_for(
+            lambda _: committed_now() == ends, 120, "the group's commits to reach the end offsets"
+        )
+        for name in list(self.procs):
+            assert self.stop(name) == 0
+        return ends
+
     def close(self) -> None:
         for p in self.procs.values():
             p.send_signal(signal.SIGCONT)

@@ -25,19 +25,11 @@ from confluent_kafka import KafkaException
 from tests.audit import check
 from tests.audit.cluster import Members, SteadyProducer
 from tests.audit.exactly_once import check_outputs
-from tests.integration.kafka_helpers import committed, end_offsets
+from tests.integration.kafka_helpers import committed
 from weir.testing.pytest_plugin import TopicFactory
 
 PARTITIONS = 8
 LONG_SECONDS = float(os.environ.get("WEIR_CHAOS_SECONDS", "300"))
-
-
-def _reap(members: Members, dying: set[str]) -> list[str]:
-    """Members that killed themselves in a commit (as asked): forgotten, named."""
-    gone = [n for n in dying & set(members.procs) if members.procs[n].poll() is not None]
-    for name in gone:
-        members.procs.pop(name)
-    return gone
 
 
 def _committed_or_none(bootstrap: str, group: str, topic: str) -> list[int] | None:
@@ -100,7 +92,7 @@ def _eos_chaos(
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             time.sleep(rng.uniform(1.0, 3.0))
-            for name in _reap(members, dying):
+            for name in members.reap(dying):
                 actions.append(f"{name} died in commit")
                 spawn(die=rng.random() < 0.5)
             victim = rng.choice(sorted(members.procs))
@@ -115,20 +107,15 @@ def _eos_chaos(
                 actions.append("join")  # a member joins, none leaves
             spawn(die=rng.random() < 0.3)
         # Wind down: no member dies any more; every input must be committed with its output.
-        producer.finish()
-        for name in sorted(dying & set(members.procs)):
-            if members.procs[name].poll() is None:
-                members.stop(name)
-        _reap(members, dying)
-        spawn(die=False)
-        ends = end_offsets(bootstrap, src, PARTITIONS)
-        members.wait_for(
-            lambda _: _committed_or_none(bootstrap, group, src) == ends,
-            120,
-            "the group's commits to reach the end offsets",
+        ends = members.wind_down(
+            producer,
+            dying,
+            lambda: spawn(die=False),
+            lambda: _committed_or_none(bootstrap, group, src),
+            bootstrap,
+            src,
+            PARTITIONS,
         )
-        for name in list(members.procs):
-            assert members.stop(name) == 0
     finally:
         members.close()
         if producer.is_alive():

@@ -19,18 +19,11 @@ import pytest
 from tests.audit import check
 from tests.audit.cluster import Members, SteadyProducer
 from tests.audit.exactly_once import check_outputs
-from tests.integration.kafka_helpers import committed, end_offsets
+from tests.integration.kafka_helpers import committed
 from weir.testing.pytest_plugin import TopicFactory
 
 PARTITIONS = 8
 SECONDS = float(os.environ.get("WEIR_CHAOS_SECONDS_OUTPUTS", "20"))
-
-
-def _reap(members: Members, dying: set[str]) -> list[str]:
-    gone = [n for n in dying & set(members.procs) if members.procs[n].poll() is not None]
-    for name in gone:
-        members.procs.pop(name)
-    return gone
 
 
 @pytest.mark.broker
@@ -71,23 +64,18 @@ def test_outputs_survive_members_killed_between_produce_and_delivery(
         deadline = time.monotonic() + SECONDS
         while time.monotonic() < deadline:
             time.sleep(rng.uniform(0.5, 2.0))
-            for name in _reap(members, dying):
+            for name in members.reap(dying):
                 actions.append(f"{name} killed after an output")
                 spawn(die=rng.random() < 0.7)
-        producer.finish()
-        for name in sorted(dying & set(members.procs)):
-            if members.procs[name].poll() is None:
-                members.stop(name)
-        _reap(members, dying)
-        spawn(die=False)
-        ends = end_offsets(kafka_bootstrap, src, PARTITIONS)
-        members.wait_for(
-            lambda _: committed(kafka_bootstrap, group, src, PARTITIONS) == ends,
-            120,
-            "the group's commits to reach the end offsets",
+        ends = members.wind_down(
+            producer,
+            dying,
+            lambda: spawn(die=False),
+            lambda: committed(kafka_bootstrap, group, src, PARTITIONS),
+            kafka_bootstrap,
+            src,
+            PARTITIONS,
         )
-        for name in list(members.procs):
-            assert members.stop(name) == 0
     finally:
         members.close()
         if producer.is_alive():
