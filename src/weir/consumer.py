@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from datetime import datetime
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
 from confluent_kafka import Consumer
-from typing_extensions import Unpack
+from typing_extensions import TypeVar, Unpack
 
 from weir._engine.client import ClientFactory, ProducerFactory
 from weir._engine.engine import Engine
@@ -67,6 +67,13 @@ log = get_logger(__name__)
 _JOIN_SLICE = 0.5
 
 
+# A function handler's records hold what the value deserializer makes (`Record[_V]`): the type
+# checker refuses a handler of `Record[Order]` given a deserializer of something else.
+_V = TypeVar("_V", default=Any)
+_ValueDeserializers: TypeAlias = (
+    Callable[[bytes | None], _V] | Mapping[str, Callable[[bytes | None], _V]]
+)
+
 _BATCH_SETTINGS = ("batch_max_records", "batch_max_wait_s", "batch_max_bytes")
 
 
@@ -100,12 +107,12 @@ class GroupConsumer:
     @overload
     def __init__(
         self,
-        handler: Handler | Callable[[Record], object] | None,
+        handler: Handler | Callable[[Record[_V]], object] | None,
         config: ConsumerConfig,
         *,
         routes: Routes | None = None,
         key_deserializer: Deserializers | None = None,
-        value_deserializer: Deserializers | None = None,
+        value_deserializer: _ValueDeserializers[_V] | None = None,
         consumer_factory: ClientFactory | None = None,
         producer_factory: ProducerFactory | None = None,
         fence: Fence[Any] | None = None,
@@ -116,10 +123,10 @@ class GroupConsumer:
     @overload
     def __init__(
         self,
-        handler: Handler | Callable[[Record], object],
+        handler: Handler | Callable[[Record[_V]], object],
         *,
         key_deserializer: Deserializers | None = None,
-        value_deserializer: Deserializers | None = None,
+        value_deserializer: _ValueDeserializers[_V] | None = None,
         consumer_factory: ClientFactory | None = None,
         producer_factory: ProducerFactory | None = None,
         fence: Fence[Any] | None = None,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
+    Generic,
     Literal,
     NamedTuple,
     Protocol,
@@ -21,6 +22,7 @@ from typing import (
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 from typing_extensions import Self
+from typing_extensions import TypeVar as DefaultTypeVar
 
 from weir._trace_carrier import OUTPUT_HEADERS, merged
 
@@ -102,8 +104,18 @@ _FIELDS = (
 )
 
 
-class Record:
+# What a record's value deserializes to (`Record[Order]`). Covariant, as only the read-only
+# `deserialized_value` gives it out; defaulting to Any (PEP 696) so that a bare `Record`, as all
+# code before it was written, means what it meant and passes `mypy --strict` unchanged.
+V_co = DefaultTypeVar("V_co", covariant=True, default=Any)
+
+
+class Record(Generic[V_co]):
     """One delivered record: an immutable, typed view of what the broker delivered.
+
+    `Record[Order]` types `deserialized_value` as an `Order`, for a handler whose member (or
+    route) deserializes values into one (`pydantic_deserializer(Order)`); a bare `Record` is
+    `Record[Any]`. The parameter is for the type checker only: nothing checks it at run time.
 
     The owner thread builds one per record, the one thread every record passes, so the view is
     cheap to build: topic, partition, offset, key, value and size are stored; headers, timestamp
@@ -128,7 +140,7 @@ class Record:
     )
     # Set on a worker thread by `weir.serde.DeserializingHandler` before the handler runs.
     _dkey: Any
-    _dvalue: Any
+    _dvalue: V_co
 
     def __init__(
         self,
@@ -235,13 +247,14 @@ class Record:
             return self._key
 
     @property
-    def deserialized_value(self) -> Any:
+    def deserialized_value(self) -> V_co:
         """The value as the consumer's value deserializer made it (`value_deserializer`); the
         raw bytes when there is none."""
         try:
             return self._dvalue
         except AttributeError:
-            return self._value
+            # No value deserializer: a `Record[V]` promised more than the member gives.
+            return self._value  # type: ignore[return-value]
 
     @property
     def event_id(self) -> str:
