@@ -24,6 +24,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 from typing_extensions import Self
 from typing_extensions import TypeVar as DefaultTypeVar
 
+from weir._serializing import RAW, serialized
 from weir._trace_carrier import OUTPUT_HEADERS, merged
 
 __all__ = [
@@ -357,13 +358,15 @@ def _producing(outputs: _Outputs | None) -> _Outputs:
 
 def _output(
     topic: str,
-    value: bytes | str | None,
-    key: bytes | str | None,
+    value: object,
+    key: object,
     headers: Sequence[tuple[str, bytes | str | None]] | None,
     partition: int | None,
 ) -> Output:
     if not isinstance(topic, str) or not topic:
         raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+    if not isinstance(value, RAW) or not isinstance(key, RAW):
+        value, key = serialized(topic, value, key)  # the member's serializers, in this thread
     trace = OUTPUT_HEADERS.get()
     if trace is not None:  # tracing on (weir.tracing): the output joins the current trace
         headers = merged(headers, trace(), replace=False)
@@ -412,19 +415,22 @@ class Context:
     def produce(
         self,
         topic: str,
-        value: bytes | str | None = None,
-        key: bytes | str | None = None,
+        value: object = None,
+        key: object = None,
         *,
         headers: Sequence[tuple[str, bytes | str | None]] | None = None,
         partition: int | None = None,
     ) -> None:
-        """Produce an output record. With `transactional_id` it goes into the member's Kafka
-        transaction when this handler's record is marked finished, with the input's offset:
-        committed together or not at all. Without, it is produced when the call returns, by
-        the member's idempotent producer, and the record counts as finished only once the
-        broker confirmed all its outputs; a failed delivery fails the record into the failure
-        policy (at-least-once: a retry writes them again, docs/producing.md). Outputs of a call
-        that raises are dropped (a retry produces them again)."""
+        """Produce an output record: `value` and `key` are bytes, str (UTF-8) or None as they
+        are, and any other object goes through the member's `value_serializer` /
+        `key_serializer` for `topic`, here (what it raises fails this record; an object with
+        no serializer for `topic` is a TypeError). With `transactional_id` it goes into the
+        member's Kafka transaction when this handler's record is marked finished, with the
+        input's offset: committed together or not at all. Without, it is produced when the call
+        returns, by the member's idempotent producer, and the record counts as finished only
+        once the broker confirmed all its outputs; a failed delivery fails the record into the
+        failure policy (at-least-once: a retry writes them again, docs/producing.md). Outputs of
+        a call that raises are dropped (a retry produces them again)."""
         _producing(self._outputs).append(_output(topic, value, key, headers, partition))
 
     @property
@@ -571,8 +577,8 @@ class BatchContext:
         self,
         record: Record,
         topic: str,
-        value: bytes | str | None = None,
-        key: bytes | str | None = None,
+        value: object = None,
+        key: object = None,
         *,
         headers: Sequence[tuple[str, bytes | str | None]] | None = None,
         partition: int | None = None,
@@ -582,7 +588,9 @@ class BatchContext:
         else confirmed by the broker before `record` counts as finished), and only then: the
         outputs of a record that fails (marked `fail`, held behind a failed record of its lane,
         or in a call that raised without being marked `done`) are dropped, and the call that
-        finishes it on a retry produces them again (docs/exactly-once.md#batch-handlers)."""
+        finishes it on a retry produces them again (docs/exactly-once.md#batch-handlers).
+        `value` and `key` as in `Context.produce`: objects go through the member's serializers,
+        here."""
         outputs = _producing(self._outputs)
         if not isinstance(record, Record):
             raise TypeError(

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from weir._serializing import OUTPUT_SERIALIZERS, OutputSerializers, for_topic
 from weir._wrapping import Wrapper, call_plain
 from weir.errors import DeserializationError
 from weir.records import (
@@ -31,6 +32,7 @@ from weir.records import (
     Context,
     Handler,
     Record,
+    is_async_handler,
 )
 
 __all__ = [
@@ -55,6 +57,10 @@ M = TypeVar("M", bound=BaseModel)
 Serializer = Callable[[Any], bytes | None]
 """An object to the bytes of an output's key or value (`ctx.produce`); the mirror of a
 `Deserializer`. Called in the handler's thread: what it raises fails the record there."""
+
+Serializers = Serializer | Mapping[str, Serializer]
+"""What `GroupConsumer(value_serializer=..., key_serializer=...)` takes: one serializer for
+every output topic, or a mapping of output topic to serializer."""
 
 
 def json_serializer(*, allow_null: bool = True) -> Callable[[object], bytes | None]:
@@ -123,12 +129,6 @@ def schema_registry_deserializer(
 Deserializers = Deserializer | Mapping[str, Deserializer]
 
 
-def _for_topic(d: Deserializers | None, topic: str) -> Deserializer | None:
-    if d is None or callable(d):
-        return d
-    return d.get(topic)
-
-
 class _Deserializing(Wrapper):
     """The deserializers around the application's handler, whose hooks it passes on."""
 
@@ -143,8 +143,8 @@ class _Deserializing(Wrapper):
         self._value = value
 
     def _deserialize(self, record: Record) -> None:
-        kd = _for_topic(self._key, record.topic)
-        vd = _for_topic(self._value, record.topic)
+        kd = for_topic(self._key, record.topic)
+        vd = for_topic(self._value, record.topic)
         if kd is not None:
             try:
                 record._dkey = kd(record.key)
@@ -237,3 +237,87 @@ class AsyncDeserializingBatchHandler(DeserializingBatchHandler):
                 self._batch.handle_batch  # type: ignore[assignment]
             )
             await handle_batch(good, ctx)
+
+
+def check_setting(name: str, given: object, *, serializer: bool) -> None:
+    """A (de)serializer setting of the member, checked where it is built: a function, or a
+    mapping of topic names to functions. A pydantic model class is callable but fails every
+    record (`Order(b"...")`): the function meant is refused with its name."""
+    takes = "an object to bytes" if serializer else "bytes to an object"
+    for where, fn in given.items() if isinstance(given, Mapping) else [(None, given)]:
+        shown = name if where is None else f"{name}[{where!r}]"
+        if where is not None and (not isinstance(where, str) or not where):
+            raise TypeError(f"{name}: a mapping's keys must be topic names (str), got {where!r}")
+        if isinstance(fn, type) and issubclass(fn, BaseModel):
+            meant = f"pydantic_{'serializer' if serializer else 'deserializer'}({fn.__name__})"
+            raise TypeError(
+                f"{shown} must be a function from {takes}, got the pydantic model "
+                f"{fn.__qualname__}: {meant}"
+            )
+        if not callable(fn):
+            mapping = " or a mapping of topic to such a function," if where is None else ""
+            raise TypeError(f"{shown} must be a function from {takes},{mapping} got {fn!r}")
+
+
+class _Serializing(Wrapper):
+    """Makes the member's output serializers the ones `ctx.produce` uses in each call of the
+    application's handler, whose hooks it passes on."""
+
+    def __init__(self, inner: Handler, serializers: OutputSerializers) -> None:
+        super().__init__(inner)
+        self._serializers = serializers
+
+
+class _SerializingHandler(_Serializing):
+    def handle(self, record: Record, ctx: Context) -> None:
+        token = OUTPUT_SERIALIZERS.set(self._serializers)
+        try:
+            call_plain(self.inner.handle, record, ctx)
+        finally:
+            OUTPUT_SERIALIZERS.reset(token)
+
+
+class _AsyncSerializingHandler(_SerializingHandler):
+    async def handle(self, record: Record, ctx: Context) -> None:  # type: ignore[override]
+        handle: Callable[[Record, Context], Awaitable[object]] = self.inner.handle  # type: ignore[assignment]
+        token = OUTPUT_SERIALIZERS.set(self._serializers)  # in this call's own task
+        try:
+            await handle(record, ctx)
+        finally:
+            OUTPUT_SERIALIZERS.reset(token)
+
+
+class _SerializingBatchHandler(_Serializing, BatchHandler):
+    def __init__(self, inner: BatchHandler, serializers: OutputSerializers) -> None:
+        super().__init__(inner, serializers)
+        self._batch = inner
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        token = OUTPUT_SERIALIZERS.set(self._serializers)
+        try:
+            call_plain(self._batch.handle_batch, records, ctx)
+        finally:
+            OUTPUT_SERIALIZERS.reset(token)
+
+
+class _AsyncSerializingBatchHandler(_SerializingBatchHandler):
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:  # type: ignore[override]
+        handle_batch: Callable[[list[Record], BatchContext], Awaitable[object]] = (
+            self._batch.handle_batch  # type: ignore[assignment]
+        )
+        token = OUTPUT_SERIALIZERS.set(self._serializers)
+        try:
+            await handle_batch(records, ctx)
+        finally:
+            OUTPUT_SERIALIZERS.reset(token)
+
+
+def serializing(handler: Handler, key: Serializers | None, value: Serializers | None) -> Handler:
+    """`handler` with the member's output serializers (checked already) for its `ctx.produce`."""
+    serializers = OutputSerializers(key, value)
+    is_async = is_async_handler(handler)
+    if isinstance(handler, BatchHandler):
+        batch = _AsyncSerializingBatchHandler if is_async else _SerializingBatchHandler
+        return batch(handler, serializers)
+    single = _AsyncSerializingHandler if is_async else _SerializingHandler
+    return single(handler, serializers)
