@@ -12,14 +12,18 @@ for it (they run again after it, in offset order), as after `BatchContext.fail`.
 Built in: `json_deserializer()` and `pydantic_deserializer(Model)`. Avro, Protobuf and JSON
 Schema through a schema registry: wrap one of confluent-kafka's schema-registry deserializers
 with `schema_registry_deserializer` (docs/failures.md shows how; it needs
-`pip install "confluent-kafka[avro,schemaregistry]"` or the protobuf/json extras).
+`pip install "kafka-weir[avro]"` or the protobuf / json-schema extras).
+
+Serializers are the mirror, for the outputs of `ctx.produce` (`GroupConsumer(value_serializer=
+..., key_serializer=...)`, docs/producing.md): `json_serializer()`, `pydantic_serializer(Model)`
+and `schema_registry_serializer`, each called in the handler's thread.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Hashable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
@@ -47,6 +51,7 @@ __all__ = [
     "pydantic_deserializer",
     "pydantic_serializer",
     "schema_registry_deserializer",
+    "schema_registry_serializer",
 ]
 
 Deserializer = Callable[[bytes | None], Any]
@@ -120,10 +125,37 @@ def schema_registry_deserializer(
     """Adapt a confluent-kafka schema-registry deserializer (AvroDeserializer,
     ProtobufDeserializer, JSONDeserializer: called with the bytes and a SerializationContext)
     for records of `topic`. Use a mapping of topic to deserializer for several topics."""
+    ctx = _serialization_context("schema_registry_deserializer", deserializer, topic, field)
+    return lambda data: deserializer(data, ctx)
+
+
+def schema_registry_serializer(
+    serializer: Callable[[Any, Any], bytes | None],
+    topic: str,
+    field: Literal["key", "value"] = "value",
+) -> Serializer:
+    """Adapt a confluent-kafka schema-registry serializer (AvroSerializer, ProtobufSerializer,
+    JSONSerializer: called with the object and a SerializationContext) for outputs to `topic`
+    (`value_serializer=`, or `key_serializer=` with `field="key"`); the mirror of
+    `schema_registry_deserializer`. What it raises (confluent-kafka's SerializationError for
+    an object the schema refuses, a registry that does not answer) fails the handler's record.
+    Use a mapping of output topic to serializer for several topics."""
+    ctx = _serialization_context("schema_registry_serializer", serializer, topic, field)
+    return lambda obj: serializer(obj, ctx)
+
+
+def _serialization_context(what: str, fn: object, topic: object, field: object) -> Any:
+    """The SerializationContext a schema-registry (de)serializer is called with: the subject it
+    registers or looks up is named after `topic` and `field`."""
+    if not callable(fn):
+        raise TypeError(f"{what} wraps a confluent-kafka schema-registry callable, got {fn!r}")
+    if not isinstance(topic, str) or not topic:
+        raise TypeError(f"{what}: topic must be a topic name (a non-empty str), got {topic!r}")
+    if field not in ("key", "value"):
+        raise ValueError(f'{what}: field must be "key" or "value", got {field!r}')
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    ctx = SerializationContext(topic, MessageField.KEY if field == "key" else MessageField.VALUE)
-    return lambda data: deserializer(data, ctx)
+    return SerializationContext(topic, MessageField.KEY if field == "key" else MessageField.VALUE)
 
 
 Deserializers = Deserializer | Mapping[str, Deserializer]
