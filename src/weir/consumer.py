@@ -234,6 +234,14 @@ class GroupConsumer:
         ):
             if given is not None:
                 check_setting(name, given, serializer=out)
+                if out and not isinstance(handler, Handler):
+                    # A function is called with the record alone: it has no ctx.produce.
+                    raise TypeError(
+                        f"{name} serializes the outputs of ctx.produce, and the handler "
+                        f"{getattr(handler, '__qualname__', handler)!r} is a function, called "
+                        "without a Context: subclass weir.Handler and define "
+                        "handle(self, record, ctx), or drop the setting"
+                    )
         if key_deserializer is not None or value_deserializer is not None:
             inner = self._handler
             if isinstance(inner, BatchHandler):

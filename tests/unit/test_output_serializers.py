@@ -69,6 +69,12 @@ class BatchProduces(BatchHandler):
             ctx.produce(record, OUT, order_of(record), {"p": record.partition})
 
 
+class AsyncBatchProduces(BatchHandler):
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        for record in records:
+            ctx.produce(record, OUT, order_of(record), {"p": record.partition})
+
+
 class ProducesObject(Handler):
     """Produces `obj` for the record whose value is b"bad", an `Order` for the others."""
 
@@ -121,7 +127,13 @@ def with_topics(broker: FakeBroker) -> FakeBroker:
 
 @pytest.mark.parametrize(
     ("handler", "transactional_id"),
-    [(Produces, None), (AsyncProduces, None), (BatchProduces, None), (Produces, "tx-1")],
+    [
+        (Produces, None),
+        (AsyncProduces, None),
+        (BatchProduces, None),
+        (AsyncBatchProduces, None),
+        (Produces, "tx-1"),
+    ],
 )
 def test_objects_are_serialized_and_bytes_and_str_pass_through(
     members: list[GroupConsumer], handler: type[Handler], transactional_id: str | None
@@ -242,3 +254,14 @@ def test_bad_settings_are_refused_where_the_member_is_built(
         settings: dict[str, Any] = {setting: given, **BASE}
         GroupConsumer(Produces(), **settings)
     assert says in str(info.value)
+
+
+def test_a_serializer_for_a_function_handler_is_refused() -> None:
+    """A function handler is called with the record alone: it has no `ctx.produce` for the
+    serializers to serve."""
+
+    def handle(record: Record) -> None:
+        pass
+
+    with pytest.raises(TypeError, match=r"'.*handle' is a function, called without a Context"):
+        GroupConsumer(handle, value_serializer=json_serializer(), **BASE)
