@@ -121,6 +121,7 @@ def committed_all(broker: FakeBroker, end: int) -> Callable[[], bool]:
 
 
 def with_topics(broker: FakeBroker) -> FakeBroker:
+    """`broker` with the AUDIT topic too."""
     broker.create_topic(AUDIT, partitions=1)
     return broker
 
@@ -163,6 +164,26 @@ def test_objects_are_serialized_and_bytes_and_str_pass_through(
         )
         assert {m.key() for m in audit} == {None, *(f"k{i}".encode() for i in range(5))}
         assert not any(name.startswith("weir-owner") for name in h.threads)
+
+
+def test_a_routed_members_handlers_use_its_serializers(members: list[GroupConsumer]) -> None:
+    broker = with_topics(broker_with(4))
+    settings = {k: v for k, v in BASE.items() if k != "topics"}
+    gc = GroupConsumer(
+        routes={IN: Produces()},
+        value_serializer={OUT: pydantic_serializer(Order), AUDIT: json_serializer()},
+        key_serializer=json_serializer(),
+        consumer_factory=broker.consumer_factory,
+        producer_factory=broker.producer_factory,
+        auto_offset_reset="earliest",
+        commit_interval_s=0.01,
+        **settings,
+    )
+    members.append(gc)
+    gc.start()
+    wait_until(committed_all(broker, 4), "every record committed", 20)
+    read = pydantic_deserializer(Order)
+    assert sorted(read(m.value()).id for m in out_messages(broker)) == [0, 0, 1, 1]
 
 
 def test_an_object_without_a_serializer_fails_its_record_not_the_member(
