@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	@echo "installing kafka-weir and its dependencies into $(VENV) with pip" \
 	  "(a minute or two the first time)..."
 	@$(BIN)/python -m pip install -q --upgrade pip
-	@$(BIN)/python -m pip install -q -e '.[test,cli,prometheus,dev,postgres]'
+	@$(BIN)/python -m pip install -q -e '.[test,cli,prometheus,dev,postgres,avro,json-schema]'
 	@touch $(STAMP)
 	@echo "installed: $(BIN)/python, $(BIN)/weir"
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from datetime import datetime
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
 from confluent_kafka import Consumer
-from typing_extensions import Unpack
+from typing_extensions import TypeVar, Unpack
 
 from weir._engine.client import ClientFactory, ProducerFactory
 from weir._engine.engine import Engine
@@ -52,6 +52,9 @@ from weir.serde import (
     Deserializers,
     DeserializingBatchHandler,
     DeserializingHandler,
+    Serializers,
+    check_setting,
+    serializing,
 )
 from weir.stats import ConsumerStats
 
@@ -66,6 +69,13 @@ log = get_logger(__name__)
 # well as inside them, so this only bounds how late a missed wake-up could be noticed.
 _JOIN_SLICE = 0.5
 
+
+# A function handler's records hold what the value deserializer makes (`Record[_V]`): the type
+# checker refuses a handler of `Record[Order]` given a deserializer of something else.
+_V = TypeVar("_V", default=Any)
+_ValueDeserializers: TypeAlias = (
+    Callable[[bytes | None], _V] | Mapping[str, Callable[[bytes | None], _V]]
+)
 
 _BATCH_SETTINGS = ("batch_max_records", "batch_max_wait_s", "batch_max_bytes")
 
@@ -100,12 +110,14 @@ class GroupConsumer:
     @overload
     def __init__(
         self,
-        handler: Handler | Callable[[Record], object] | None,
+        handler: Handler | Callable[[Record[_V]], object] | None,
         config: ConsumerConfig,
         *,
         routes: Routes | None = None,
         key_deserializer: Deserializers | None = None,
-        value_deserializer: Deserializers | None = None,
+        value_deserializer: _ValueDeserializers[_V] | None = None,
+        key_serializer: Serializers | None = None,
+        value_serializer: Serializers | None = None,
         consumer_factory: ClientFactory | None = None,
         producer_factory: ProducerFactory | None = None,
         fence: Fence[Any] | None = None,
@@ -116,10 +128,12 @@ class GroupConsumer:
     @overload
     def __init__(
         self,
-        handler: Handler | Callable[[Record], object],
+        handler: Handler | Callable[[Record[_V]], object],
         *,
         key_deserializer: Deserializers | None = None,
-        value_deserializer: Deserializers | None = None,
+        value_deserializer: _ValueDeserializers[_V] | None = None,
+        key_serializer: Serializers | None = None,
+        value_serializer: Serializers | None = None,
         consumer_factory: ClientFactory | None = None,
         producer_factory: ProducerFactory | None = None,
         fence: Fence[Any] | None = None,
@@ -133,6 +147,8 @@ class GroupConsumer:
         self,
         *,
         routes: Routes,
+        key_serializer: Serializers | None = None,
+        value_serializer: Serializers | None = None,
         consumer_factory: ClientFactory | None = None,
         producer_factory: ProducerFactory | None = None,
         fence: Fence[Any] | None = None,
@@ -149,6 +165,8 @@ class GroupConsumer:
         routes: Routes | None = None,
         key_deserializer: Deserializers | None = None,
         value_deserializer: Deserializers | None = None,
+        key_serializer: Serializers | None = None,
+        value_serializer: Serializers | None = None,
         consumer_factory: ClientFactory | None = None,
         producer_factory: ProducerFactory | None = None,
         fence: Fence[Any] | None = None,
@@ -160,7 +178,10 @@ class GroupConsumer:
         Settings as keywords, or one `ConsumerConfig`. `key_deserializer` /
         `value_deserializer`: functions from bytes to what the handler reads as
         `record.deserialized_key` / `deserialized_value` (or a mapping of topic to function;
-        see `weir.serde`). `consumer_factory` / `producer_factory` build the Kafka clients
+        see `weir.serde`). `key_serializer` / `value_serializer`: functions from an object to
+        bytes that `ctx.produce` calls, in the handler's thread, for a key or value that is not
+        bytes, str or None (or a mapping of output topic to function; docs/producing.md).
+        `consumer_factory` / `producer_factory` build the Kafka clients
         (`weir.testing.FakeConsumer` for tests without a broker). `fence`: a `weir.fencing`
         fence whose epochs the member acquires for each assigned partition before its first
         record (`Context.epoch`); a `FencedError` from a handler makes the partition lost.
@@ -205,13 +226,23 @@ class GroupConsumer:
         # An async handler's event loop: the application's (given here, or the one that runs
         # `run_async()` / `async with`), else one on a thread of weir's own.
         self._loop = loop
-        if key_deserializer is not None or value_deserializer is not None:
-            for name, d in (("key", key_deserializer), ("value", value_deserializer)):
-                if d is not None and not callable(d) and not isinstance(d, Mapping):
+        for name, given, out in (
+            ("key_deserializer", key_deserializer, False),
+            ("value_deserializer", value_deserializer, False),
+            ("key_serializer", key_serializer, True),
+            ("value_serializer", value_serializer, True),
+        ):
+            if given is not None:
+                check_setting(name, given, serializer=out)
+                if out and not isinstance(handler, Handler):
+                    # A function is called with the record alone: it has no ctx.produce.
                     raise TypeError(
-                        f"{name}_deserializer must be a function from bytes, or a mapping of "
-                        f"topic to such a function, got {d!r}"
+                        f"{name} serializes the outputs of ctx.produce, and the handler "
+                        f"{getattr(handler, '__qualname__', handler)!r} is a function, called "
+                        "without a Context: subclass weir.Handler and define "
+                        "handle(self, record, ctx), or drop the setting"
                     )
+        if key_deserializer is not None or value_deserializer is not None:
             inner = self._handler
             if isinstance(inner, BatchHandler):
                 batch_wrapper = (
@@ -227,6 +258,8 @@ class GroupConsumer:
                     AsyncDeserializingHandler if is_async_handler(inner) else DeserializingHandler
                 )
                 self._handler = wrapper(inner, key_deserializer, value_deserializer)
+        if key_serializer is not None or value_serializer is not None:
+            self._handler = serializing(self._handler, key_serializer, value_serializer)
         if tracer_provider is not None or config.tracing:
             self._handler = _traced(self._handler, config, tracer_provider)
         self._factory: ClientFactory = consumer_factory or Consumer

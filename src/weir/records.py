@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
+    Generic,
     Literal,
     NamedTuple,
     Protocol,
@@ -21,7 +22,9 @@ from typing import (
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 from typing_extensions import Self
+from typing_extensions import TypeVar as DefaultTypeVar
 
+from weir._serializing import RAW, serialized
 from weir._trace_carrier import OUTPUT_HEADERS, merged
 
 __all__ = [
@@ -102,8 +105,18 @@ _FIELDS = (
 )
 
 
-class Record:
+# What a record's value deserializes to (`Record[Order]`). Covariant, as only the read-only
+# `deserialized_value` gives it out; defaulting to Any (PEP 696) so that a bare `Record`, as all
+# code before it was written, means what it meant and passes `mypy --strict` unchanged.
+V_co = DefaultTypeVar("V_co", covariant=True, default=Any)
+
+
+class Record(Generic[V_co]):
     """One delivered record: an immutable, typed view of what the broker delivered.
+
+    `Record[Order]` types `deserialized_value` as an `Order`, for a handler whose member (or
+    route) deserializes values into one (`pydantic_deserializer(Order)`); a bare `Record` is
+    `Record[Any]`. The parameter is for the type checker only: nothing checks it at run time.
 
     The owner thread builds one per record, the one thread every record passes, so the view is
     cheap to build: topic, partition, offset, key, value and size are stored; headers, timestamp
@@ -128,7 +141,7 @@ class Record:
     )
     # Set on a worker thread by `weir.serde.DeserializingHandler` before the handler runs.
     _dkey: Any
-    _dvalue: Any
+    _dvalue: V_co
 
     def __init__(
         self,
@@ -235,13 +248,14 @@ class Record:
             return self._key
 
     @property
-    def deserialized_value(self) -> Any:
+    def deserialized_value(self) -> V_co:
         """The value as the consumer's value deserializer made it (`value_deserializer`); the
         raw bytes when there is none."""
         try:
             return self._dvalue
         except AttributeError:
-            return self._value
+            # No value deserializer: a `Record[V]` promised more than the member gives.
+            return self._value  # type: ignore[return-value]
 
     @property
     def event_id(self) -> str:
@@ -344,13 +358,15 @@ def _producing(outputs: _Outputs | None) -> _Outputs:
 
 def _output(
     topic: str,
-    value: bytes | str | None,
-    key: bytes | str | None,
+    value: object,
+    key: object,
     headers: Sequence[tuple[str, bytes | str | None]] | None,
     partition: int | None,
 ) -> Output:
     if not isinstance(topic, str) or not topic:
         raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+    if not isinstance(value, RAW) or not isinstance(key, RAW):
+        value, key = serialized(topic, value, key)  # the member's serializers, in this thread
     trace = OUTPUT_HEADERS.get()
     if trace is not None:  # tracing on (weir.tracing): the output joins the current trace
         headers = merged(headers, trace(), replace=False)
@@ -399,19 +415,22 @@ class Context:
     def produce(
         self,
         topic: str,
-        value: bytes | str | None = None,
-        key: bytes | str | None = None,
+        value: object = None,
+        key: object = None,
         *,
         headers: Sequence[tuple[str, bytes | str | None]] | None = None,
         partition: int | None = None,
     ) -> None:
-        """Produce an output record. With `transactional_id` it goes into the member's Kafka
-        transaction when this handler's record is marked finished, with the input's offset:
-        committed together or not at all. Without, it is produced when the call returns, by
-        the member's idempotent producer, and the record counts as finished only once the
-        broker confirmed all its outputs; a failed delivery fails the record into the failure
-        policy (at-least-once: a retry writes them again, docs/producing.md). Outputs of a call
-        that raises are dropped (a retry produces them again)."""
+        """Produce an output record: `value` and `key` are bytes, str (UTF-8) or None as they
+        are, and any other object goes through the member's `value_serializer` /
+        `key_serializer` for `topic`, here (what it raises fails this record; an object with
+        no serializer for `topic` is a TypeError). With `transactional_id` it goes into the
+        member's Kafka transaction when this handler's record is marked finished, with the
+        input's offset: committed together or not at all. Without, it is produced when the call
+        returns, by the member's idempotent producer, and the record counts as finished only
+        once the broker confirmed all its outputs; a failed delivery fails the record into the
+        failure policy (at-least-once: a retry writes them again, docs/producing.md). Outputs of
+        a call that raises are dropped (a retry produces them again)."""
         _producing(self._outputs).append(_output(topic, value, key, headers, partition))
 
     @property
@@ -558,8 +577,8 @@ class BatchContext:
         self,
         record: Record,
         topic: str,
-        value: bytes | str | None = None,
-        key: bytes | str | None = None,
+        value: object = None,
+        key: object = None,
         *,
         headers: Sequence[tuple[str, bytes | str | None]] | None = None,
         partition: int | None = None,
@@ -569,7 +588,9 @@ class BatchContext:
         else confirmed by the broker before `record` counts as finished), and only then: the
         outputs of a record that fails (marked `fail`, held behind a failed record of its lane,
         or in a call that raised without being marked `done`) are dropped, and the call that
-        finishes it on a retry produces them again (docs/exactly-once.md#batch-handlers)."""
+        finishes it on a retry produces them again (docs/exactly-once.md#batch-handlers).
+        `value` and `key` as in `Context.produce`: objects go through the member's serializers,
+        here."""
         outputs = _producing(self._outputs)
         if not isinstance(record, Record):
             raise TypeError(

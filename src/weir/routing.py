@@ -14,7 +14,9 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 from weir._wrapping import call_plain as _call_plain
 from weir.policy import FailurePolicy
@@ -32,21 +34,26 @@ from weir.serde import AsyncDeserializingHandler, Deserializer, DeserializingHan
 
 __all__ = ["Route", "RouteKey", "Routes"]
 
+# What the route's value deserializer makes, and so what its handler's records hold
+# (`Record[_V]`): a handler of `Record[Order]` with a deserializer of something else is refused by
+# the type checker. Any by default: a route without a deserializer, or a `Handler` instance.
+_V = TypeVar("_V", default=Any)
+
 RouteKey = str | re.Pattern[str]
 """A topic's name, or a compiled regular expression that matches names from their start (as a
 subscribed `^` pattern does)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class Route(Generic[_V]):
     """What a topic's records get: `handler` (a `Handler` or a function taking a `Record`), the
     deserializers it reads through `record.deserialized_key/value`, its `failure` policy (else
     the member's `failure`), and `filter`: a predicate on the raw record; a record it says False
     to is not handled and counts as finished (its offset is committed like any other)."""
 
-    handler: Handler | Callable[[Record], object]
+    handler: Handler | Callable[[Record[_V]], object]
     key_deserializer: Deserializer | None = None
-    value_deserializer: Deserializer | None = None
+    value_deserializer: Callable[[bytes | None], _V] | None = None
     failure: FailurePolicy | None = None
     filter: Callable[[Record], bool] | None = None
 

@@ -12,17 +12,22 @@ for it (they run again after it, in offset order), as after `BatchContext.fail`.
 Built in: `json_deserializer()` and `pydantic_deserializer(Model)`. Avro, Protobuf and JSON
 Schema through a schema registry: wrap one of confluent-kafka's schema-registry deserializers
 with `schema_registry_deserializer` (docs/failures.md shows how; it needs
-`pip install "confluent-kafka[avro,schemaregistry]"` or the protobuf/json extras).
+`pip install "kafka-weir[avro]"` or the protobuf / json-schema extras).
+
+Serializers are the mirror, for the outputs of `ctx.produce` (`GroupConsumer(value_serializer=
+..., key_serializer=...)`, docs/producing.md): `json_serializer()`, `pydantic_serializer(Model)`
+and `schema_registry_serializer`, each called in the handler's thread.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Hashable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
+from weir._serializing import OUTPUT_SERIALIZERS, OutputSerializers, for_topic
 from weir._wrapping import Wrapper, call_plain
 from weir.errors import DeserializationError
 from weir.records import (
@@ -31,6 +36,7 @@ from weir.records import (
     Context,
     Handler,
     Record,
+    is_async_handler,
 )
 
 __all__ = [
@@ -45,6 +51,7 @@ __all__ = [
     "pydantic_deserializer",
     "pydantic_serializer",
     "schema_registry_deserializer",
+    "schema_registry_serializer",
 ]
 
 Deserializer = Callable[[bytes | None], Any]
@@ -55,6 +62,10 @@ M = TypeVar("M", bound=BaseModel)
 Serializer = Callable[[Any], bytes | None]
 """An object to the bytes of an output's key or value (`ctx.produce`); the mirror of a
 `Deserializer`. Called in the handler's thread: what it raises fails the record there."""
+
+Serializers = Serializer | Mapping[str, Serializer]
+"""What `GroupConsumer(value_serializer=..., key_serializer=...)` takes: one serializer for
+every output topic, or a mapping of output topic to serializer."""
 
 
 def json_serializer(*, allow_null: bool = True) -> Callable[[object], bytes | None]:
@@ -114,19 +125,40 @@ def schema_registry_deserializer(
     """Adapt a confluent-kafka schema-registry deserializer (AvroDeserializer,
     ProtobufDeserializer, JSONDeserializer: called with the bytes and a SerializationContext)
     for records of `topic`. Use a mapping of topic to deserializer for several topics."""
-    from confluent_kafka.serialization import MessageField, SerializationContext
-
-    ctx = SerializationContext(topic, MessageField.KEY if field == "key" else MessageField.VALUE)
+    ctx = _serialization_context("schema_registry_deserializer", deserializer, topic, field)
     return lambda data: deserializer(data, ctx)
 
 
+def schema_registry_serializer(
+    serializer: Callable[[Any, Any], bytes | None],
+    topic: str,
+    field: Literal["key", "value"] = "value",
+) -> Serializer:
+    """Adapt a confluent-kafka schema-registry serializer (AvroSerializer, ProtobufSerializer,
+    JSONSerializer: called with the object and a SerializationContext) for outputs to `topic`
+    (`value_serializer=`, or `key_serializer=` with `field="key"`); the mirror of
+    `schema_registry_deserializer`. What it raises (confluent-kafka's SerializationError for
+    an object the schema refuses, a registry that does not answer) fails the handler's record.
+    Use a mapping of output topic to serializer for several topics."""
+    ctx = _serialization_context("schema_registry_serializer", serializer, topic, field)
+    return lambda obj: serializer(obj, ctx)
+
+
+def _serialization_context(what: str, fn: object, topic: object, field: object) -> Any:
+    """The SerializationContext a schema-registry (de)serializer is called with: the subject it
+    registers or looks up is named after `topic` and `field`."""
+    if not callable(fn):
+        raise TypeError(f"{what} wraps a confluent-kafka schema-registry callable, got {fn!r}")
+    if not isinstance(topic, str) or not topic:
+        raise TypeError(f"{what}: topic must be a topic name (a non-empty str), got {topic!r}")
+    if field not in ("key", "value"):
+        raise ValueError(f'{what}: field must be "key" or "value", got {field!r}')
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    return SerializationContext(topic, MessageField.KEY if field == "key" else MessageField.VALUE)
+
+
 Deserializers = Deserializer | Mapping[str, Deserializer]
-
-
-def _for_topic(d: Deserializers | None, topic: str) -> Deserializer | None:
-    if d is None or callable(d):
-        return d
-    return d.get(topic)
 
 
 class _Deserializing(Wrapper):
@@ -143,8 +175,8 @@ class _Deserializing(Wrapper):
         self._value = value
 
     def _deserialize(self, record: Record) -> None:
-        kd = _for_topic(self._key, record.topic)
-        vd = _for_topic(self._value, record.topic)
+        kd = for_topic(self._key, record.topic)
+        vd = for_topic(self._value, record.topic)
         if kd is not None:
             try:
                 record._dkey = kd(record.key)
@@ -237,3 +269,87 @@ class AsyncDeserializingBatchHandler(DeserializingBatchHandler):
                 self._batch.handle_batch  # type: ignore[assignment]
             )
             await handle_batch(good, ctx)
+
+
+def check_setting(name: str, given: object, *, serializer: bool) -> None:
+    """A (de)serializer setting of the member, checked where it is built: a function, or a
+    mapping of topic names to functions. A pydantic model class is callable but fails every
+    record (`Order(b"...")`): the function meant is refused with its name."""
+    takes = "an object to bytes" if serializer else "bytes to an object"
+    for where, fn in given.items() if isinstance(given, Mapping) else [(None, given)]:
+        shown = name if where is None else f"{name}[{where!r}]"
+        if where is not None and (not isinstance(where, str) or not where):
+            raise TypeError(f"{name}: a mapping's keys must be topic names (str), got {where!r}")
+        if isinstance(fn, type) and issubclass(fn, BaseModel):
+            meant = f"pydantic_{'serializer' if serializer else 'deserializer'}({fn.__name__})"
+            raise TypeError(
+                f"{shown} must be a function from {takes}, got the pydantic model "
+                f"{fn.__qualname__}: {meant}"
+            )
+        if not callable(fn):
+            mapping = " or a mapping of topic to such a function," if where is None else ""
+            raise TypeError(f"{shown} must be a function from {takes},{mapping} got {fn!r}")
+
+
+class _Serializing(Wrapper):
+    """Makes the member's output serializers the ones `ctx.produce` uses in each call of the
+    application's handler, whose hooks it passes on."""
+
+    def __init__(self, inner: Handler, serializers: OutputSerializers) -> None:
+        super().__init__(inner)
+        self._serializers = serializers
+
+
+class _SerializingHandler(_Serializing):
+    def handle(self, record: Record, ctx: Context) -> None:
+        token = OUTPUT_SERIALIZERS.set(self._serializers)
+        try:
+            call_plain(self.inner.handle, record, ctx)
+        finally:
+            OUTPUT_SERIALIZERS.reset(token)
+
+
+class _AsyncSerializingHandler(_SerializingHandler):
+    async def handle(self, record: Record, ctx: Context) -> None:  # type: ignore[override]
+        handle: Callable[[Record, Context], Awaitable[object]] = self.inner.handle  # type: ignore[assignment]
+        token = OUTPUT_SERIALIZERS.set(self._serializers)  # in this call's own task
+        try:
+            await handle(record, ctx)
+        finally:
+            OUTPUT_SERIALIZERS.reset(token)
+
+
+class _SerializingBatchHandler(_Serializing, BatchHandler):
+    def __init__(self, inner: BatchHandler, serializers: OutputSerializers) -> None:
+        super().__init__(inner, serializers)
+        self._batch = inner
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        token = OUTPUT_SERIALIZERS.set(self._serializers)
+        try:
+            call_plain(self._batch.handle_batch, records, ctx)
+        finally:
+            OUTPUT_SERIALIZERS.reset(token)
+
+
+class _AsyncSerializingBatchHandler(_SerializingBatchHandler):
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:  # type: ignore[override]
+        handle_batch: Callable[[list[Record], BatchContext], Awaitable[object]] = (
+            self._batch.handle_batch  # type: ignore[assignment]
+        )
+        token = OUTPUT_SERIALIZERS.set(self._serializers)
+        try:
+            await handle_batch(records, ctx)
+        finally:
+            OUTPUT_SERIALIZERS.reset(token)
+
+
+def serializing(handler: Handler, key: Serializers | None, value: Serializers | None) -> Handler:
+    """`handler` with the member's output serializers (checked already) for its `ctx.produce`."""
+    serializers = OutputSerializers(key, value)
+    is_async = is_async_handler(handler)
+    if isinstance(handler, BatchHandler):
+        batch = _AsyncSerializingBatchHandler if is_async else _SerializingBatchHandler
+        return batch(handler, serializers)
+    single = _AsyncSerializingHandler if is_async else _SerializingHandler
+    return single(handler, serializers)
