@@ -356,6 +356,31 @@ def _producing(outputs: _Outputs | None) -> _Outputs:
     return outputs
 
 
+def _checked_headers(headers: object) -> list[tuple[str, bytes | str | None]]:
+    """An output's headers as the producer takes them, checked in the handler's thread: the
+    producer refusing them later, on the owner thread, would stop the member. A copy, so the
+    handler may reuse its list."""
+    if isinstance(headers, Mapping):
+        headers = list(headers.items())
+    if not isinstance(headers, list | tuple):
+        raise TypeError(
+            f"headers are a list of (name, value) pairs or a dict, got {type(headers).__name__}"
+        )
+    out: list[tuple[str, bytes | str | None]] = []
+    for pair in headers:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError(f"headers are (name, value) pairs, got {pair!r}")
+        name, value = pair
+        if not isinstance(name, str):
+            raise TypeError(f"a header name is a str, got {name!r}")
+        if not isinstance(value, RAW):
+            raise TypeError(
+                f"header {name!r}: a value is bytes, str or None, got {type(value).__name__}"
+            )
+        out.append((name, value))
+    return out
+
+
 def _output(
     topic: str,
     value: object,
@@ -367,6 +392,12 @@ def _output(
         raise TypeError(f"topic must be a non-empty str, got {topic!r}")
     if not isinstance(value, RAW) or not isinstance(key, RAW):
         value, key = serialized(topic, value, key)  # the member's serializers, in this thread
+    if headers is not None:
+        headers = _checked_headers(headers)
+    if partition is not None and (
+        isinstance(partition, bool) or not isinstance(partition, int) or partition < -1
+    ):
+        raise TypeError(f"partition is an int (or None), got {partition!r}")
     trace = OUTPUT_HEADERS.get()
     if trace is not None:  # tracing on (weir.tracing): the output joins the current trace
         headers = merged(headers, trace(), replace=False)

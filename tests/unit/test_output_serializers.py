@@ -286,3 +286,47 @@ def test_a_serializer_for_a_function_handler_is_refused() -> None:
 
     with pytest.raises(TypeError, match=r"'.*handle' is a function, called without a Context"):
         GroupConsumer(handle, value_serializer=json_serializer(), **BASE)
+
+
+class ProducesBadly(Handler):
+    """For the record whose value is b"bad", produces with `bad` (keyword arguments of
+    `ctx.produce`); for the others, a plain output."""
+
+    def __init__(self, **bad: Any) -> None:
+        self.bad = bad
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        if record.value == b"bad":
+            ctx.produce(OUT, b"v", **self.bad)
+        else:
+            ctx.produce(OUT, b"ok")
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        ({"headers": [("h", 5)]}, "header 'h': a value is bytes, str or None, got int"),
+        ({"headers": [("h",)]}, "headers are (name, value) pairs, got ('h',)"),
+        ({"headers": [(b"h", b"v")]}, "a header name is a str, got b'h'"),
+        ({"headers": "h=v"}, "headers are a list of (name, value) pairs or a dict, got str"),
+        ({"partition": "0"}, "partition is an int (or None), got '0'"),
+        ({"partition": True}, "partition is an int (or None), got True"),
+        ({"partition": -2}, "partition is an int (or None), got -2"),
+    ],
+)
+def test_bad_headers_or_partition_fail_the_record_in_the_handler_not_the_member(
+    members: list[GroupConsumer], bad: dict[str, Any], said: str
+) -> None:
+    """Regression: headers the producer refuses reached it on the owner thread, whose TypeError
+    stopped the member; they are checked in `ctx.produce`, in the handler's thread, so only
+    their record fails (here into its dead letter) and the member goes on."""
+    broker = broker_with(0)
+    gc = member(broker, ProducesBadly(**bad), members)
+    broker.produce(IN, key="k", value="bad", partition=0)
+    broker.produce(IN, key="k", value="fine", partition=1)
+    wait_until(committed_all(broker, 2), "both records committed", 20)
+    [letter] = out_messages(broker, DLQ)
+    assert header(letter, "weir.dlq.exception") == "builtins.TypeError"
+    assert said in header(letter, "weir.dlq.message")
+    assert gc.state is State.RUNNING
+    assert [m.value() for m in out_messages(broker)] == [b"ok"]
