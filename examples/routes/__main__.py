@@ -85,12 +85,11 @@ class Pricing(Handler):
     def __init__(self, ledger_topic: str) -> None:
         self.ledger_topic = ledger_topic
         self.ledger = Ledger()
-        self.to_json = json_serializer()
         self.lock = threading.Lock()
         self.breaker_trips = 0
 
-    def handle(self, record: Record, ctx: Context) -> None:
-        order: Order = record.deserialized_value
+    def handle(self, record: Record[Order], ctx: Context) -> None:
+        order = record.deserialized_value  # an Order: mypy checks what the handler reads of it
         try:
             self.ledger.check(int(order.order_id[2:]))
         except LedgerDown:
@@ -101,7 +100,7 @@ class Pricing(Handler):
                 self.breaker_trips += 1
             raise
         entry = {"order_id": order.order_id, "cents": round(order.amount * 100)}
-        ctx.produce(self.ledger_topic, self.to_json(entry), key=order.customer)
+        ctx.produce(self.ledger_topic, entry, key=order.customer)  # JSON: value_serializer
 
 
 class Refunds:
@@ -243,6 +242,7 @@ def consume(bootstrap: str, topics: dict[str, str], args: argparse.Namespace, s:
             topics["refunds"]: refunds,
             audit_pattern: Route(audit, value_deserializer=json_deserializer(), filter=not_debug),
         },
+        value_serializer=json_serializer(),  # what ctx.produce writes, unless bytes or str
         max_records_per_s_by_topic={topics["refunds"]: args.refund_rate},
         bootstrap_servers=bootstrap,
         group_id=f"billing-{topics['id']}",
