@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from tests.fake_members import FAKE_LOOP
+from tests.unit.test_scheduling import SLOW, Idle, offsets, rec, running_now, submit
 from tests.waiting import wait_until
 
 from weir import (
@@ -27,6 +28,18 @@ from weir import (
     Route,
     State,
 )
+from weir._engine.scheduling import (
+    ByKey,
+    ByPartition,
+    Lane,
+    Orderings,
+    Scheduler,
+    Unordered,
+    lane_of,
+)
+from weir._engine.tasks import Assignment
+from weir._engine.workers import ThreadWorkers
+from weir.records import Ordering
 from weir.serde import json_deserializer
 from weir.testing.fake import FakeConsumer
 
@@ -213,3 +226,52 @@ def test_bad_routes_are_refused_where_the_member_is_built(
 def test_a_handler_and_routes_together_are_refused() -> None:
     with pytest.raises(TypeError, match="pass a handler or routes=, not both"):
         GroupConsumer(print, routes={"orders": print}, **SETTINGS)
+
+
+def test_the_scheduler_asks_a_topics_ordering_once_and_holds_it() -> None:
+    """The route table resolves a topic's ordering the first time a partition of it is
+    assigned; the scheduler holds the rule from then on (no lookup per record, nor per later
+    assignment), and packs each topic's records by its own rule."""
+    asked: list[str] = []
+    table = {"orders": "key", "refunds": "partition", "audit-eu": "unordered"}
+
+    def of(topic: str) -> Ordering:
+        asked.append(topic)
+        return table[topic]  # type: ignore[return-value]
+
+    orderings = Orderings(of, frozenset({"key", "partition", "unordered"}))
+    s = Scheduler(ThreadWorkers(Idle(), 4, lane_of("key", orderings)), "key", orderings=orderings)
+    s._per_record = SLOW  # one record per task where the lanes allow
+    a_orders, a_refunds, a_audit = (Assignment(Partition(t, 0), 1) for t in table)
+    for a in (a_orders, a_refunds, a_audit):
+        s.assigned(a)
+    assert asked == ["orders", "refunds", "audit-eu"]
+    for a in (a_orders, a_refunds, a_audit):
+        submit(s, a, [0, 1, 2, 3], key=lambda o: b"k%d" % (o % 2))
+        submit(s, a, [4, 5], key=lambda o: b"k%d" % (o % 2))
+    later = Assignment(Partition("orders", 0), 2)  # assigned again: its topic's rule is held
+    s.assigned(later)
+    assert asked == ["orders", "refunds", "audit-eu"]
+    assert [type(s.rule_of(a)) for a in (a_orders, a_refunds, a_audit, later)] == [
+        ByKey,
+        ByPartition,
+        Unordered,
+        ByKey,
+    ]
+    tasks = running_now(s)
+    by_topic: dict[str, list[list[int]]] = {}
+    for t in tasks:
+        by_topic.setdefault(t.assignment.tp.topic, []).append(offsets(t))
+    assert sorted(by_topic["orders"]) == [[0], [1]]  # a key at a time
+    # The partition's one lane: the first batch in one task, the second waits behind it.
+    assert by_topic["refunds"] == [[0, 1, 2, 3]] and s.waiting_in(a_refunds, None) == 2
+    assert sorted(by_topic["audit-eu"]) == [[o] for o in range(6)]  # everything at once
+    assert asked == ["orders", "refunds", "audit-eu"]
+    assert lane_of("key", orderings) is not None
+    lanes = lane_of("key", orderings)
+    assert lanes is not None
+    r = rec(0, 0, b"k", "audit-eu")
+    assert lanes(r) != lanes(r)  # an unordered record holds a lane of its own, in workers too
+    assert lanes(rec(0, 0, b"k", "orders")) == b"k"
+    assert lanes(rec(0, 0, b"k", "refunds")) is None
+    assert s.lane_key(r) is Lane.NONE
