@@ -541,3 +541,41 @@ def test_the_scheduler_asks_a_topics_ordering_once_and_holds_it() -> None:
     assert lanes(rec(0, 0, b"k", "orders")) == b"k"
     assert lanes(rec(0, 0, b"k", "refunds")) is None
     assert s.lane_key(r) is Lane.NONE
+
+
+def test_a_retry_parks_the_partition_of_a_partition_ordered_route_only(
+    members: list[GroupConsumer],
+) -> None:
+    """While a failed record waits for its retry, a partition-ordered route's partition is
+    parked (paused, its records out of the budget's marks: nothing of it may run anyway); a
+    key-ordered route's partition goes on fetching (its other keys run)."""
+    fake = FakeConsumer()
+    fake.produce_many("orders", 0, range(4), key=lambda o: b"k%d" % o)
+    fake.produce_many("refunds", 0, range(4), key=lambda o: b"r%d" % o)
+    fake.script_assign([ORDERS, REFUNDS])
+    tried: set[tuple[str, int]] = set()
+
+    def handle(record: Record) -> None:
+        if record.offset == 1 and (record.topic, 1) not in tried:
+            tried.add((record.topic, 1))
+            raise RuntimeError("once")
+
+    retry = FailurePolicy(retry=RetryPolicy(max_attempts=2, backoff_initial_s=1.0, jitter=0.0))
+    gc = start(
+        members,
+        GroupConsumer(
+            routes={"orders": handle, "refunds": Route(handle, ordering="partition")},
+            consumer_factory=fake.factory,
+            **SETTINGS,
+            failure=retry,
+        ),
+    )
+
+    def blocked() -> dict[Partition, bool]:
+        return {p.tp: p.blocked for p in gc.stats().partitions}
+
+    wait_until(lambda: len(tried) == 2, "both failed once")
+    wait_until(lambda: blocked().get(REFUNDS), "the partition route's partition parked")
+    assert blocked()[ORDERS] is False
+    wait_until(lambda: committed(fake, ORDERS) == committed(fake, REFUNDS) == 4, "all", 10)
+    wait_until(lambda: not any(blocked().values()), "unparked once its retry ran")
