@@ -293,7 +293,9 @@ class ConsumerConfig(BaseModel):
     ordering: Ordering = Field(
         "key",
         description="What runs one record at a time, in offset order: a key's records, a "
-        "partition's, or none ([workers-and-ordering.md](workers-and-ordering.md)).",
+        "partition's, or none ([workers-and-ordering.md](workers-and-ordering.md)). With "
+        "`routes=`, that of the routes without an ordering of their own "
+        "([routing.md](routing.md#ordering)).",
     )
     # Numbers are strict: "4" or True is a mistake, not a count; an int is a fine float.
     workers: int = Field(
