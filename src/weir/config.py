@@ -293,7 +293,9 @@ class ConsumerConfig(BaseModel):
     ordering: Ordering = Field(
         "key",
         description="What runs one record at a time, in offset order: a key's records, a "
-        "partition's, or none ([workers-and-ordering.md](workers-and-ordering.md)).",
+        "partition's, or none ([workers-and-ordering.md](workers-and-ordering.md)). With "
+        "`routes=`, that of the routes without an ordering of their own "
+        "([routing.md](routing.md#ordering)).",
     )
     # Numbers are strict: "4" or True is a mistake, not a count; an int is a fine float.
     workers: int = Field(
@@ -340,8 +342,9 @@ class ConsumerConfig(BaseModel):
         allow_inf_nan=False,
         json_schema_extra={"unit": "records/s"},
         description="At most this many records of one key (in one topic) handed to the handler "
-        'per second, on top of the other limits; `ordering="key"` only, and records without a '
-        "key are not limited by it ([flow-control.md](flow-control.md#rate-limits)).",
+        'per second, on top of the other limits; `ordering="key"` only (with routes: the '
+        "topics in key order), and records without a key are not limited by it "
+        "([flow-control.md](flow-control.md#per-key)).",
     )
 
     group_protocol: Literal["classic", "consumer", "auto"] = Field(

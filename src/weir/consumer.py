@@ -24,7 +24,7 @@ from weir._engine.client import ClientFactory, ProducerFactory
 from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle, State
 from weir._engine.protocols import offers_consumer_protocol
-from weir._engine.scheduling import lane_of
+from weir._engine.scheduling import Orderings, lane_of
 from weir.config import (
     ConsumerConfig,
     ConsumerSettings,
@@ -191,8 +191,10 @@ class GroupConsumer:
         `tracing` on; docs/tracing.md)."""
         if config is not None and settings:
             raise TypeError("pass either a ConsumerConfig or keyword settings, not both")
+        # Routes of different orderings: each topic's (None: every record follows the config's).
+        self._orderings: Orderings | None = None
         if routes is not None:
-            handler, config = _routed(handler, routes, config, settings)
+            handler, config, self._orderings = _routed(handler, routes, config, settings)
         elif handler is None:
             raise TypeError("GroupConsumer needs a handler, or routes= (a handler per topic)")
         if config is None:
@@ -338,6 +340,7 @@ class GroupConsumer:
                 producer_factory=self._producer_factory,
                 fence=self._fence,
                 loop=self._loop,
+                orderings=self._orderings,
             )
         except BaseException as exc:
             self._life.fail(exc)
@@ -660,9 +663,11 @@ def _target(value: object) -> Partition | str:
 
 def _routed(
     handler: object, routes: Routes, config: ConsumerConfig | None, settings: dict[str, Any]
-) -> tuple[Handler, ConsumerConfig]:
-    """The member's router, and its config with the routes' topics and failure policies: an
-    unrouted subscribed topic, or a route's policy that the config sets too, is refused here."""
+) -> tuple[Handler, ConsumerConfig, Orderings | None]:
+    """The member's router, its config with the routes' topics and failure policies, and its
+    topics' orderings if the routes' differ (when they all have one, it is the config's
+    `ordering`): an unrouted subscribed topic, or a route's policy that the config sets too, is
+    refused here."""
     if handler is not None:
         raise TypeError("pass a handler or routes=, not both")
     routed = router(routes)
@@ -690,4 +695,11 @@ def _routed(
                 "set it in one place (Route(failure=...))"
             )
         given["failure_by_topic"] = {**mine, **policies}
-    return routed, ConsumerConfig(**given)
+    config = ConsumerConfig(**given)
+    orderings = table.orderings(config.ordering)
+    if len(orderings.modes) > 1:
+        return routed, config, orderings
+    (ordering,) = orderings.modes
+    if ordering != config.ordering:
+        config = ConsumerConfig(**{**given, "ordering": ordering})
+    return routed, config, None

@@ -6,6 +6,10 @@ the routes name unless `topics=` says otherwise, and every subscribed name or pa
 a route: an unrouted topic is refused where the `GroupConsumer` is built, never found record by
 record. One member runs one kind of worker, so the routes' handlers are all thread handlers or
 all `async def`, and all take one record at a time (docs/routing.md).
+
+A route may have an ordering of its own (`Route(ordering=...)`, else the member's): the table
+resolves a topic's, and the scheduler asks it once per topic and holds the answer
+(`weir._engine.scheduling.Orderings`).
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic
+from typing import Any, Generic, get_args
 
 from typing_extensions import TypeVar
 
+from weir._engine.scheduling import Orderings
 from weir._wrapping import call_plain as _call_plain
 from weir.policy import FailurePolicy
 from weir.records import (
@@ -25,6 +30,7 @@ from weir.records import (
     Context,
     FlushContext,
     Handler,
+    Ordering,
     Partition,
     Record,
     as_handler,
@@ -39,6 +45,8 @@ __all__ = ["Route", "RouteKey", "Routes"]
 # the type checker. Any by default: a route without a deserializer, or a `Handler` instance.
 _V = TypeVar("_V", default=Any)
 
+_ORDERINGS: tuple[Ordering, ...] = get_args(Ordering)
+
 RouteKey = str | re.Pattern[str]
 """A topic's name, or a compiled regular expression that matches names from their start (as a
 subscribed `^` pattern does)."""
@@ -48,14 +56,17 @@ subscribed `^` pattern does)."""
 class Route(Generic[_V]):
     """What a topic's records get: `handler` (a `Handler` or a function taking a `Record`), the
     deserializers it reads through `record.deserialized_key/value`, its `failure` policy (else
-    the member's `failure`), and `filter`: a predicate on the raw record; a record it says False
-    to is not handled and counts as finished (its offset is committed like any other)."""
+    the member's `failure`), `filter`: a predicate on the raw record; a record it says False
+    to is not handled and counts as finished (its offset is committed like any other), and
+    `ordering`: what of its topics' records runs one at a time, in offset order ("key",
+    "partition" or "unordered"; None: the member's `ordering`)."""
 
     handler: Handler | Callable[[Record[_V]], object]
     key_deserializer: Deserializer | None = None
     value_deserializer: Callable[[bytes | None], _V] | None = None
     failure: FailurePolicy | None = None
     filter: Callable[[Record], bool] | None = None
+    ordering: Ordering | None = None
 
 
 Routes = Mapping[RouteKey, "Route | Handler | Callable[[Record], object]"]
@@ -63,12 +74,13 @@ Routes = Mapping[RouteKey, "Route | Handler | Callable[[Record], object]"]
 
 
 class _Compiled:
-    __slots__ = ("filter", "handler", "key", "policy")
+    __slots__ = ("filter", "handler", "key", "ordering", "policy")
 
     def __init__(self, key: RouteKey, route: Route) -> None:
         self.key = key
         self.policy = route.failure
         self.filter = route.filter
+        self.ordering = route.ordering
         handler = as_handler(route.handler)
         if isinstance(handler, BatchHandler):
             raise TypeError(
@@ -159,6 +171,17 @@ class _Table:
         out = {name: c.policy for name, c in self.exact.items() if c.policy is not None}
         out.update({_anchored(p): c.policy for p, c in self.patterns if c.policy is not None})
         return out
+
+    def orderings(self, default: Ordering) -> Orderings:
+        """Each topic's ordering (its route's, else `default`, the member's) and every mode
+        some route has."""
+
+        def of(topic: str) -> Ordering:
+            found = self.find(topic)
+            return default if found is None or found.ordering is None else found.ordering
+
+        modes = frozenset(default if c.ordering is None else c.ordering for c in self.all())
+        return Orderings(of, modes)
 
     def by_route(self, partitions: Sequence[Partition]) -> list[tuple[Handler, list[Partition]]]:
         groups: dict[int, tuple[Handler, list[Partition]]] = {}
@@ -278,6 +301,11 @@ def _check_route(key: object, route: Route) -> None:
         raise TypeError(f"route {_shown(key)}: filter must be a function of the record")
     if route.failure is not None and not isinstance(route.failure, FailurePolicy):
         raise TypeError(f"route {_shown(key)}: failure must be a weir.FailurePolicy")
+    if route.ordering is not None and route.ordering not in _ORDERINGS:
+        raise ValueError(
+            f"route {_shown(key)}: ordering must be one of "
+            f"{', '.join(map(repr, _ORDERINGS))} or None (the member's), got {route.ordering!r}"
+        )
 
 
 def _anchored(p: re.Pattern[str]) -> str:

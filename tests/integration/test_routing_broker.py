@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 import uuid
 
 import pytest
@@ -64,3 +66,67 @@ def test_one_member_routes_named_and_pattern_topics(
     assert sorted(values) == list(range(N))
     assert len(got_audit.calls) == 2 * (N - N // 4)  # the skipped ones were never handled
     assert {c[3] for c in got_audit.calls} == {b"a"}
+
+
+class Lanes:
+    """Records in flight per topic and per (topic, partition, key), and the order each key's
+    records started in. The first audit records wait (up to a second) until two of the topic's
+    are in flight: records that may run side by side surely do."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Condition()
+        self.now: dict[object, int] = {}
+        self.most: dict[object, int] = {}
+        self.started: dict[tuple[str, int, bytes | None], list[int]] = {}
+
+    def _count(self, lanes: tuple[object, ...], by: int) -> None:
+        for lane in lanes:
+            n = self.now[lane] = self.now.get(lane, 0) + by
+            self.most[lane] = max(self.most.get(lane, 0), n)
+
+    def run(self, record: Record) -> None:
+        key = (record.topic, record.partition, record.key)
+        lanes = (record.topic, key)
+        with self.lock:
+            self._count(lanes, 1)
+            self.started.setdefault(key, []).append(record.offset)
+            self.lock.notify_all()
+            if record.topic.endswith("audit") and record.offset < 10:
+                self.lock.wait_for(lambda: self.most[record.topic] >= 2, timeout=1.0)
+        time.sleep(0.0005)
+        with self.lock:
+            self._count(lanes, -1)
+
+
+def test_routes_with_mixed_ordering(kafka_bootstrap: str, make_topic: TopicFactory) -> None:
+    """`orders` in key order (the member's), `audit` unordered: every record committed to the
+    end of both topics, a key's orders one at a time in offset order, and one key's audit
+    records side by side."""
+    prefix = f"route-{uuid.uuid4().hex[:6]}-"
+    orders = make_topic(2, name_prefix=prefix + "orders")
+    audit = make_topic(1, name_prefix=prefix + "audit")
+    produce(kafka_bootstrap, orders, [(b"k%d" % (i % 5), b"o") for i in range(N)])
+    produce(kafka_bootstrap, audit, [(b"same", b"a") for _ in range(N)])
+    seen = Lanes()
+    gc = GroupConsumer(
+        routes={orders: seen.run, audit: Route(seen.run, ordering="unordered")},
+        bootstrap_servers=kafka_bootstrap,
+        group_id=f"routes-{uuid.uuid4().hex[:8]}",
+        commit_interval_s=0.2,
+        startup_timeout_s=15.0,
+        workers=4,
+    )
+    assert gc.config.ordering == "key"
+    group = gc.config.group_id
+    with gc:
+        wait_until(
+            lambda: sum(committed(kafka_bootstrap, group, orders, 2)) == N, 60, "orders committed"
+        )
+        wait_until(lambda: committed(kafka_bootstrap, group, audit, 1) == [N], 60, "audit")
+    with seen.lock:
+        assert seen.most[audit] >= 2, "one key's audit records never ran side by side"
+        keys = [k for k in seen.started if k[0] == orders]
+        assert max(seen.most[k] for k in keys) == 1, "a key's orders ran side by side"
+        assert sum(len(seen.started[k]) for k in keys) == N  # each once: no failure, no rebalance
+        for k in keys:
+            assert seen.started[k] == sorted(seen.started[k]), f"{k} out of offset order"

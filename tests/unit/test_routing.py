@@ -3,14 +3,17 @@ scripted FakeConsumer."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from tests.fake_members import FAKE_LOOP
+from tests.unit.test_scheduling import SLOW, Idle, offsets, rec, running_now, submit
 from tests.waiting import wait_until
 
 from weir import (
@@ -27,6 +30,19 @@ from weir import (
     Route,
     State,
 )
+from weir._engine.scheduling import (
+    ByKey,
+    ByPartition,
+    Lane,
+    Orderings,
+    Scheduler,
+    Unordered,
+    lane_of,
+)
+from weir._engine.tasks import Assignment
+from weir._engine.workers import ThreadWorkers
+from weir.records import Ordering
+from weir.routing import router
 from weir.serde import json_deserializer
 from weir.testing.fake import FakeConsumer
 
@@ -191,6 +207,10 @@ BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"routes": {"orders": print, "refunds": _async_seen}}, TypeError,
      "the routes mix async def and thread handlers"),
     ({"routes": {"orders": Batch()}}, TypeError, "a batch handler cannot be routed yet"),
+    ({"routes": {"orders": Route(print, ordering="keys")}}, ValueError,  # type: ignore[arg-type]
+     "route 'orders': ordering must be one of 'key', 'partition', 'unordered' or None"),
+    ({"routes": {re.compile("a-.*"): Route(print, ordering=1)}}, ValueError,  # type: ignore[arg-type]
+     "route re.compile('a-.*'): ordering must be one of"),
     ({"routes": {"orders": Route(print, filter=5)}}, TypeError,  # type: ignore[arg-type]
      "filter must be a function"),
     ({"routes": {"orders": Route(print, failure=FailurePolicy(final="block"))},
@@ -213,3 +233,375 @@ def test_bad_routes_are_refused_where_the_member_is_built(
 def test_a_handler_and_routes_together_are_refused() -> None:
     with pytest.raises(TypeError, match="pass a handler or routes=, not both"):
         GroupConsumer(print, routes={"orders": print}, **SETTINGS)
+
+
+# -- per-route ordering -------------------------------------------------------------------------
+
+
+class Overlap:
+    """Records in flight per lane (topic, partition, key): the most that ran at once per topic
+    and per lane, and the order each lane's records started in. `meet`: a record of a topic in
+    it waits (up to a few seconds) until that many of the topic's records are in flight, so
+    records that may run side by side surely do, and records that may not show it by time."""
+
+    def __init__(self, meet: dict[str, int] | None = None) -> None:
+        self.lock = threading.Condition()
+        self.meet = meet or {}
+        self.topic_now: dict[str, int] = {}
+        self.topic_max: dict[str, int] = {}
+        self.lane_now: dict[tuple[str, int, bytes | None], int] = {}
+        self.lane_max: dict[tuple[str, int, bytes | None], int] = {}
+        self.started: dict[tuple[str, int, bytes | None], list[int]] = {}
+
+    def enter(self, record: Record) -> tuple[str, int, bytes | None]:
+        lane = (record.topic, record.partition, record.key)
+        with self.lock:
+            now = self.topic_now[record.topic] = self.topic_now.get(record.topic, 0) + 1
+            self.topic_max[record.topic] = max(self.topic_max.get(record.topic, 0), now)
+            n = self.lane_now[lane] = self.lane_now.get(lane, 0) + 1
+            self.lane_max[lane] = max(self.lane_max.get(lane, 0), n)
+            self.started.setdefault(lane, []).append(record.offset)
+            self.lock.notify_all()
+        return lane
+
+    def leave(self, record: Record, lane: tuple[str, int, bytes | None]) -> None:
+        with self.lock:
+            self.topic_now[record.topic] -= 1
+            self.lane_now[lane] -= 1
+
+    def run(self, record: Record) -> None:
+        lane = self.enter(record)
+        try:
+            meet = self.meet.get(record.topic)
+            with self.lock:
+                if meet is not None:
+                    self.lock.wait_for(lambda: self.topic_max[record.topic] >= meet, timeout=1.0)
+            time.sleep(0.002)  # long enough for a record that may not overlap to show it
+        finally:
+            self.leave(record, lane)
+
+    def lane_most(self, topic: str) -> int:
+        return max(n for (t, _, _), n in self.lane_max.items() if t == topic)
+
+
+def test_routes_of_different_orderings_each_keep_their_own(members: list[GroupConsumer]) -> None:
+    """`orders` in key order (the member's) and `audit-eu` unordered: a key's orders run one at
+    a time in offset order while several keys run side by side, and audit records of one
+    partition and one key run side by side."""
+    fake = FakeConsumer()
+    fake.produce_many("orders", 0, range(24), key=lambda o: b"k%d" % (o % 3))
+    fake.produce_many("audit-eu", 0, range(8), key=b"same")
+    fake.script_assign([ORDERS, AUDIT])
+    seen = Overlap(meet={"orders": 2, "audit-eu": 3})
+    gc = GroupConsumer(
+        routes={"orders": seen.run, re.compile("audit-.*"): Route(seen.run, ordering="unordered")},
+        consumer_factory=fake.factory,
+        **SETTINGS,
+        workers=4,
+    )
+    start(members, gc)
+    wait_until(lambda: committed(fake, ORDERS) == 24, "orders committed", 20)
+    wait_until(lambda: committed(fake, AUDIT) == 8, "audit committed", 20)
+    assert gc.config.ordering == "key"
+    assert seen.topic_max["audit-eu"] >= 3, "one key's audit records never ran side by side"
+    assert seen.topic_max["orders"] >= 2, "orders of different keys never ran side by side"
+    assert seen.lane_most("orders") == 1, "a key's orders ran side by side"
+    for k in range(3):
+        assert seen.started[("orders", 0, b"k%d" % k)] == list(range(k, 24, 3))
+
+
+def test_a_partition_route_runs_one_record_at_a_time_beside_key_and_unordered_routes(
+    members: list[GroupConsumer],
+) -> None:
+    """The member is unordered; `orders` asks for key order, `refunds` for partition order:
+    each gets its own, and the unordered `audit-eu` still runs side by side."""
+    fake = FakeConsumer()
+    fake.produce_many("orders", 0, range(18), key=lambda o: b"k%d" % (o % 3))
+    fake.produce_many("refunds", 0, range(12), key=lambda o: b"r%d" % o)
+    fake.produce_many("audit-eu", 0, range(8), key=b"same")
+    fake.script_assign([ORDERS, REFUNDS, AUDIT])
+    seen = Overlap(meet={"orders": 2, "audit-eu": 3})
+    gc = GroupConsumer(
+        routes={
+            "orders": Route(seen.run, ordering="key"),
+            "refunds": Route(seen.run, ordering="partition"),
+            re.compile("audit-.*"): seen.run,
+        },
+        consumer_factory=fake.factory,
+        **SETTINGS,
+        ordering="unordered",
+        workers=4,
+    )
+    start(members, gc)
+    for tp, end in ((ORDERS, 18), (REFUNDS, 12), (AUDIT, 8)):
+        wait_until(lambda: committed(fake, tp) == end, f"{tp} committed", 20)  # noqa: B023
+    assert seen.topic_max["refunds"] == 1, "a partition-ordered route ran records side by side"
+    assert [o for (t, _, _), offs in seen.started.items() if t == "refunds" for o in offs] == list(
+        range(12)
+    )
+    assert seen.lane_most("orders") == 1, "a key's orders ran side by side"
+    assert seen.topic_max["orders"] >= 2
+    assert seen.topic_max["audit-eu"] >= 3
+
+
+def test_async_routes_of_different_orderings_each_keep_their_own(
+    members: list[GroupConsumer],
+) -> None:
+    """The same on an event loop: a key's orders one at a time, one key's audit records at
+    once."""
+    fake = FakeConsumer()
+    fake.produce_many("orders", 0, range(12), key=lambda o: b"k%d" % (o % 3))
+    fake.produce_many("audit-eu", 0, range(8), key=b"same")
+    fake.script_assign([ORDERS, AUDIT])
+    seen = Overlap()
+
+    async def run(record: Record) -> None:
+        lane = seen.enter(record)
+        try:
+            deadline = time.monotonic() + 1.0
+            while seen.topic_max[record.topic] < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.002)
+        finally:
+            seen.leave(record, lane)
+
+    start(
+        members,
+        GroupConsumer(
+            routes={"orders": run, "audit-eu": Route(run, ordering="unordered")},
+            consumer_factory=fake.factory,
+            **SETTINGS,
+        ),
+    )
+    wait_until(lambda: committed(fake, ORDERS) == 12 and committed(fake, AUDIT) == 8, "all", 20)
+    assert seen.topic_max["audit-eu"] >= 3, "one key's audit records never ran side by side"
+    assert seen.topic_max["orders"] == 3 and seen.lane_most("orders") == 1
+    for k in range(3):
+        assert seen.started[("orders", 0, b"k%d" % k)] == list(range(k, 12, 3))
+
+
+WARM = 300  # records that make the measured handler time small: later tasks hold many records
+
+
+@pytest.mark.parametrize("member", ["key", "unordered"])
+def test_a_failed_record_holds_what_its_routes_ordering_says(
+    members: list[GroupConsumer], member: Ordering
+) -> None:
+    """A failure in the key-ordered route holds its key's later records until its retry ran;
+    one in the unordered route holds nothing: records behind it run before its retry. Either
+    route's ordering is the member's, the other its own. The handler is fast, so the records
+    after the failed one share its task: the worker too must hold what the route says."""
+    fake = FakeConsumer()
+    order: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    failed: set[tuple[str, int]] = set()
+
+    def handle(record: Record) -> None:
+        with lock:
+            order.append((record.topic, record.offset))
+            first = (record.topic, record.offset) not in failed
+            if record.offset == WARM and first:
+                failed.add((record.topic, record.offset))
+                raise RuntimeError("once")
+
+    retry = FailurePolicy(retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.3, jitter=0.0))
+    gc = GroupConsumer(
+        routes={
+            "orders": Route(handle, ordering=None if member == "key" else "key"),
+            "audit-eu": Route(handle, ordering=None if member == "unordered" else "unordered"),
+        },
+        consumer_factory=fake.factory,
+        **SETTINGS,
+        ordering=member,
+        failure=retry,
+    )
+    assert gc.config.ordering == member
+    fake.script_assign([ORDERS, AUDIT])
+    for tp in (ORDERS, AUDIT):
+        fake.produce_many(tp.topic, 0, range(WARM), key=lambda o: b"k%d" % (o % 2))
+    start(members, gc)
+    wait_until(lambda: committed(fake, ORDERS) == committed(fake, AUDIT) == WARM, "warm", 20)
+    end = WARM + 20
+    for tp in (ORDERS, AUDIT):
+        fake.produce_many(tp.topic, 0, range(WARM, end), key=lambda o: b"k%d" % (o % 2))
+    wait_until(lambda: committed(fake, ORDERS) == committed(fake, AUDIT) == end, "all", 20)
+    orders = [o for t, o in order if t == "orders"]
+    audit = [o for t, o in order if t == "audit-eu"]
+    # Key k0 waits for the retry of the failed record; nothing of it runs in between.
+    k0 = [o for o in orders if o % 2 == 0]
+    assert k0 == [*range(0, WARM + 1, 2), *range(WARM, end, 2)]
+    # The unordered route's records of the same key ran before the failed one's retry.
+    retried = len(audit) - 1 - audit[::-1].index(WARM)
+    assert set(audit[audit.index(WARM) + 1 : retried]) == set(range(WARM + 1, end))
+
+
+def test_a_pattern_routes_ordering_applies_to_every_topic_it_matches(
+    members: list[GroupConsumer],
+) -> None:
+    table = router(
+        {
+            "orders": Route(print, ordering="partition"),
+            re.compile("audit-.*"): Route(print, ordering="unordered"),
+            "refunds": print,
+        }
+    ).table
+    orderings = table.orderings("key")
+    assert orderings.modes == {"key", "partition", "unordered"}
+    of = orderings.of
+    assert [of(t) for t in ("orders", "audit-eu", "audit-us", "refunds")] == [
+        "partition",
+        "unordered",
+        "unordered",
+        "key",
+    ]
+    # On a member: both audit topics (named in topics=, routed by the pattern) run unordered.
+    fake = FakeConsumer()
+    us = Partition("audit-us", 0)
+    for tp in (AUDIT, us):
+        fake.produce_many(tp.topic, 0, range(8), key=b"same")
+    fake.script_assign([AUDIT, us])
+    seen = Overlap(meet={"audit-eu": 3, "audit-us": 3})
+    start(
+        members,
+        GroupConsumer(
+            routes={"orders": print, re.compile("audit-.*"): Route(seen.run, ordering="unordered")},
+            consumer_factory=fake.factory,
+            **{**SETTINGS, "topics": ["orders", "audit-eu", "audit-us"]},
+            workers=6,
+        ),
+    )
+    for tp in (AUDIT, us):
+        wait_until(lambda: committed(fake, tp) == 8, f"{tp} committed", 20)  # noqa: B023
+        assert seen.topic_max[tp.topic] >= 3
+
+
+def test_routes_of_one_ordering_make_it_the_members() -> None:
+    gc = GroupConsumer(
+        routes={
+            "orders": Route(print, ordering="unordered"),
+            "refunds": Route(print, ordering="unordered"),
+        },
+        consumer_factory=FakeConsumer().factory,
+        **SETTINGS,
+    )
+    assert gc.config.ordering == "unordered" and gc._orderings is None
+    gc = GroupConsumer(
+        routes={"orders": Route(print, ordering="key"), "refunds": print},
+        consumer_factory=FakeConsumer().factory,
+        **SETTINGS,
+        ordering="partition",
+    )
+    assert gc.config.ordering == "partition" and gc._orderings is not None
+
+
+def test_the_scheduler_asks_a_topics_ordering_once_and_holds_it() -> None:
+    """The route table resolves a topic's ordering the first time a partition of it is
+    assigned; the scheduler holds the rule from then on (no lookup per record, nor per later
+    assignment), and packs each topic's records by its own rule."""
+    asked: list[str] = []
+    table = {"orders": "key", "refunds": "partition", "audit-eu": "unordered"}
+
+    def of(topic: str) -> Ordering:
+        asked.append(topic)
+        return table[topic]  # type: ignore[return-value]
+
+    orderings = Orderings(of, frozenset({"key", "partition", "unordered"}))
+    s = Scheduler(ThreadWorkers(Idle(), 4, lane_of("key", orderings)), "key", orderings=orderings)
+    s._per_record = SLOW  # one record per task where the lanes allow
+    a_orders, a_refunds, a_audit = (Assignment(Partition(t, 0), 1) for t in table)
+    for a in (a_orders, a_refunds, a_audit):
+        s.assigned(a)
+    assert asked == ["orders", "refunds", "audit-eu"]
+    for a in (a_orders, a_refunds, a_audit):
+        submit(s, a, [0, 1, 2, 3], key=lambda o: b"k%d" % (o % 2))
+        submit(s, a, [4, 5], key=lambda o: b"k%d" % (o % 2))
+    later = Assignment(Partition("orders", 0), 2)  # assigned again: its topic's rule is held
+    s.assigned(later)
+    assert asked == ["orders", "refunds", "audit-eu"]
+    assert [type(s.rule_of(a)) for a in (a_orders, a_refunds, a_audit, later)] == [
+        ByKey,
+        ByPartition,
+        Unordered,
+        ByKey,
+    ]
+    tasks = running_now(s)
+    by_topic: dict[str, list[list[int]]] = {}
+    for t in tasks:
+        by_topic.setdefault(t.assignment.tp.topic, []).append(offsets(t))
+    assert sorted(by_topic["orders"]) == [[0], [1]]  # a key at a time
+    # The partition's one lane: the first batch in one task, the second waits behind it.
+    assert by_topic["refunds"] == [[0, 1, 2, 3]] and s.waiting_in(a_refunds, None) == 2
+    assert sorted(by_topic["audit-eu"]) == [[o] for o in range(6)]  # everything at once
+    assert asked == ["orders", "refunds", "audit-eu"]
+    assert lane_of("key", orderings) is not None
+    lanes = lane_of("key", orderings)
+    assert lanes is not None
+    r = rec(0, 0, b"k", "audit-eu")
+    assert lanes(r) != lanes(r)  # an unordered record holds a lane of its own, in workers too
+    assert lanes(rec(0, 0, b"k", "orders")) == b"k"
+    assert lanes(rec(0, 0, b"k", "refunds")) is None
+    assert s.lane_key(r) is Lane.NONE
+
+
+def test_a_retry_parks_the_partition_of_a_partition_ordered_route_only(
+    members: list[GroupConsumer],
+) -> None:
+    """While a failed record waits for its retry, a partition-ordered route's partition is
+    parked (paused, its records out of the budget's marks: nothing of it may run anyway); a
+    key-ordered route's partition goes on fetching (its other keys run)."""
+    fake = FakeConsumer()
+    fake.produce_many("orders", 0, range(4), key=lambda o: b"k%d" % o)
+    fake.produce_many("refunds", 0, range(4), key=lambda o: b"r%d" % o)
+    fake.script_assign([ORDERS, REFUNDS])
+    tried: set[tuple[str, int]] = set()
+
+    def handle(record: Record) -> None:
+        if record.offset == 1 and (record.topic, 1) not in tried:
+            tried.add((record.topic, 1))
+            raise RuntimeError("once")
+
+    retry = FailurePolicy(retry=RetryPolicy(max_attempts=2, backoff_initial_s=1.0, jitter=0.0))
+    gc = start(
+        members,
+        GroupConsumer(
+            routes={"orders": handle, "refunds": Route(handle, ordering="partition")},
+            consumer_factory=fake.factory,
+            **SETTINGS,
+            failure=retry,
+        ),
+    )
+
+    def blocked() -> dict[Partition, bool]:
+        return {p.tp: p.blocked for p in gc.stats().partitions}
+
+    wait_until(lambda: len(tried) == 2, "both failed once")
+    wait_until(lambda: blocked().get(REFUNDS), "the partition route's partition parked")
+    assert blocked()[ORDERS] is False
+    wait_until(lambda: committed(fake, ORDERS) == committed(fake, REFUNDS) == 4, "all", 10)
+    wait_until(lambda: not any(blocked().values()), "unparked once its retry ran")
+
+
+def test_a_rate_per_key_limits_the_key_ordered_routes_only(members: list[GroupConsumer]) -> None:
+    """`max_records_per_s_per_key` with a key-ordered `orders` and a partition-ordered
+    `refunds`, every record of one key: the orders keep to the key's rate, the refunds (no lane
+    per key) run at full speed and in order. Planted: the split by key applied to the
+    partition-ordered route parked its records in key lanes that nothing frees."""
+    fake = FakeConsumer()
+    fake.produce_many("orders", 0, range(40), key=b"hot")
+    fake.produce_many("refunds", 0, range(40), key=b"hot")
+    fake.script_assign([ORDERS, REFUNDS])
+    done: list[tuple[str, int]] = []
+    gc = GroupConsumer(
+        routes={
+            "orders": lambda r: done.append((r.topic, r.offset)),
+            "refunds": Route(lambda r: done.append((r.topic, r.offset)), ordering="partition"),
+        },
+        consumer_factory=fake.factory,
+        **SETTINGS,
+        max_records_per_s_per_key=10.0,
+    )
+    start(members, gc)
+    wait_until(lambda: committed(fake, REFUNDS) == 40, "every refund committed", 5)
+    orders = [o for t, o in done if t == "orders"]
+    assert len(orders) < 30, f"{len(orders)} orders of one key ran at once"
+    assert [o for t, o in done if t == "refunds"] == list(range(40))

@@ -95,7 +95,8 @@ class Budget:
         self.pauses = 0
         self.peak_records = 0
         self.peak_bytes = 0
-        self.shared = cfg.ordering == "partition"
+        # Routes of different orderings: shared if some topic's is partition order.
+        self.shared = "partition" in scheduler.modes
         self.sharing = False  # shared budgets apply now: taken once per turn by `begin_turn`
         self._resume: set[Partition] = set()  # paused alone, reserve low: resume them
         # Insertion-ordered (dicts, not sets of objects hashed by address): the order partitions
@@ -262,7 +263,7 @@ class Budget:
         event = self._update_throttle()
         if event == "throttled":
             log.debug("throttled", in_flight=self.records, bytes=self.bytes, sharing=self.sharing)
-            if self._cfg.ordering == "key" and not self.shared:
+            if "key" in self._scheduler.modes and not self.shared:
                 self._check_starved()
         elif event == "throttle_lifted":
             log.debug(

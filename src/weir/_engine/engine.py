@@ -50,7 +50,7 @@ from weir._engine.rates import RateLimits
 from weir._engine.refusals import first_token_refusal, token_refusal
 from weir._engine.replay import ReplayMaps
 from weir._engine.requests import Requests
-from weir._engine.scheduling import Scheduler
+from weir._engine.scheduling import Orderings, Scheduler
 from weir._engine.seeking import Seeks
 from weir._engine.settlement import Settlement
 from weir._engine.snapshot import Snapshot
@@ -104,6 +104,7 @@ class Engine:
         refresh_watermarks: bool = False,
         protocol_probe: ProtocolProbe | None = None,
         clock: Clock = SYSTEM,
+        orderings: Orderings | None = None,  # each topic's, if the routes' orderings differ
     ) -> None:
         self.cfg = cfg = config
         self.clock = clock
@@ -119,11 +120,11 @@ class Engine:
         self.errors = ClientErrors(cfg, life, self._repeats)
         transactional = cfg.transactional_id is not None
         if workers is None:
-            workers = workers_for(handler, cfg, loop)
+            workers = workers_for(handler, cfg, loop, orderings)
         self.workers = workers
-        self.rates = RateLimits.of(cfg, clock)
+        rates = self.rates = RateLimits.of(cfg, clock)
         self.scheduler = Scheduler(
-            workers, cfg.ordering, batch=batch_limits(workers), rates=self.rates
+            workers, cfg.ordering, orderings=orderings, batch=batch_limits(workers), rates=rates
         )
         self.committer = Committer(
             cfg.commit_interval_s, cfg.commit_every_records, self._emit_commit, clock=clock

@@ -131,8 +131,8 @@ class Failures:
         key = (a, rec.offset)
         f = self._failed.get(key)
         if f is None:
-            ordered = self._scheduler.ordered and not alone
-            lane = self._scheduler.lane_key(rec) if ordered else _UNORDERED
+            # An unordered topic's record holds no lane: its lane key is `_UNORDERED`.
+            lane = _UNORDERED if alone else self._scheduler.lane_key(rec)
             f = self._failed[key] = Failed(a, rec, task.batches[index], lane, attempt, now, error)
         else:
             f.attempt, f.error = attempt, error
@@ -173,7 +173,7 @@ class Failures:
             f.state = "retry"
             a.attempts[rec.offset] = attempt + 1
             self._at(f, now + delay)
-            if self._cfg.ordering == "partition":
+            if self._scheduler.rule_of(a).ordering == "partition":
                 self._park(f)
             self.retries += 1
             log.info(
@@ -216,7 +216,7 @@ class Failures:
             self.dead_letters.poll()
         if self.outputs is not None:
             self.outputs.poll()
-        if self._failed and self._cfg.ordering == "key":
+        if self._failed and "key" in self._scheduler.modes:
             self._park_long_lanes()
         due = self._due
         rerun = False
@@ -237,8 +237,11 @@ class Failures:
         """Key mode: a failed record whose key's waiting records reached a share of the budget
         parks its partition (a hot key would otherwise fill the budget while it waits)."""
         share = self._budget.share_size()
+        rule_of = self._scheduler.rule_of
         for f in self._failed.values():
-            if not f.parked and self._scheduler.waiting_in(f.assignment, f.lane) >= share:
+            if f.parked or rule_of(f.assignment).ordering != "key":
+                continue
+            if self._scheduler.waiting_in(f.assignment, f.lane) >= share:
                 self._park(f)
 
     def wait(self, timeout: float) -> float:

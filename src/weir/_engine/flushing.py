@@ -18,7 +18,7 @@ from weir._engine.aio import AsyncBatchWorkers, AsyncWorkers
 from weir._engine.bounded import CallAbandoned, call_within
 from weir._engine.callbacks import Callbacks, callback_name
 from weir._engine.ownership import Ownership
-from weir._engine.scheduling import lane_of
+from weir._engine.scheduling import Orderings, lane_of
 from weir._engine.settlement import Settlement
 from weir._engine.starts import Starts
 from weir._engine.workers import BatchLimits, BatchWorkers, ThreadWorkers, Workers
@@ -34,13 +34,16 @@ Hook = Callable[..., object]
 
 
 def workers_for(
-    handler: Handler, cfg: ConsumerConfig, loop: asyncio.AbstractEventLoop | None
+    handler: Handler,
+    cfg: ConsumerConfig,
+    loop: asyncio.AbstractEventLoop | None,
+    orderings: Orderings | None = None,
 ) -> Workers:
     """What runs the handler's calls: an async handler's event loop, or a pool of worker
     threads; a `BatchHandler`'s workers join its records into `handle_batch` calls (on the
     loop, at most `max_in_flight` calls at once, for an `async def handle_batch`)."""
     outputs = True  # ctx.produce: into the transaction, or confirmed outputs (at-least-once)
-    lanes = lane_of(cfg.ordering)
+    lanes = lane_of(cfg.ordering, orderings)
     if isinstance(handler, BatchHandler):
         limits = BatchLimits(cfg.batch_max_records, cfg.batch_max_bytes, cfg.batch_max_wait_s)
         if is_async_handler(handler):

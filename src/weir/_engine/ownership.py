@@ -124,6 +124,7 @@ class Ownership:
                 continue  # eager re-delivery of an owned partition keeps its state
             st = self.partitions[tp] = PartitionState(tp)
             self._opened(st.assignment)
+            self._scheduler.assigned(st.assignment)
             added.append(tp)
         self.rebalances += 1
         log.info(

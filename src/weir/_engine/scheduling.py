@@ -4,8 +4,9 @@ Lanes are owner-side state: a lane (a key, or the whole partition) is busy while
 it, and its later records wait until that task comes back, so workers never share ordering
 state. Each ordering mode is an `OrderingRule` (`ByKey`, `ByPartition`, `Unordered`): the lane
 a record holds, how a batch's records enter the lanes, and what a long task may give up. The
-`Scheduler` makes one at construction and does the rest alike for every mode: busy and waiting
-lanes, whole-partition lanes, held failures, stale tasks, packing.
+`Scheduler` makes one at construction (one per ordering when routes have orderings of their own,
+each topic following its route's: `Orderings`) and does the rest alike for every mode: busy and
+waiting lanes, whole-partition lanes, held failures, stale tasks, packing.
 
 Tasks are sized from the measured handler time: a no-op handler gets whole batches (one queue
 round trip per batch instead of per record), a slow one gets small tasks spread over every
@@ -21,14 +22,15 @@ own lane, never the other lanes it was packed with.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
 from itertools import groupby
 from typing import ClassVar
 
 from weir._engine.rates import RateLimits
 from weir._engine.tasks import DONE, FAILED, HELD, Assignment, Lane, LaneKey, Task
 from weir._engine.tracking import BatchProgress
-from weir._engine.workers import BatchLimits, Workers
+from weir._engine.workers import BatchLimits, LaneOf, Workers
 from weir.records import Ordering, Partition, Record, offset_of, size_of
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "LaneKey",
     "Ordering",
     "OrderingRule",
+    "Orderings",
     "Scheduler",
     "Unordered",
     "lane_of",
@@ -132,8 +135,9 @@ class OrderingRule(ABC):
     """One ordering mode: the lane each record holds, which says what may run at once (records
     of one lane one at a time, in offset order; records of different lanes, or of none, side by
     side), and how the scheduler's lanes take records as they arrive and as a long task gives
-    up the records its worker has not reached. The `Scheduler` makes one at construction and
-    asks it wherever the modes differ; a rule works on that scheduler's lanes."""
+    up the records its worker has not reached. The `Scheduler` makes one at construction (one
+    per ordering its topics have) and asks an assignment's wherever the modes differ; a rule
+    works on that scheduler's lanes."""
 
     ordering: ClassVar[Ordering]
     # Records hold lanes: a failed record holds its lane until it is retried (`Scheduler.hold`,
@@ -292,11 +296,35 @@ def _one(record: Record) -> int:
     return 1
 
 
-def lane_of(ordering: Ordering) -> Callable[[Record], LaneKey] | None:
+@dataclass(frozen=True, slots=True)
+class Orderings:
+    """A member whose routes differ in ordering (docs/routing.md): `of` gives a topic's
+    ordering (its route's, else the member's), `modes` every ordering some topic may get.
+    The route table resolves it (`weir.routing`); the `Scheduler` asks once per topic and
+    holds the answer."""
+
+    of: Callable[[str], Ordering]
+    modes: frozenset[Ordering]
+
+
+def _own_lane(record: Record) -> object:
+    return object()  # a lane of its own: nothing waits behind an unordered record
+
+
+def lane_of(ordering: Ordering, orderings: Orderings | None = None) -> LaneOf | None:
     """The lane a record waits in under `ordering` (None: unordered, no lanes), for workers
-    that hold back a failed record's lane."""
-    rule = RULES[ordering]
-    return rule.lane_of if rule.ordered else None
+    that hold back a failed record's lane. With `orderings`, the lane under the record's
+    topic's ordering; an unordered topic's record is a lane of its own."""
+    if orderings is None:
+        rule = RULES[ordering]
+        return rule.lane_of if rule.ordered else None
+    lanes = {m: RULES[m].lane_of if RULES[m].ordered else _own_lane for m in orderings.modes}
+    of = orderings.of
+
+    def lane(record: Record) -> Hashable:
+        return lanes[of(record.topic)](record)
+
+    return lane
 
 
 class Scheduler:
@@ -312,6 +340,7 @@ class Scheduler:
         workers: Workers,
         ordering: Ordering,
         *,
+        orderings: Orderings | None = None,
         whole: bool = True,
         batch: BatchLimits | None = None,
         rates: RateLimits | None = None,
@@ -329,10 +358,17 @@ class Scheduler:
         # `batch_max_bytes` no task holds more bytes than a batch may (`_cut`).
         self._batch = None if batch is None else batch.records
         self._batch_bytes = None if batch is None else batch.nbytes
-        rule = self._rule = RULES[ordering](self)
+        # The member's rule; with `orderings` (routes of different orderings), a rule per mode
+        # and each topic's, resolved once per topic when its first partition is assigned
+        # (`assigned`), in `_rules`.
+        self._rule = RULES[ordering](self)
+        self._orderings = orderings
+        self.modes = frozenset({ordering}) if orderings is None else orderings.modes
+        self._by_mode = {m: self._rule if m == ordering else RULES[m](self) for m in self.modes}
+        self._rules: dict[str, OrderingRule] = {}
         # A rate per key needs each key in a lane of its own (`_per_key`).
         per_key = rates is not None and rates.per_key is not None
-        self._whole = whole and rule.whole and not self._concurrent and not per_key
+        self._whole = whole and not self._concurrent and not per_key  # and the rule's `whole`
         self._workers = workers.slots
         self._lanes: dict[Assignment, _Lanes] = {}
         self._waiting: dict[Assignment, _Waiting] = {}
@@ -366,10 +402,11 @@ class Scheduler:
             self._waiting[assignment] = {}
             if assignment.tp in self._stale:
                 self._hold_stale(assignment)
-        if self._whole and self._whole_lane(lanes, len(records)):
+        rule = self._rule if self._orderings is None else self.rule_of(assignment)
+        if self._whole and rule.whole and self._whole_lane(lanes, len(records)):
             self._submit_lane(assignment, lanes, _WHOLE, batch, records)
         else:
-            self._rule.submit(assignment, lanes, batch, records)
+            rule.submit(assignment, lanes, batch, records)
 
     def _submit_lane(
         self,
@@ -455,8 +492,9 @@ class Scheduler:
         if lanes is None:
             return  # forgotten: revoked or lost
         failed: dict[LaneKey, tuple[list[Record], list[BatchProgress]]] = {}
-        if task.errors and self._rule.ordered:
-            lane_of = self._rule.lane_of
+        rule = self.rule_of(a) if task.errors else None
+        if rule is not None and rule.ordered:
+            lane_of = rule.lane_of
             for i, code in enumerate(task.outcomes or ()):
                 if code in (FAILED, HELD):
                     rec = task.records[i]
@@ -537,9 +575,10 @@ class Scheduler:
         """Records that waited behind a whole lane, now gone, go to their own lanes, batch by
         batch in offset order."""
         i = 0
+        rule = self.rule_of(a)
         for batch, run in groupby(batches):
             n = len(list(run))
-            self._rule.submit(a, lanes, batch, records[i : i + n])
+            rule.submit(a, lanes, batch, records[i : i + n])
             i += n
 
     def running_long(self, since: float) -> list[Task]:
@@ -586,7 +625,7 @@ class Scheduler:
         lanes = self._lanes.get(a)
         if task.it is None or task.moved or lanes is None or not a.dispatching or self._concurrent:
             return 0
-        return self._rule.move(task, lanes)
+        return self.rule_of(a).move(task, lanes)
 
     def _unreached(
         self, task: Task, lanes: _Lanes
@@ -609,14 +648,37 @@ class Scheduler:
             task.lanes = None
         return rest, batches, whole
 
-    @property
-    def ordered(self) -> bool:
-        """Records wait in lanes (key and partition mode)."""
-        return self._rule.ordered
+    def assigned(self, assignment: Assignment) -> None:
+        """A partition was assigned: with routes of different orderings, its topic's rule is
+        asked of the route table now if this is the topic's first assignment."""
+        if self._orderings is not None:
+            self._topic_rule(assignment.tp.topic)
+
+    def rule_of(self, assignment: Assignment) -> OrderingRule:
+        """The ordering rule `assignment`'s records follow: the member's, or with routes of
+        different orderings its topic's, asked of the route table the first time a partition
+        of the topic is assigned (`assigned`, or here for one that was not), and held from then
+        on (routes do not change)."""
+        if self._orderings is None:
+            return self._rule
+        return self._topic_rule(assignment.tp.topic)
+
+    def _topic_rule(self, topic: str) -> OrderingRule:
+        rule = self._rules.get(topic)
+        if rule is None:
+            assert self._orderings is not None
+            ordering = self._orderings.of(topic)
+            rule = self._by_mode.get(ordering)
+            if rule is None:  # not a route's (an unrouted topic fails in the router anyway)
+                rule = self._by_mode[ordering] = RULES[ordering](self)
+            self._rules[topic] = rule
+        return rule
 
     def lane_key(self, record: Record) -> LaneKey:
         """The lane a failed record holds (`Lane.NONE` in unordered mode)."""
-        return self._rule.lane_of(record)
+        if self._orderings is None:
+            return self._rule.lane_of(record)
+        return self._topic_rule(record.topic).lane_of(record)
 
     def waiting_in(self, assignment: Assignment, key: LaneKey) -> int:
         """Records waiting in the lane `key` of `assignment` (0 if it has no waiting list)."""
@@ -683,7 +745,11 @@ class Scheduler:
             if rates.per_key is not None:
                 groups = self._per_key(groups, rates, held)
         lane_size = self.lane_task_size()
-        size = self._rule.task_size(self.task_size(), lane_size, groups)
+        size = self.task_size()
+        # Routes of different orderings: each topic's rule sizes its own groups' tasks.
+        sizes = None if self._orderings is None else self._sizes(size, lane_size, groups)
+        if sizes is None:
+            size = self._rule.task_size(size, lane_size, groups)
         tasks = 0
         cur: Assignment | None = None
         recs: list[Record] = []
@@ -693,6 +759,8 @@ class Scheduler:
         for a, gkeys, grecs, gbatches in groups:
             if not a.dispatching:
                 continue  # revoked, lost or stopping since: these would come back fenced
+            if sizes is not None:
+                size = sizes[self.rule_of(a)]
             if gkeys is not None:
                 lanes = self._lanes.get(a)
                 if lanes is None:
@@ -750,6 +818,12 @@ class Scheduler:
             self._pending[:0] = held
         return tasks
 
+    def _sizes(self, size: int, lane_size: int, groups: list[_Group]) -> dict[OrderingRule, int]:
+        by_rule: dict[OrderingRule, list[_Group]] = {}
+        for g in groups:
+            by_rule.setdefault(self.rule_of(g[0]), []).append(g)
+        return {rule: rule.task_size(size, lane_size, gs) for rule, gs in by_rule.items()}
+
     def _per_key(self, groups: list[_Group], rates: RateLimits, held: list[_Group]) -> list[_Group]:
         """Key mode with a rate per key: a group's records of keys whose bucket is empty leave
         it as a group of their own that waits (into `held`), so its other keys run on; of a key
@@ -762,6 +836,9 @@ class Scheduler:
             lanes = self._lanes.get(a)
             if gkeys is None or lanes is None or not a.dispatching:
                 out.append(group)  # dispatch drops it
+                continue
+            if self.rule_of(a).ordering != "key":
+                out.append(group)  # a route of another ordering: its keys have no lanes
                 continue
             topic = a.tp.topic
             stop: set[LaneKey] = {
@@ -846,7 +923,7 @@ class Scheduler:
                     self._wait(a, keys[0]).push_front(recs, batches)
                     out.append((a, keys, head, head_batches))
                     break
-                lane_of = self._rule.lane_of
+                lane_of = self.rule_of(a).lane_of
                 head_keys = list(dict.fromkeys(map(lane_of, head)))
                 taken = set(head_keys)
                 behind: dict[LaneKey, tuple[list[Record], list[BatchProgress]]] = {}
@@ -975,7 +1052,7 @@ class Scheduler:
             if len(task.lanes) == 1:
                 left = {task.lanes[0]: len(recs)}
             else:
-                key_of = self._rule.lane_of
+                key_of = self.rule_of(task.assignment).lane_of
                 left = {}
                 for r in recs:
                     k = key_of(r)
@@ -991,7 +1068,7 @@ class Scheduler:
                 del left[key]
                 freed.append(key)
         else:
-            key_of = self._rule.lane_of
+            key_of = self.rule_of(task.assignment).lane_of
             for i in finished:
                 key = key_of(recs[i])
                 n = left[key] - 1

@@ -218,7 +218,7 @@ class Settlement:
             return
         self._released(a, 1, rec.size)
         self._finished(a, [rec], f.batch, "given_up")
-        if self._scheduler.ordered:
+        if self._scheduler.rule_of(a).ordered:
             self._scheduler.finish_held(a, f.lane, rec)
         self._scheduler.dispatch()
 
