@@ -7,8 +7,9 @@ producing its outputs without transactions, with a circuit breaker and a rate li
   and raises, and the order is retried after a backoff.
 - ``refunds-<id>``: at most ``--refund-rate`` records a second (``max_records_per_s_by_topic``),
   while the orders run at full speed.
-- every ``audit-<id>-*`` topic, through a pattern route: debug events skipped by a filter
-  before they are deserialized (their offsets are committed like the others').
+- every ``audit-<id>-*`` topic, through a pattern route with an ordering of its own
+  (unordered, where the member's is key): debug events skipped by a filter before they are
+  deserialized (their offsets are committed like the others').
 
 The run checks every order is in the ledger, the refunds kept to their rate, only the audit
 events above debug were handled, the pause was seen in stats, and the group's commits reached
@@ -240,7 +241,12 @@ def consume(bootstrap: str, topics: dict[str, str], args: argparse.Namespace, s:
                 ),
             ),
             topics["refunds"]: refunds,
-            audit_pattern: Route(audit, value_deserializer=json_deserializer(), filter=not_debug),
+            audit_pattern: Route(
+                audit,
+                value_deserializer=json_deserializer(),
+                filter=not_debug,
+                ordering="unordered",  # audit events need no order: any of them side by side
+            ),
         },
         value_serializer=json_serializer(),  # what ctx.produce writes, unless bytes or str
         max_records_per_s_by_topic={topics["refunds"]: args.refund_rate},
