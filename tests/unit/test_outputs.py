@@ -356,3 +356,32 @@ def test_an_idle_owner_settles_a_confirmed_output_without_sleeping_its_poll_time
         wait_until(functools.partial(committed_to, broker, 0, i + 1), "committed", 10)
         written, served = broker.served[(0, i)]  # confirmed 20 ms after it was written
         assert served - written < 0.5
+
+
+@pytest.mark.parametrize("call", ["poll", "produce"])
+def test_a_fatal_error_of_the_output_producer_fails_its_records_and_replaces_it(
+    members: list[GroupConsumer], call: str
+) -> None:
+    """The output producer fails for good (raised by a poll while outputs wait, or by a
+    produce): the records it held are retried, their outputs written by a new producer, and
+    everything is committed."""
+    broker = SlowBroker(delay_s=0.2)
+    broker_with(0, broker)
+    member(broker, Enrich(), members)
+    broker.produce(IN, key="k0", value="first", partition=0)
+    wait_until(lambda: committed_to(broker, 0, 1), "committed", 10)
+    [first] = output_producers(broker)
+    fatal = KafkaError(KafkaError._FATAL, "Local: Fatal error", fatal=True)
+    if call == "produce":
+        first.fail_next(call, fatal)
+    for i in range(10):
+        broker.produce(IN, key=f"k{i % 5}", value=f"v{i}", partition=i % 2)
+    if call == "poll":  # while the outputs wait for their confirmations
+        wait_until(lambda: len(broker.messages(OUT)) > 1, "outputs written", 10)
+        first.fail_next(call, fatal)
+    wait_until(lambda: committed_to(broker, 0, 6) and committed_to(broker, 1, 5), "all", 20)
+    broker.check()
+    assert broker.violations == []
+    assert len(output_producers(broker)) == 2
+    retried = [text(m) for m in broker.messages(OUT) if "@2" in text(m)]
+    assert retried, "the held records ran again"

@@ -20,13 +20,12 @@ a stalled broker still pauses fetching. A record whose delivery failed comes bac
 Outputs belong to an assignment: a revoke's drain waits for them within its budget (`pending`);
 a lost or revoked partition's outputs still in flight are forgotten (`forget`) and their records
 run again at the next owner, which produces them again. The producer follows the dead-letter
-producer's handling (`weir._engine.deadletter`): the member's cluster and log settings, a fatal
-error fails what it holds and replaces it at the next output.
+producer's handling (`weir._engine.deadletter.OwnedProducer`, which both use): the member's
+cluster and log settings, a fatal error fails what it holds and replaces it at the next output.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -35,7 +34,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from weir._engine.client import ProducerClient, ProducerFactory
-from weir._engine.deadletter import shared_settings
+from weir._engine.deadletter import OwnedProducer, fatal_error, shared_settings
 from weir._engine.tasks import Assignment
 from weir.config import ConsumerConfig
 from weir.errors import OutputError
@@ -46,8 +45,6 @@ __all__ = ["Outputs"]
 
 log = get_logger(__name__)
 
-# With nothing in flight the producer is still served this often: its log lines reach the logger.
-_SERVE_EVERY_S = 1.0
 # How long `send` waits for room in the producer's queue (it is served meanwhile) before the
 # record fails: the budget bounds what is in flight, so a full queue is a stalled broker.
 _QUEUE_WAIT_S = 1.0
@@ -81,13 +78,13 @@ class Outputs:
         self, cfg: ConsumerConfig, factory: ProducerFactory, logger: object | None = None
     ) -> None:
         self._cfg = cfg
-        self._factory = factory
         self._logger = logger
-        self._producer: ProducerClient | None = None
+        self._producer = OwnedProducer(
+            factory, self.producer_config, self._serve, self._failed_for_good
+        )
         self._records: dict[int, _Pending] = {}  # by sequence number: a record's outputs
         self._seq = itertools.count()
         self._results: list[tuple[int, int, KafkaError | None]] = []
-        self._next_serve = 0.0
         self._closed = False
         self._fatal: KafkaError | None = None
         # Records waiting for their outputs outside the in-flight budget, and how many may.
@@ -128,11 +125,6 @@ class Outputs:
     def pending_of(self, assignments: Collection[Assignment]) -> int:
         return sum(len(p.errors) for p in self._records.values() if p.assignment in assignments)
 
-    def _producer_now(self) -> ProducerClient:
-        if self._producer is None:
-            self._producer = self._factory(self.producer_config())
-        return self._producer
-
     @property
     def waiting_outside(self) -> int:
         """Records waiting for their outputs outside the in-flight budget."""
@@ -148,7 +140,7 @@ class Outputs:
             self._free += len(outputs)
         pending = _Pending(a, len(outputs), sum(map(len, outputs)), done, free)
         self._records[seq] = pending
-        producer = self._producer_now()
+        producer = self._producer.get()
         for j, outs in enumerate(outputs):
 
             def delivered(err: KafkaError | None, msg: Any, j: int = j) -> None:
@@ -159,10 +151,11 @@ class Outputs:
                 try:
                     self._produce(producer, out, delivered)
                 except (KafkaException, BufferError) as exc:
-                    err = exc.args[0] if exc.args else None
-                    if isinstance(err, KafkaError) and err.fatal():
-                        self._fatal = err  # failed at the next poll: never inside a settlement
+                    fatal = fatal_error(exc)
+                    if fatal is not None:
+                        self._fatal = fatal  # failed at the next poll: never inside a settlement
                         return free
+                    err = exc.args[0] if exc.args else None
                     reason = err if isinstance(err, KafkaError) else exc
                     # This record fails (its later outputs are not sent); it runs again.
                     self._results.append((seq, j, _as_kafka_error(reason)))
@@ -185,7 +178,7 @@ class Outputs:
                 # The producer's queue is full: serve it, then try again until the deadline.
                 if time.monotonic() >= deadline:
                     raise
-                self._serve_producer(lambda p: p.poll(0.01))
+                self._producer.serve(lambda p: p.poll(0.01))
 
     def _serve(self) -> None:
         results, self._results = self._results, []
@@ -202,23 +195,9 @@ class Outputs:
             self._done(seq, p)
             p.done(p.errors, p.free)
 
-    def _serve_producer(self, call: Callable[[Any], object]) -> None:
-        producer = self._producer
-        if producer is None:
-            return
-        try:
-            call(producer)
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if not isinstance(err, KafkaError) or not err.fatal():
-                raise
-            self._serve()
-            self._failed_for_good(err)
-
     def _failed_for_good(self, err: KafkaError) -> None:
         """The producer hit a fatal error: every record it holds fails (and runs again through
         the failure policy); a new producer is made at the next output."""
-        self._producer = None
         log.error("output_producer_failed", code=err.name(), error=err.str(), pending=self.pending)
         records, self._records = self._records, {}
         self._results = []
@@ -231,21 +210,14 @@ class Outputs:
         """Serve delivery reports (owner thread, every turn) and the producer's log lines."""
         if self._fatal is not None:
             err, self._fatal = self._fatal, None
-            self._failed_for_good(err)
-        if self._producer is None:
-            if self._results:
-                self._serve()
-            return
-        now = time.monotonic()
-        if self._records or now >= self._next_serve:
-            self._next_serve = now + _SERVE_EVERY_S
-            self._serve_producer(lambda p: p.poll(0))
+            self._producer.fail(err)
+        if self._producer.poll(bool(self._records)) or self._results:
             self._serve()
 
     def flush(self, timeout: float) -> int:
         """Wait up to `timeout` for the outputs in flight; returns the records still waiting."""
         if self._records:
-            self._serve_producer(lambda p: p.flush(max(0.0, timeout)))
+            self._producer.serve(lambda p: p.flush(max(0.0, timeout)))
             self._serve()
         return self.pending
 
@@ -263,14 +235,11 @@ class Outputs:
     def close(self) -> None:
         """The member stopped: outputs still in flight are dropped (the final commit stayed
         below their records)."""
-        producer, self._producer = self._producer, None
         self._closed = True
         self._records = {}
         self._results = []
         self._free = 0
-        if producer is not None:
-            with contextlib.suppress(Exception):
-                producer.poll(0)
+        self._producer.close()
 
 
 def _as_kafka_error(reason: KafkaError | BaseException) -> KafkaError:
