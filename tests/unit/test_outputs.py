@@ -19,7 +19,17 @@ from tests.consumer_overrides import Overrides
 from tests.waiting import wait_until
 from typing_extensions import Unpack
 
-from weir import Context, FailurePolicy, FlowConfig, GroupConsumer, Handler, Record, RetryPolicy
+from weir import (
+    BatchContext,
+    BatchHandler,
+    Context,
+    FailurePolicy,
+    FlowConfig,
+    GroupConsumer,
+    Handler,
+    Record,
+    RetryPolicy,
+)
 from weir.testing.fake_broker import FakeBroker, FakeMessage
 from weir.testing.fake_producer import FakeProducer
 
@@ -42,6 +52,13 @@ class Enrich(Handler):
 class AsyncEnrich(Handler):
     async def handle(self, record: Record, ctx: Context) -> None:
         ctx.produce(OUT, f"{record.partition}:{record.offset}@{ctx.attempt}", record.key)
+
+
+class BatchEnrich(BatchHandler):
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        for record in records:
+            value = f"{record.partition}:{record.offset}@{ctx.attempt(record)}"
+            ctx.produce(record, OUT, value, record.key)
 
 
 class SlowBroker(FakeBroker):
@@ -179,7 +196,7 @@ def output_producers(broker: FakeBroker) -> list[FakeProducer]:
 
 
 @pytest.mark.parametrize("ordering", ["key", "unordered"])
-@pytest.mark.parametrize("handler", [Enrich, AsyncEnrich])
+@pytest.mark.parametrize("handler", [Enrich, AsyncEnrich, BatchEnrich])
 def test_every_output_is_written_by_an_idempotent_producer_and_confirmed_before_its_commit(
     members: list[GroupConsumer], ordering: Ordering, handler: type[Handler]
 ) -> None:
