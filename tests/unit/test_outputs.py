@@ -402,3 +402,26 @@ def test_a_fatal_error_of_the_output_producer_fails_its_records_and_replaces_it(
     assert len(output_producers(broker)) == 2
     retried = [text(m) for m in broker.messages(OUT) if "@2" in text(m)]
     assert retried, "the held records ran again"
+
+
+def test_past_the_byte_allowance_large_records_wait_in_the_budget(
+    members: list[GroupConsumer],
+) -> None:
+    """The allowance counts bytes as the budget does: of 100 records of 100 KB waiting for a
+    broker that does not confirm, those past `capacity_bytes` (2 MiB: 20 records) wait inside
+    the budget, which then holds the rest (and keeps fetching paused)."""
+    broker = SlowBroker(delay_s=2.0)
+    broker_with(0, broker)
+    big = "x" * 100_000
+    for i in range(100):
+        broker.produce(IN, key=f"k{i % 5}", value=big, partition=i % 2)
+    mib = 1024 * 1024
+    flow = FlowConfig(capacity_bytes=2 * mib, pause_bytes=mib, resume_bytes=mib // 2)
+    gc = member(broker, Enrich(), members, flow=flow)
+    wait_until(lambda: len(broker.messages(OUT)) == 100, "every output written", 10)
+    wait_until(lambda: gc.stats().in_flight < 100, "some out of the budget", 2)
+    assert gc.stats().in_flight >= 100 - 20  # at most 20 records' bytes outside it
+    wait_until(lambda: all_committed(broker, 50), "all committed", 30)
+    broker.check()
+    assert broker.violations == []
+    wait_until(lambda: gc.stats().in_flight == 0, "the budget balances", 5)

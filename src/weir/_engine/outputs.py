@@ -11,10 +11,10 @@ was lost, or whose sibling failed, is written twice (at-least-once). The produce
 with `acks=all`: the producer's own retries add no duplicates.
 
 While it waits for the broker a record leaves the in-flight budget (`send` says so), up to
-`capacity_records` records at once: the broker's acknowledgement takes tens of milliseconds, and
-records held in the budget that long left too few for the workers (0.45-0.6x the throughput of
-the same handlers producing nothing). Past that allowance they wait in the budget as before, so
-a stalled broker still pauses fetching. A record whose delivery failed comes back into the budget
+`capacity_records` records and `capacity_bytes` bytes of them at once: the broker's
+acknowledgement takes tens of milliseconds, and records held in the budget that long left too
+few for the workers. Past that allowance they wait in the budget as before, so a stalled broker
+still pauses fetching. A record whose delivery failed comes back into the budget
 (`Settlement._confirmed`), held by the failure policy.
 
 Outputs belong to an assignment: a revoke's drain waits for them within its budget (`pending`);
@@ -59,12 +59,19 @@ class _Pending:
     """The outputs of a group of records (those of one task's settlement): finished together,
     so that the watermark moves once per group, not once per record."""
 
-    __slots__ = ("assignment", "done", "errors", "free", "left")
+    __slots__ = ("assignment", "done", "errors", "free", "left", "nbytes")
 
     def __init__(
-        self, assignment: Assignment, records: int, left: int, done: Confirmed, free: bool
+        self,
+        assignment: Assignment,
+        records: int,
+        nbytes: int,
+        left: int,
+        done: Confirmed,
+        free: bool,
     ) -> None:
         self.assignment = assignment
+        self.nbytes = nbytes  # the records' own (`Record.size`)
         self.left = left
         self.done = done
         self.free = free  # waits outside the in-flight budget
@@ -87,9 +94,11 @@ class Outputs:
         self._results: list[tuple[int, int, KafkaError | None]] = []
         self._closed = False
         self._fatal: KafkaError | None = None
-        # Records waiting for their outputs outside the in-flight budget, and how many may.
-        self._free = 0
+        # Records waiting for their outputs outside the in-flight budget, their bytes, and how
+        # many records and bytes may: as many as the budget holds.
+        self._free = self._free_bytes = 0
         self._allowance = cfg.flow.capacity_records
+        self._allowance_bytes = cfg.flow.capacity_bytes
 
     @classmethod
     def of(
@@ -130,15 +139,22 @@ class Outputs:
         """Records waiting for their outputs outside the in-flight budget."""
         return self._free
 
-    def send(self, a: Assignment, outputs: Sequence[Sequence[Output]], done: Confirmed) -> bool:
-        """Produce the outputs of records of `a` (`outputs[j]`: those of the j-th record);
-        `done` gets the outcome of each record on a later `poll`. True if the records leave the
-        in-flight budget while they wait (the caller releases them; `done` is told so too)."""
+    def send(
+        self, a: Assignment, outputs: Sequence[Sequence[Output]], nbytes: int, done: Confirmed
+    ) -> bool:
+        """Produce the outputs of records of `a` (`outputs[j]`: those of the j-th record;
+        `nbytes`: the records' size); `done` gets the outcome of each record on a later `poll`.
+        True if the records leave the in-flight budget while they wait (the caller releases
+        them; `done` is told so too)."""
         seq = next(self._seq)
-        free = self._free + len(outputs) <= self._allowance
+        free = (
+            self._free + len(outputs) <= self._allowance
+            and self._free_bytes + nbytes <= self._allowance_bytes
+        )
         if free:
             self._free += len(outputs)
-        pending = _Pending(a, len(outputs), sum(map(len, outputs)), done, free)
+            self._free_bytes += nbytes
+        pending = _Pending(a, len(outputs), nbytes, sum(map(len, outputs)), done, free)
         self._records[seq] = pending
         producer = self._producer.get()
         for j, outs in enumerate(outputs):
@@ -201,7 +217,7 @@ class Outputs:
         log.error("output_producer_failed", code=err.name(), error=err.str(), pending=self.pending)
         records, self._records = self._records, {}
         self._results = []
-        self._free = 0
+        self._free = self._free_bytes = 0
         failure = OutputError(f"the output producer failed for good: {err.str()}", err.name())
         for p in records.values():
             p.done([failure] * len(p.errors), p.free)
@@ -231,6 +247,7 @@ class Outputs:
         del self._records[seq]
         if p.free:
             self._free -= len(p.errors)
+            self._free_bytes -= p.nbytes
 
     def close(self) -> None:
         """The member stopped: outputs still in flight are dropped (the final commit stayed
@@ -238,7 +255,7 @@ class Outputs:
         self._closed = True
         self._records = {}
         self._results = []
-        self._free = 0
+        self._free = self._free_bytes = 0
         self._producer.close()
 
 

@@ -355,12 +355,14 @@ class Settlement:
         if held:
             group = [recs[i] for i in held]
             batches = [t.batch or t.batches[i] for i in held]
+            nbytes = sum(map(size_of, group))
             if self._alo.send(
                 a,
                 [outputs[i] for i in held],
+                nbytes,
                 lambda errors, free: self._confirmed(a, group, batches, errors, free),
             ):
-                self._released(a, len(group), sum(map(size_of, group)))
+                self._released(a, len(group), nbytes)
         if not now:
             return
         picked = [recs[i] for i in now]
