@@ -340,18 +340,22 @@ def test_records_waiting_for_their_outputs_leave_the_budget_but_stay_uncommitted
 def test_past_the_allowance_records_wait_in_the_budget_and_a_stalled_broker_stops_fetching(
     members: list[GroupConsumer],
 ) -> None:
-    """At most `capacity_records` records wait for their outputs outside the budget; the next
-    ones wait inside it, which fills and pauses fetching: a broker that does not confirm holds
-    about two budgets of records, not the whole topic."""
-    broker = SlowBroker(delay_s=2.0)
-    broker_with(400, broker)
+    """At most 16 x `capacity_records` records wait for their outputs outside the budget; the
+    next ones wait inside it, which fills and pauses fetching: a broker that does not confirm
+    holds about 17 budgets of records, not the whole topic."""
+    broker = SlowBroker(delay_s=60.0)  # stalled, until the end of the test
+    broker_with(1000, broker)
     flow = FlowConfig(capacity_records=20, pause_records=16, resume_records=8)
     gc = member(broker, Enrich(), members, flow=flow)
-    wait_until(lambda: len(broker.messages(OUT)) >= 40, "two budgets of outputs written", 10)
+    wait_until(lambda: len(broker.messages(OUT)) >= 320, "16 budgets of outputs written", 10)
     time.sleep(0.5)  # what a member without the bound would go on writing meanwhile
-    assert len(broker.messages(OUT)) <= 40 + 2  # and a fetched batch's headroom
+    written = len(broker.messages(OUT))
+    assert written <= 340 + 2  # 16 budgets outside, one inside, a fetched batch's headroom
+    time.sleep(0.5)
+    assert len(broker.messages(OUT)) == written  # fetching stopped
     assert gc.stats().in_flight >= 16
-    wait_until(lambda: all_committed(broker, 200), "all committed", 30)
+    broker.delay_s = 0.0
+    wait_until(lambda: all_committed(broker, 500), "all committed", 30)
     broker.check()
     assert broker.violations == []
     wait_until(lambda: gc.stats().in_flight == 0, "the budget balances", 5)
@@ -410,7 +414,7 @@ def test_past_the_byte_allowance_large_records_wait_in_the_budget(
     """The allowance counts bytes as the budget does: of 100 records of 100 KB waiting for a
     broker that does not confirm, those past `capacity_bytes` (2 MiB: 20 records) wait inside
     the budget, which then holds the rest (and keeps fetching paused)."""
-    broker = SlowBroker(delay_s=2.0)
+    broker = SlowBroker(delay_s=60.0)  # stalled, until the end of the test
     broker_with(0, broker)
     big = "x" * 100_000
     for i in range(100):
@@ -421,6 +425,7 @@ def test_past_the_byte_allowance_large_records_wait_in_the_budget(
     wait_until(lambda: len(broker.messages(OUT)) == 100, "every output written", 10)
     wait_until(lambda: gc.stats().in_flight < 100, "some out of the budget", 2)
     assert gc.stats().in_flight >= 100 - 20  # at most 20 records' bytes outside it
+    broker.delay_s = 0.0
     wait_until(lambda: all_committed(broker, 50), "all committed", 30)
     broker.check()
     assert broker.violations == []

@@ -11,7 +11,7 @@ was lost, or whose sibling failed, is written twice (at-least-once). The produce
 with `acks=all`: the producer's own retries add no duplicates.
 
 While it waits for the broker a record leaves the in-flight budget (`send` says so), up to
-`capacity_records` records and `capacity_bytes` bytes of them at once: the broker's
+16 x `capacity_records` records and `capacity_bytes` bytes of them at once: the broker's
 acknowledgement takes tens of milliseconds, and records held in the budget that long left too
 few for the workers. Past that allowance they wait in the budget as before, so a stalled broker
 still pauses fetching. A record whose delivery failed comes back into the budget
@@ -48,6 +48,13 @@ log = get_logger(__name__)
 # How long `send` waits for room in the producer's queue (it is served meanwhile) before the
 # record fails: the budget bounds what is in flight, so a full queue is a stalled broker.
 _QUEUE_WAIT_S = 1.0
+
+# How many times the budget's records may wait for their outputs outside it. The records waiting
+# are the rate times the broker's acknowledgement, 0.3-1 s on 2 loaded cores at 10,000 records/s;
+# with one budget's worth (1,200) the 1 ms benchmark handlers kept 0.51-0.72x of the same
+# handlers producing nothing, with 16 budgets 0.71-1.00x (benchmarks/README.md, alo+ctx). Their
+# bytes stay bounded by `capacity_bytes`: the records' own memory, beside a small object each.
+_ALLOWANCE = 16
 
 Confirmed = Callable[[list[OutputError | None], bool], None]
 """Called on the owner thread once every output of a group of records was answered: for each
@@ -95,9 +102,9 @@ class Outputs:
         self._closed = False
         self._fatal: KafkaError | None = None
         # Records waiting for their outputs outside the in-flight budget, their bytes, and how
-        # many records and bytes may: as many as the budget holds.
+        # many records and bytes may (`_ALLOWANCE`; as many bytes as the budget holds).
         self._free = self._free_bytes = 0
-        self._allowance = cfg.flow.capacity_records
+        self._allowance = _ALLOWANCE * cfg.flow.capacity_records
         self._allowance_bytes = cfg.flow.capacity_bytes
 
     @classmethod
