@@ -54,6 +54,7 @@ import argparse
 import asyncio
 import dataclasses
 import inspect
+import os
 import statistics
 import sys
 import threading
@@ -193,6 +194,7 @@ class Result:
     vs_no_failures: float | None = None
     seconds_to_commit: float | None = None  # first record in a handler -> the last commit
     rate_to_commit: float | None = None
+    load: float | None = None  # the 1-minute load average at the start
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -590,6 +592,7 @@ def run_eos(
         **extra,
     )
     gc.add_commit_listener(committed)
+    load = os.getloadavg()[0]
     watch = CpuWatch(bk)
     started = time.perf_counter()
     gc.start()
@@ -618,6 +621,7 @@ def run_eos(
         cpu,
         {"workers": workers, "ordering": "key", **settings, **extra},
     )
+    result.load = load
     if committed.at is not None and meter.first is not None:
         result.seconds_to_commit = committed.at - meter.first
         result.rate_to_commit = topic.records / result.seconds_to_commit
@@ -629,15 +633,22 @@ def run_eos(
 
 
 def eos_report(results: list[Result]) -> str:
-    """The eos case side by side: each engine's rates against at-least-once without output."""
+    """The eos case side by side: each engine's rates against at-least-once without output of
+    the same round (`--eos-repeats`: the last `alo` run before it)."""
     rows = []
-    base = {r.handler: r for r in results if r.case == "eos" and r.engine == "alo"}
+    base: dict[str, Result] = {}
+    rounds: dict[str, int] = {}
     for r in results:
         if r.case != "eos":
             continue
+        if r.engine == "alo":
+            base[r.handler] = r
+        rounds[r.handler + r.engine] = n = rounds.get(r.handler + r.engine, 0) + 1
         b = base.get(r.handler)
         rows.append(
             [
+                str(n),
+                "" if r.load is None else f"{r.load:.1f}",
                 r.handler,
                 r.engine,
                 f"{r.records:,}" + (" (cut)" if r.cut else ""),
@@ -654,6 +665,8 @@ def eos_report(results: list[Result]) -> str:
             ]
         )
     header = [
+        "round",
+        "load",
         "handler",
         "engine",
         "records",
@@ -771,6 +784,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="records per eos run (default: --io-records for the 1 ms handler, "
         "--noop-records / 5 for the no-op one)",
+    )
+    p.add_argument(
+        "--eos-engines",
+        default=",".join(e[0] for e in EOS_ENGINES),
+        help="eos engines to run, in this order",
+    )
+    p.add_argument(
+        "--eos-repeats", type=int, default=1, help="eos: rounds of the engines, interleaved"
     )
     p.add_argument("--max-seconds", type=float, default=30.0, help="cut a run after this long")
     args = p.parse_args(argv)
@@ -1263,7 +1284,14 @@ def main(argv: list[str] | None = None) -> int:
                 if case not in topics:
                     continue
                 t = topics[case]
-                for engine, transactional, produces, interval in EOS_ENGINES:
+                chosen = {e: i for i, e in enumerate(args.eos_engines.split(",")) if e}
+                unknown = set(chosen) - {e[0] for e in EOS_ENGINES}
+                if unknown:
+                    raise SystemExit(f"--eos-engines: no engine {', '.join(sorted(unknown))}")
+                engines = sorted(
+                    (e for e in EOS_ENGINES if e[0] in chosen), key=lambda e: chosen[e[0]]
+                )
+                for engine, transactional, produces, interval in engines * args.eos_repeats:
                     out = unique("bench-eos-out")
                     create_topic(bk.bootstrap, out, t.partitions)
                     outputs.append(out)

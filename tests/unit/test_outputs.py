@@ -6,6 +6,7 @@ the output again."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import Counter
@@ -18,7 +19,17 @@ from tests.consumer_overrides import Overrides
 from tests.waiting import wait_until
 from typing_extensions import Unpack
 
-from weir import Context, FailurePolicy, GroupConsumer, Handler, Record, RetryPolicy
+from weir import (
+    BatchContext,
+    BatchHandler,
+    Context,
+    FailurePolicy,
+    FlowConfig,
+    GroupConsumer,
+    Handler,
+    Record,
+    RetryPolicy,
+)
 from weir.testing.fake_broker import FakeBroker, FakeMessage
 from weir.testing.fake_producer import FakeProducer
 
@@ -43,6 +54,13 @@ class AsyncEnrich(Handler):
         ctx.produce(OUT, f"{record.partition}:{record.offset}@{ctx.attempt}", record.key)
 
 
+class BatchEnrich(BatchHandler):
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        for record in records:
+            value = f"{record.partition}:{record.offset}@{ctx.attempt(record)}"
+            ctx.produce(record, OUT, value, record.key)
+
+
 class SlowBroker(FakeBroker):
     """A broker whose output confirmations come `_DELAY_S` late: the producer serves a delivery
     report only at a poll that far after the write. At every poll it checks the invariant:
@@ -52,6 +70,9 @@ class SlowBroker(FakeBroker):
         super().__init__()
         self.delay_s = delay_s
         self.confirmed: set[tuple[int, int]] = set()
+        # When each input's output was served to the member (its delivery report) after it
+        # was written: (written, served), `time.monotonic()`.
+        self.served: dict[tuple[int, int], tuple[float, float]] = {}
         self.violations: list[str] = []
         self._watching = threading.Lock()
 
@@ -81,10 +102,11 @@ class _SlowProducer(FakeProducer):
         self, topic: str, value: Any = None, key: Any = None, **kw: Any
     ) -> None:
         report = kw.pop("on_delivery", None)
-        at = time.monotonic() + self._watch.delay_s
+
+        written = time.monotonic()
 
         def later(err: KafkaError | None, msg: Any) -> None:
-            self._late.append((at, report, err, msg))
+            self._late.append((written, report, err, msg))
 
         kw["on_delivery"] = later
         super().produce(topic, value, key, **kw)
@@ -93,12 +115,15 @@ class _SlowProducer(FakeProducer):
         self._watch.check()
         super().poll(0)
         now = time.monotonic()
-        due = [x for x in self._late if everything or x[0] <= now]
-        self._late = [x for x in self._late if not (everything or x[0] <= now)]
-        for _, report, err, msg in due:
+        delay = self._watch.delay_s
+        due = [x for x in self._late if everything or x[0] + delay <= now]
+        self._late = [x for x in self._late if not (everything or x[0] + delay <= now)]
+        for written, report, err, msg in due:
             if err is None:
                 p, rest = msg.value().decode().split(":")
-                self._watch.confirmed.add((int(p), int(rest.split("@")[0])))
+                key = (int(p), int(rest.split("@")[0]))
+                self._watch.confirmed.add(key)
+                self._watch.served[key] = (written, now)
             report(err, msg)
         return len(self._late)
 
@@ -151,6 +176,10 @@ def all_committed(broker: FakeBroker, end: int) -> bool:
     return all(got.get((IN, p)) == end for p in range(2))
 
 
+def committed_to(broker: FakeBroker, partition: int, end: int) -> bool:
+    return broker.committed_offsets("g", IN).get((IN, partition)) == end
+
+
 def text(m: FakeMessage) -> str:
     value = m.value()
     assert value is not None
@@ -162,11 +191,12 @@ def by_input(broker: FakeBroker) -> Counter[str]:
 
 
 def output_producers(broker: FakeBroker) -> list[FakeProducer]:
-    return [p for p in broker.producers if p.conf.get("linger.ms") == 1]
+    """The member's output producer (the dead-letter producer does not wait: `linger.ms` 0)."""
+    return [p for p in broker.producers if p.conf.get("linger.ms", 0) > 0]
 
 
 @pytest.mark.parametrize("ordering", ["key", "unordered"])
-@pytest.mark.parametrize("handler", [Enrich, AsyncEnrich])
+@pytest.mark.parametrize("handler", [Enrich, AsyncEnrich, BatchEnrich])
 def test_every_output_is_written_by_an_idempotent_producer_and_confirmed_before_its_commit(
     members: list[GroupConsumer], ordering: Ordering, handler: type[Handler]
 ) -> None:
@@ -287,3 +317,116 @@ def test_a_revoke_waits_for_outputs_in_flight_and_the_next_owner_starts_after_th
     broker.check()
     assert broker.violations == []
     assert set(by_input(broker)) == {f"{p}:{o}" for p in range(2) for o in range(100)}
+
+
+def test_records_waiting_for_their_outputs_leave_the_budget_but_stay_uncommitted(
+    members: list[GroupConsumer],
+) -> None:
+    """The broker confirms each output 1 s late: the records whose handlers returned leave the
+    in-flight budget at once (it no longer limits the workers while the broker answers), and
+    no commit passes them until their outputs are confirmed."""
+    broker = SlowBroker(delay_s=1.0)
+    broker_with(100, broker)
+    gc = member(broker, Enrich(), members)
+    wait_until(lambda: len(broker.messages(OUT)) == 100, "every output written", 10)
+    wait_until(lambda: gc.stats().in_flight == 0, "the waiting records out of the budget", 0.5)
+    assert broker.committed_offsets("g", IN) == {(IN, 0): 0, (IN, 1): 0}
+    wait_until(lambda: all_committed(broker, 50), "all committed", 10)
+    broker.check()
+    assert broker.violations == []
+    assert gc.stats().in_flight == 0
+
+
+def test_past_the_allowance_records_wait_in_the_budget_and_a_stalled_broker_stops_fetching(
+    members: list[GroupConsumer],
+) -> None:
+    """At most 16 x `capacity_records` records wait for their outputs outside the budget; the
+    next ones wait inside it, which fills and pauses fetching: a broker that does not confirm
+    holds about 17 budgets of records, not the whole topic."""
+    broker = SlowBroker(delay_s=60.0)  # stalled, until the end of the test
+    broker_with(1000, broker)
+    flow = FlowConfig(capacity_records=20, pause_records=16, resume_records=8)
+    gc = member(broker, Enrich(), members, flow=flow)
+    wait_until(lambda: len(broker.messages(OUT)) >= 320, "16 budgets of outputs written", 10)
+    time.sleep(0.5)  # what a member without the bound would go on writing meanwhile
+    written = len(broker.messages(OUT))
+    assert written <= 340 + 2  # 16 budgets outside, one inside, a fetched batch's headroom
+    time.sleep(0.5)
+    assert len(broker.messages(OUT)) == written  # fetching stopped
+    assert gc.stats().in_flight >= 16
+    broker.delay_s = 0.0
+    wait_until(lambda: all_committed(broker, 500), "all committed", 30)
+    broker.check()
+    assert broker.violations == []
+    wait_until(lambda: gc.stats().in_flight == 0, "the budget balances", 5)
+
+
+def test_an_idle_owner_settles_a_confirmed_output_without_sleeping_its_poll_timeout(
+    members: list[GroupConsumer],
+) -> None:
+    """With nothing else to do the owner waits in its poll: while an output waits for the
+    broker it wakes soon enough to serve the confirmation (and settle its record), not after
+    `poll_timeout_s`."""
+    broker = SlowBroker(delay_s=0.02)
+    broker_with(0, broker)
+    member(broker, Enrich(), members, poll_timeout_s=1.0)
+    broker.produce(IN, key="k0", value="first", partition=0)
+    wait_until(lambda: broker.committed_offsets("g", IN).get((IN, 0)) == 1, "joined", 10)
+    for i in range(1, 4):
+        broker.produce(IN, key="k0", value=f"v{i}", partition=0)
+        wait_until(functools.partial(committed_to, broker, 0, i + 1), "committed", 10)
+        written, served = broker.served[(0, i)]  # confirmed 20 ms after it was written
+        assert served - written < 0.5
+
+
+@pytest.mark.parametrize("call", ["poll", "produce"])
+def test_a_fatal_error_of_the_output_producer_fails_its_records_and_replaces_it(
+    members: list[GroupConsumer], call: str
+) -> None:
+    """The output producer fails for good (raised by a poll while outputs wait, or by a
+    produce): the records it held are retried, their outputs written by a new producer, and
+    everything is committed."""
+    broker = SlowBroker(delay_s=0.2)
+    broker_with(0, broker)
+    member(broker, Enrich(), members)
+    broker.produce(IN, key="k0", value="first", partition=0)
+    wait_until(lambda: committed_to(broker, 0, 1), "committed", 10)
+    [first] = output_producers(broker)
+    fatal = KafkaError(KafkaError._FATAL, "Local: Fatal error", fatal=True)
+    if call == "produce":
+        first.fail_next(call, fatal)
+    for i in range(10):
+        broker.produce(IN, key=f"k{i % 5}", value=f"v{i}", partition=i % 2)
+    if call == "poll":  # while the outputs wait for their confirmations
+        wait_until(lambda: len(broker.messages(OUT)) > 1, "outputs written", 10)
+        first.fail_next(call, fatal)
+    wait_until(lambda: committed_to(broker, 0, 6) and committed_to(broker, 1, 5), "all", 20)
+    broker.check()
+    assert broker.violations == []
+    assert len(output_producers(broker)) == 2
+    retried = [text(m) for m in broker.messages(OUT) if "@2" in text(m)]
+    assert retried, "the held records ran again"
+
+
+def test_past_the_byte_allowance_large_records_wait_in_the_budget(
+    members: list[GroupConsumer],
+) -> None:
+    """The allowance counts bytes as the budget does: of 100 records of 100 KB waiting for a
+    broker that does not confirm, those past `capacity_bytes` (2 MiB: 20 records) wait inside
+    the budget, which then holds the rest (and keeps fetching paused)."""
+    broker = SlowBroker(delay_s=60.0)  # stalled, until the end of the test
+    broker_with(0, broker)
+    big = "x" * 100_000
+    for i in range(100):
+        broker.produce(IN, key=f"k{i % 5}", value=big, partition=i % 2)
+    mib = 1024 * 1024
+    flow = FlowConfig(capacity_bytes=2 * mib, pause_bytes=mib, resume_bytes=mib // 2)
+    gc = member(broker, Enrich(), members, flow=flow)
+    wait_until(lambda: len(broker.messages(OUT)) == 100, "every output written", 10)
+    wait_until(lambda: gc.stats().in_flight < 100, "some out of the budget", 2)
+    assert gc.stats().in_flight >= 100 - 20  # at most 20 records' bytes outside it
+    broker.delay_s = 0.0
+    wait_until(lambda: all_committed(broker, 50), "all committed", 30)
+    broker.check()
+    assert broker.violations == []
+    wait_until(lambda: gc.stats().in_flight == 0, "the budget balances", 5)

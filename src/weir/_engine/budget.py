@@ -165,6 +165,13 @@ class Budget:
         if pb.ahead or pb.over_share:
             self._refill(pb)
 
+    def readmitted(self, tp: Partition, count: int, nbytes: int) -> None:
+        """Records that left the budget to wait for their outputs come back into it: their
+        delivery failed, and the failure policy holds them again (`weir._engine.outputs`)."""
+        pb = self.parts.get(tp)
+        if pb is not None:
+            self._add(pb, count, nbytes)
+
     def dropped(self, recs: Iterable[Record]) -> None:
         """Queued records that will never run (their partition stopped dispatching)."""
         for rec in recs:

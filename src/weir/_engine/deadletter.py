@@ -116,6 +116,83 @@ def shared_settings(cfg: ConsumerConfig, logger: object | None = None) -> dict[s
     return conf
 
 
+class OwnedProducer:
+    """A producer weir owns (the dead-letter producer; the at-least-once outputs' one in
+    `weir._engine.outputs`): made at its first use, served on the owner thread, and replaced
+    when it fails for good. A fatal error raised by a poll or a flush (`serve`), or found by
+    its owner (`fail`), drops it: `served` first hands on what it confirmed before it failed,
+    then `failed` fails what it still held; the next `get` makes a new one. Owner thread only."""
+
+    __slots__ = ("_config", "_factory", "_failed", "_next_serve", "_served", "current")
+
+    def __init__(
+        self,
+        factory: ProducerFactory,
+        config: Callable[[], dict[str, Any]],
+        served: Callable[[], None],
+        failed: Callable[[KafkaError], None],
+    ) -> None:
+        self._factory = factory
+        self._config = config
+        self._served = served
+        self._failed = failed
+        self._next_serve = 0.0
+        self.current: ProducerClient | None = None
+
+    def get(self) -> ProducerClient:
+        """The producer, a new one if there is none yet or the last failed for good."""
+        if self.current is None:
+            self.current = self._factory(self._config())
+        return self.current
+
+    def serve(self, call: Callable[[ProducerClient], object]) -> None:
+        """`call(producer)` (a poll or a flush), which raises a fatal error of the producer."""
+        producer = self.current
+        if producer is None:
+            return
+        try:
+            call(producer)
+        except KafkaException as exc:
+            err = fatal_error(exc)
+            if err is None:
+                raise
+            self._served()  # what the producer confirmed before it failed
+            self.fail(err)
+
+    def fail(self, err: KafkaError) -> None:
+        """The producer hit a fatal error: it is dropped, and what it held fails."""
+        self.current = None
+        self._failed(err)
+
+    def poll(self, busy: bool) -> bool:
+        """Serve delivery reports and log lines: at every call while `busy` (writes wait for
+        the broker), else at most once per `_SERVE_EVERY_S`. True if it was served."""
+        if self.current is None:
+            return False
+        now = time.monotonic()
+        if not busy and now < self._next_serve:
+            return False
+        self._next_serve = now + _SERVE_EVERY_S
+        self.serve(lambda p: p.poll(0))
+        return True
+
+    def close(self) -> None:
+        """The member stopped: let the producer go now, not whenever the garbage collector
+        breaks the engine's reference cycles (until then it kept its broker connections and
+        threads). The log lines it still holds are handed over first."""
+        producer, self.current = self.current, None
+        if producer is not None:
+            # Best effort: the shutdown steps after this one must run whatever it raises.
+            with contextlib.suppress(Exception):
+                producer.poll(0)
+
+
+def fatal_error(exc: BaseException) -> KafkaError | None:
+    """The fatal error a producer's call raised, if it was one (the producer is done for)."""
+    err = exc.args[0] if exc.args else None
+    return err if isinstance(err, KafkaError) and err.fatal() else None
+
+
 def header_room(cfg: ConsumerConfig, policy: FailurePolicy) -> int:
     """The most bytes weir's headers add to a dead letter: the message, cut to
     `max_error_chars` (up to 4 UTF-8 bytes a character), the group id, and the rest."""
@@ -173,11 +250,12 @@ class DeadLetters:
         self._factory = factory
         self._logger = logger
         self._admin_factory = admin_factory
-        self._producer: ProducerClient | None = None
+        self._producer = OwnedProducer(
+            factory, self.producer_config, self._serve, self._failed_for_good
+        )
         # Dead-letter topics known to exist: those of the named topics are checked at start,
         # those of topics a regex subscription matched before their first dead letter.
         self._checked: set[str] = set()
-        self._next_serve = 0.0
         self._closed = False
         # Writes sent and not confirmed, by sequence number: who to tell, and of what.
         self._inflight: dict[int, tuple[Result, FailurePolicy, str, int]] = {}
@@ -216,7 +294,7 @@ class DeadLetters:
     def start(self, topics: Iterable[str], partitions: Mapping[str, int]) -> None:
         """Build the producer and make sure the dead-letter topics of `topics` exist: created
         when allowed (`_create`), else a `DeadLetterError`."""
-        self._producer = self._factory(self.producer_config())
+        self._producer.get()
         timeout = self._cfg.startup_timeout_s
         missing: dict[str, list[str]] = {}  # dead-letter topic: its source topics
         for topic in topics:
@@ -284,23 +362,17 @@ class DeadLetters:
         return denied_of(code, "DESCRIBE", topic=topic)
 
     def _metadata(self, topic: str, timeout: float) -> Any:
-        producer = self._producer_now()
+        producer = self._producer.get()
         try:
             meta = producer.list_topics(topic, timeout=timeout)
         except KafkaException as exc:
             raise DeadLetterError(f"could not look up dead-letter topic {topic!r}: {exc}") from exc
         return meta.topics.get(topic)
 
-    def _producer_now(self) -> ProducerClient:
-        """The producer, a new one if the last failed for good (`_failed_for_good`)."""
-        if self._producer is None:
-            self._producer = self._factory(self.producer_config())
-        return self._producer
-
     def _partitions(self, topic: str, timeout: float) -> int:
         """The partition count of a source topic (1 if it cannot be read)."""
         try:
-            found = self._producer_now().list_topics(topic, timeout=timeout).topics.get(topic)
+            found = self._producer.get().list_topics(topic, timeout=timeout).topics.get(topic)
         except KafkaException:
             return 1
         return len(found.partitions) if found is not None and found.partitions else 1
@@ -385,7 +457,7 @@ class DeadLetters:
             if problem is not None:
                 done(problem)
                 return
-        producer = self._producer_now()
+        producer = self._producer.get()
         message = str(error)
         if len(message) > policy.max_error_chars:
             message = message[: policy.max_error_chars - 1] + "…"
@@ -418,11 +490,12 @@ class DeadLetters:
                 topic, record.value, record.key, headers=headers, on_delivery=delivered,
             )  # fmt: skip
         except (KafkaException, BufferError) as exc:
-            err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.fatal():
+            fatal = fatal_error(exc)
+            if fatal is not None:
                 self._inflight[seq] = (done, policy, topic, size)
-                self._failed_for_good(err)
+                self._producer.fail(fatal)
                 return
+            err = exc.args[0] if exc.args else None
             done(self._failure(policy, topic, size, err if isinstance(err, KafkaError) else exc))
             return
         self._inflight[seq] = (done, policy, topic, size)
@@ -461,26 +534,11 @@ class DeadLetters:
             else:
                 done(self._failure(policy, topic, size, err))
 
-    def _serve_producer(self, call: Any) -> None:
-        """`call(producer)` (a poll or a flush), which raises a fatal error of the producer."""
-        producer = self._producer
-        if producer is None:
-            return
-        try:
-            call(producer)
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if not isinstance(err, KafkaError) or not err.fatal():
-                raise
-            self._serve()  # what the producer confirmed before it failed
-            self._failed_for_good(err)
-
     def _failed_for_good(self, err: KafkaError) -> None:
         """The producer hit a fatal error: the writes it holds fail now (their records block
         their partitions and are written again by the next producer), and it is replaced at the
         next dead letter. Refused an idempotent producer id (CLUSTER_AUTHORIZATION_FAILED), it
         lacks WRITE on any topic: its dead-letter topics' is the ACL to grant."""
-        self._producer = None
         denied_any = err.code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
         text = err.str()
         log.error(
@@ -506,34 +564,22 @@ class DeadLetters:
     def poll(self) -> None:
         """Serve delivery results (owner thread, every turn) and the producer's log lines
         (librdkafka queues them until the producer is polled)."""
-        producer = self._producer
-        if producer is None:
-            return
-        now = time.monotonic()
-        if self.pending or now >= self._next_serve:
-            self._next_serve = now + _SERVE_EVERY_S
-            self._serve_producer(lambda p: p.poll(0))
+        if self._producer.poll(self.pending > 0):
             self._serve()
 
     def close(self) -> None:
-        """The member stopped: let the producer go now, not whenever the garbage collector
-        breaks the engine's reference cycles (until then it kept its broker connections and
-        threads). Writes still pending are dropped: the final commit stayed below them. The
-        log lines it still holds are handed over first."""
-        producer, self._producer = self._producer, None
+        """The member stopped: the producer goes (`OwnedProducer.close`). Writes still pending
+        are dropped: the final commit stayed below them."""
         self._closed = True
         self._results = []
         self._inflight = {}
-        if producer is not None:
-            # Best effort: the shutdown steps after this one must run whatever it raises.
-            with contextlib.suppress(Exception):
-                producer.poll(0)
+        self._producer.close()
 
     def flush(self, timeout: float) -> int:
         """Wait up to `timeout` for pending writes; returns how many are still pending."""
-        if self._producer is None or not self.pending:
+        if not self.pending:
             return 0
-        self._serve_producer(lambda p: p.flush(max(0.0, timeout)))
+        self._producer.serve(lambda p: p.flush(max(0.0, timeout)))
         self._serve()
         return self.pending
 

@@ -23,7 +23,8 @@ Finishing does the same for every way:
 
 Records that leave the budget without being finished: fenced ones (their assignment was
 cancelled while they ran) are released (`_released`); failed ones stay in the budget, held by
-the failure policy, until it finishes them (`given_up`) or runs them again.
+the failure policy, until it finishes them (`given_up`) or runs them again. Records waiting for
+their at-least-once outputs may leave it before they are finished (`weir._engine.outputs`).
 """
 
 from __future__ import annotations
@@ -337,8 +338,9 @@ class Settlement:
 
     def _handled(self, t: Task, indexes: Sequence[int], *, released: bool = False) -> None:
         """At-least-once: records `indexes` of `t` returned, some with outputs. Those without
-        are finished now; those with outputs are produced now and stay in the budget, below
-        the watermark, until the broker confirmed them all (`_confirmed`). `released`: the
+        are finished now; those with outputs are produced now and stay below the watermark
+        until the broker confirmed them all (`_confirmed`), outside the budget while the
+        outputs' allowance has room (`Outputs.send`). `released`: the
         caller released the budget of those without."""
         assert self._alo is not None and t.outputs is not None
         a, outputs, recs = t.assignment, t.outputs, t.records
@@ -353,11 +355,14 @@ class Settlement:
         if held:
             group = [recs[i] for i in held]
             batches = [t.batch or t.batches[i] for i in held]
-            self._alo.send(
+            nbytes = sum(map(size_of, group))
+            if self._alo.send(
                 a,
                 [outputs[i] for i in held],
-                lambda errors: self._confirmed(a, group, batches, errors),
-            )
+                nbytes,
+                lambda errors, free: self._confirmed(a, group, batches, errors, free),
+            ):
+                self._released(a, len(group), nbytes)
         if not now:
             return
         picked = [recs[i] for i in now]
@@ -373,23 +378,28 @@ class Settlement:
         recs: list[Record],
         batches: list[BatchProgress],
         errors: Sequence[BaseException | None],
+        free: bool,
     ) -> None:
         """The broker answered for every output of `recs`: those whose outputs were all
         confirmed (`errors[j]` None) are finished now; the others failed, into the failure
         policy as if their call had raised, and a retry produces their outputs again (those
-        already written are written twice)."""
+        already written are written twice). `free`: they waited outside the budget, which
+        takes the failed ones back."""
         if self._owner_of(a) is None or a.cancel.is_set():
             return  # revoked or lost: its budget went with the assignment
         ok = [j for j, e in enumerate(errors) if e is None]
         if ok:
             done = recs if len(ok) == len(recs) else [recs[j] for j in ok]
-            self._released(a, len(done), sum(map(size_of, done)))
+            if not free:
+                self._released(a, len(done), sum(map(size_of, done)))
             self._finished(a, done, batches if len(ok) == len(recs) else [batches[j] for j in ok],
                            "handled")  # fmt: skip
         for j, error in enumerate(errors):
             if error is None:
                 continue
             rec = recs[j]
+            if free:
+                self._budget.readmitted(a.tp, 1, rec.size)
             self.failed += 1
             log.warning("output_failed", event_id=rec.event_id, error=str(error))
             t = Task(a, [rec], [batches[j]], None)
