@@ -37,6 +37,25 @@ def run_example(
     return result, summary
 
 
+def run_passing(module: str, bootstrap: str, timeout: float = 100) -> list[str]:
+    """The lines an example printed on stdout, run on `bootstrap`; it must have exited 0 with
+    `PASS` last (the whole output is the failure's message)."""
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--bootstrap", bootstrap],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "PASS", output
+    assert result.stderr == "", result.stderr  # the summary, and no warning either
+    return lines
+
+
 @contextlib.contextmanager
 def scratch_database(postgres_dsn: str, prefix: str) -> Iterator[str]:
     """A database created for the caller on the server of `postgres_dsn` (its conninfo), dropped

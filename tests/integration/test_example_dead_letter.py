@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.integration.example_runs import run_passing
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "examples" / "dead_letter" / "README.md"
@@ -31,26 +31,16 @@ def readme_output() -> list[str]:
 
 @pytest.mark.timeout(120)
 def test_the_dead_letter_example_passes(kafka_bootstrap: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "examples.dead_letter", "--bootstrap", kafka_bootstrap],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    lines = result.stdout.splitlines()
-    assert lines[-1] == "PASS", output
+    lines = run_passing("examples.dead_letter", kafka_bootstrap)
+    output = "\n".join(lines)
     assert "charged              291  ok" in lines, output
     assert "dead-lettered        9 of 9 poison  ok" in lines, output
     assert "retried              42 (payment service timeouts)" in lines, output
     assert sum("DeserializationError" in line for line in lines) == 3, output
     assert sum("InvalidOrder" in line for line in lines) == 6, output
     # What it prints is what its README shows: nothing on stderr (regression: a dead_lettered
-    # warning per poison record), and the README's lines that do not vary from run to run.
-    assert result.stderr == ""
+    # warning per poison record; `run_passing` checks it), and the README's lines that do not
+    # vary from run to run.
     shown = readme_output()
     steady = [
         line
