@@ -4,6 +4,7 @@ each ordering mode, its size and wait, partial success, and the commit after it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import threading
@@ -345,6 +346,41 @@ def test_a_batch_runs_without_its_wait_once_the_budget_is_full(
     wait_until(lambda: len(h.batches) >= 2, "two batches", 10)
     assert h.batches[0] == [(0, 0), (0, 1), (0, 2)]
     assert calls[0] - t0 < 2.5  # not the 5 s wait
+
+
+def live_records(topic: str) -> int:
+    """Records of `topic` still alive (walks every tracked object: slow, tests only)."""
+    return sum(1 for o in gc.get_objects() if type(o) is Record and o.topic == topic)
+
+
+@pytest.mark.parametrize("ordering", ["key", "unordered"])
+def test_no_worker_keeps_the_records_of_a_batch_once_it_is_settled(
+    start: Start, collector: Make, ordering: Ordering
+) -> None:
+    """A worker that finished a batch and waits for the next holds none of its records: 16
+    idle workers each holding their last batch of 500 kept 8,000 records (and their bytes)
+    alive beyond the in-flight budget, and every one of them on the cyclic collector's walks."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(300), key=lambda o: b"k%d" % (o % 7))
+    fake.script_assign([P0])
+    h = collector()
+    start(h, fake, batch_max_records=100, max_batch_records=100, workers=4, ordering=ordering)
+    wait_until(lambda: committed(fake, P0) == 300, "all committed")
+    assert len(h.handled()) == 300
+    wait_until(lambda: live_records(TOPIC) == 0, "no record of a settled batch kept", 3)
+
+
+def test_no_worker_keeps_the_records_of_a_task_once_it_is_settled(start: Start) -> None:
+    """The same for a per-record handler: a worker waiting for its next task holds none of the
+    records of the last one."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(300), key=lambda o: b"k%d" % (o % 7))
+    fake.script_assign([P0])
+    seen: list[int] = []
+    start(lambda r: seen.append(r.offset), fake, max_batch_records=100, workers=4)
+    wait_until(lambda: committed(fake, P0) == 300, "all committed")
+    assert sorted(seen) == list(range(300))
+    wait_until(lambda: live_records(TOPIC) == 0, "no record of a settled task kept", 3)
 
 
 # -- partial success ---------------------------------------------------------------------------
