@@ -486,8 +486,11 @@ class BatchContext:
         *,
         outputs: bool = False,
     ) -> None:
-        self._records = records
-        self._index = {id(r): i for i, r in enumerate(records)}
+        # The batch's order, whatever the handler then does to its list: marks are by position.
+        self._records = tuple(records)
+        # Built on the first mark (`_position`): a batch nothing marks never pays for it (it
+        # cost about as much as the rest of a no-op batch call).
+        self._index: dict[int, int] | None = None
         self._parts = parts
         # Index into the batch -> None (done) or the record's own error (failed).
         self._marks: dict[int, BaseException | None] = {}
@@ -496,7 +499,10 @@ class BatchContext:
         self._outputs: dict[int, list[Output]] | None = {} if outputs else None
 
     def _position(self, record: Record, doing: str = "mark") -> int:
-        i = self._index.get(id(record))
+        index = self._index
+        if index is None:
+            index = self._index = {id(r): i for i, r in enumerate(self._records)}
+        i = index.get(id(record))
         if i is None or self._records[i] is not record:
             raise ValueError(
                 f"{record!r} is not a record of this batch: {doing} only the records "

@@ -392,13 +392,21 @@ class Boom(Exception):
     pass
 
 
-def test_ctx_fail_fails_one_record_and_the_rest_are_finished(start: Start, collector: Make) -> None:
+@pytest.mark.parametrize("reorder", [False, True], ids=["", "list-reordered"])
+def test_ctx_fail_fails_one_record_and_the_rest_are_finished(
+    start: Start, collector: Make, reorder: bool
+) -> None:
+    """`list-reordered`: the context knows the batch's records by their place in the batch as
+    it was handed out, so a handler that reverses its list in place before it marks still
+    fails the record it names, and no other."""
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(10), key=lambda o: b"k%d" % o)
     fake.script_assign([P0])
     attempts: dict[int, list[int]] = defaultdict(list)
 
     def action(records: list[Record], ctx: BatchContext) -> None:
+        if reorder:
+            records.reverse()
         for r in records:
             attempts[r.offset].append(ctx.attempt(r))
             if r.offset == 4 and ctx.attempt(r) == 1:
