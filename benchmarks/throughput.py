@@ -61,6 +61,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from gc import callbacks as gc_callbacks
 from typing import Any
 
 from _common import (
@@ -198,6 +199,52 @@ class Result:
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+class _GcTime:
+    """CPU time of Python's cyclic garbage collector, per generation, in this process: a
+    callback around each collection reads the collecting thread's CPU clock (the collector
+    holds the interpreter lock, so wall time would count other processes' turns too)."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.count = [0, 0, 0]
+        self._began: dict[int, float] = {}
+        gc_callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began[threading.get_ident()] = time.thread_time()
+            return
+        began = self._began.pop(threading.get_ident(), None)
+        if began is not None:
+            g = info["generation"]
+            self.seconds[g] += time.thread_time() - began
+            self.count[g] += 1
+
+    def snapshot(self) -> tuple[list[float], list[int]]:
+        return list(self.seconds), list(self.count)
+
+
+_GC = _GcTime()
+
+
+class Watch(CpuWatch):
+    """`CpuWatch`, and the collector's CPU seconds and collections per generation over the run
+    (`gc_s`, `gc_young`, `gc_middle`, `gc_full`): with fast handlers the collector's walks over
+    records in flight were a large part of weir's cost (benchmarks/README.md)."""
+
+    def start(self) -> None:
+        self._gc0 = _GC.snapshot()
+        super().start()
+
+    def stop(self) -> dict[str, float | None]:
+        out = super().stop()
+        (s0, c0), (s1, c1) = self._gc0, _GC.snapshot()
+        out["gc_s"] = sum(s1) - sum(s0)
+        for name, g in (("gc_young", 0), ("gc_middle", 1), ("gc_full", 2)):
+            out[name] = float(c1[g] - c0[g])
+        return out
+
+
 def _result(
     case: str,
     engine: str,
@@ -255,7 +302,7 @@ def run_raw(
     defaults unless given). librdkafka defaults apart from `fetch`."""
     meter = Meter(records)
     h = handle(meter)
-    watch = CpuWatch(bk)
+    watch = Watch(bk)
     started = time.perf_counter()
     c = Consumer(
         {
@@ -336,7 +383,7 @@ def run_aiokafka(
 
     meter = Meter(records)
     h = handle(meter)
-    watch = CpuWatch(bk)
+    watch = Watch(bk)
     started = time.perf_counter()
 
     sizes: list[int] = []
@@ -406,7 +453,7 @@ def run_weir(
         tracer_provider=tracer_provider,
         **tuning,
     )
-    watch = CpuWatch(bk)
+    watch = Watch(bk)
     started = time.perf_counter()
     gc.start()
     try:
@@ -593,7 +640,7 @@ def run_eos(
     )
     gc.add_commit_listener(committed)
     load = os.getloadavg()[0]
-    watch = CpuWatch(bk)
+    watch = Watch(bk)
     started = time.perf_counter()
     gc.start()
     try:
@@ -866,26 +913,42 @@ def evaluate(results: list[Result]) -> None:
             r.met = r.vs_ideal >= IO_TARGET
 
 
+def cpu_per_record_us(r: Result) -> float:
+    """The consumer process's CPU per record, us (start-up and group join included): steadier
+    than the rate when other work shares the cores."""
+    return (r.cpu.get("own_cores") or 0.0) * r.total_seconds / max(r.records, 1) * 1e6
+
+
 def noop_summary(results: list[Result]) -> str:
-    """Best and median of the repeated no-op runs, each against the raw loop's."""
-    runs: dict[tuple[str, str], list[float]] = {}
+    """Best and median of the repeated no-op runs, each against the raw loop's; the ratio of
+    each run to the raw run of its round (they are interleaved); CPU and the garbage
+    collector's CPU per run."""
+    runs: dict[tuple[str, str], list[Result]] = {}
     for r in results:
         if r.case == "noop":
-            runs.setdefault((r.engine, r.flow), []).append(r.rate)
-    raw = runs.pop(("raw", "-"), None)
-    if not raw:
+            runs.setdefault((r.engine, r.flow), []).append(r)
+    raw_runs = runs.pop(("raw", "-"), None)
+    if not raw_runs:
         return ""
+    raw = [r.rate for r in raw_runs]
     raw_best, raw_median = max(raw), statistics.median(raw)
+    raw_cpu = statistics.median(map(cpu_per_record_us, raw_runs))
     lines = [
         f"no-op: raw loop best {fmt_rate(raw_best)}/s, median {fmt_rate(raw_median)}/s "
-        f"({len(raw)} runs)"
+        f"({len(raw)} runs), CPU median {raw_cpu:.2f} us/record"
     ]
-    for (engine, flow), rates in runs.items():
+    for (engine, flow), rs in runs.items():
+        rates = [r.rate for r in rs]
         best, median = max(rates), statistics.median(rates)
+        per_round = ", ".join(f"{r.rate / w.rate:.2f}x" for r, w in zip(rs, raw_runs, strict=False))
+        cpu = statistics.median(map(cpu_per_record_us, rs))
+        gc_s = ", ".join(f"{r.cpu.get('gc_s') or 0:.2f}" for r in rs)
         lines.append(
             f"  {engine:<9} {flow:<7} best {fmt_rate(best):>8}/s = {best / raw_best:.2f}x best raw"
             f"   median {fmt_rate(median):>8}/s = {median / raw_median:.2f}x median raw"
-            f"   ({len(rates)} runs)"
+            f"   ({len(rates)} runs)\n"
+            f"    per round {per_round}; CPU median {cpu:.2f} us/record = "
+            f"{raw_cpu / cpu:.2f}x the raw loop's records per CPU second; gc s {gc_s}"
         )
     return "\n".join(lines)
 
@@ -1141,7 +1204,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  {r.case:<6} {r.engine:<9} {r.flow:<7} {r.handler:<4} {r.records:>8,} rec "
             f"{fmt_rate(r.rate):>8}/s  join {r.join_seconds:.2f}s  "
-            f"cpu {r.cpu['own_cores']:.2f} cores{'  CUT' if r.cut else ''}"
+            f"cpu {r.cpu['own_cores']:.2f} cores  gc {r.cpu.get('gc_s') or 0:.2f}s"
+            f"{'  CUT' if r.cut else ''}"
             + (f"  {r.settings}" if r.engine.startswith("aiokafka") else ""),
             flush=True,
         )

@@ -20,7 +20,6 @@ from typing import (
     runtime_checkable,
 )
 
-from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 from typing_extensions import Self
 from typing_extensions import TypeVar as DefaultTypeVar
 
@@ -55,42 +54,9 @@ class Partition(NamedTuple):
         return f"{self.topic}[{self.partition}]"
 
 
-class _Source(Protocol):
-    """Where a record's lazily read fields come from: the client's message, or `_Given`."""
-
-    def headers(self) -> Any: ...
-    def timestamp(self) -> tuple[int, int]: ...
-    def leader_epoch(self) -> int | None: ...
-
-
-class _Given:
-    """The lazily read fields of a record built by hand, with the client's message's methods
-    for them (`headers`, `timestamp`, `leader_epoch`): a delivered record reads them from its
-    message, a record built by hand from this."""
-
-    __slots__ = ("_headers", "_leader_epoch", "_timestamp")
-
-    def __init__(
-        self,
-        headers: Sequence[tuple[str, bytes | None]],
-        timestamp: int | None,
-        leader_epoch: int | None,
-    ) -> None:
-        self._headers = headers
-        self._timestamp = timestamp
-        self._leader_epoch = leader_epoch
-
-    def headers(self) -> Sequence[tuple[str, bytes | None]]:
-        return self._headers
-
-    def timestamp(self) -> tuple[int, int]:
-        if self._timestamp is None:
-            return (TIMESTAMP_NOT_AVAILABLE, 0)
-        return (TIMESTAMP_CREATE_TIME, self._timestamp)
-
-    def leader_epoch(self) -> int | None:
-        return self._leader_epoch
-
+# Headers as a record keeps them: a delivered record's as the client gave them, a record built
+# by hand's as a tuple; `Record.headers` makes the (name, bytes) tuple when asked.
+_RawHeaders = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None]
 
 _FIELDS = (
     "topic",
@@ -119,10 +85,11 @@ class Record(Generic[V_co]):
     `Record[Any]`. The parameter is for the type checker only: nothing checks it at run time.
 
     The owner thread builds one per record, the one thread every record passes, so the view is
-    cheap to build: topic, partition, offset, key, value and size are stored; headers, timestamp
-    and leader epoch are read from the client's message only when asked for (reading a
-    message's timestamp alone is a large part of building a record). Equal records have
-    equal fields; a record pickles and copies by its fields. Its fields are read-only.
+    cheap to build: every field is a slot store, headers kept as the client gave them until
+    asked for. A record keeps no reference to the client's message: the message dies with the
+    consume call's list, so a record in flight is one object for Python's cyclic collector to
+    walk, not two (benchmarks/README.md). Equal records have equal fields; a record pickles and
+    copies by its fields. Its fields are read-only.
     """
 
     # Private slots behind read-only properties: a plain slot store is what makes building a
@@ -131,11 +98,13 @@ class Record(Generic[V_co]):
     __slots__ = (
         "_dkey",
         "_dvalue",
+        "_headers",
         "_key",
+        "_leader_epoch",
         "_offset",
         "_partition",
         "_size",
-        "_src",
+        "_timestamp",
         "_topic",
         "_value",
     )
@@ -165,7 +134,10 @@ class Record(Generic[V_co]):
         self._key = key
         self._value = value
         self._size = size
-        self._src: _Source = _Given(headers, timestamp, leader_epoch)
+        # As the client gives them (None, or a list of pairs): `headers` makes the tuple.
+        self._headers: _RawHeaders | None = headers
+        self._timestamp = timestamp
+        self._leader_epoch = leader_epoch
 
     if TYPE_CHECKING:
 
@@ -220,7 +192,7 @@ class Record(Generic[V_co]):
     def headers(self) -> tuple[tuple[str, bytes | None], ...]:
         """The record's headers as (name, value) pairs in the order produced; a name may repeat,
         and a value is None for a header without one."""
-        raw = self._src.headers()
+        raw = self._headers
         if not raw:
             return ()
         items = raw.items() if isinstance(raw, Mapping) else raw
@@ -229,14 +201,13 @@ class Record(Generic[V_co]):
     @property
     def timestamp(self) -> int | None:
         """Milliseconds since the epoch, or None when the broker gave none."""
-        kind, stamp = self._src.timestamp()
-        return None if kind == TIMESTAMP_NOT_AVAILABLE else stamp
+        return self._timestamp
 
     @property
     def leader_epoch(self) -> int | None:
         """The partition leader's epoch when the record was written, None when the broker gave
         none."""
-        return self._src.leader_epoch()
+        return self._leader_epoch
 
     @property
     def deserialized_key(self) -> Any:
@@ -565,8 +536,11 @@ class BatchContext:
         *,
         outputs: bool = False,
     ) -> None:
-        self._records = records
-        self._index = {id(r): i for i, r in enumerate(records)}
+        # The batch's order, whatever the handler then does to its list: marks are by position.
+        self._records = tuple(records)
+        # Built on the first mark (`_position`): a batch nothing marks never pays for it (it
+        # cost about as much as the rest of a no-op batch call).
+        self._index: dict[int, int] | None = None
         self._parts = parts
         # Index into the batch -> None (done) or the record's own error (failed).
         self._marks: dict[int, BaseException | None] = {}
@@ -575,7 +549,10 @@ class BatchContext:
         self._outputs: dict[int, list[Output]] | None = {} if outputs else None
 
     def _position(self, record: Record, doing: str = "mark") -> int:
-        i = self._index.get(id(record))
+        index = self._index
+        if index is None:
+            index = self._index = {id(r): i for i, r in enumerate(self._records)}
+        i = index.get(id(record))
         if i is None or self._records[i] is not record:
             raise ValueError(
                 f"{record!r} is not a record of this batch: {doing} only the records "

@@ -4,6 +4,7 @@ each ordering mode, its size and wait, partial success, and the commit after it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import threading
@@ -347,6 +348,41 @@ def test_a_batch_runs_without_its_wait_once_the_budget_is_full(
     assert calls[0] - t0 < 2.5  # not the 5 s wait
 
 
+def live_records(topic: str) -> int:
+    """Records of `topic` still alive (walks every tracked object: slow, tests only)."""
+    return sum(1 for o in gc.get_objects() if type(o) is Record and o.topic == topic)
+
+
+@pytest.mark.parametrize("ordering", ["key", "unordered"])
+def test_no_worker_keeps_the_records_of_a_batch_once_it_is_settled(
+    start: Start, collector: Make, ordering: Ordering
+) -> None:
+    """A worker that finished a batch and waits for the next holds none of its records: 16
+    idle workers each holding their last batch of 500 kept 8,000 records (and their bytes)
+    alive beyond the in-flight budget, and every one of them on the cyclic collector's walks."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(300), key=lambda o: b"k%d" % (o % 7))
+    fake.script_assign([P0])
+    h = collector()
+    start(h, fake, batch_max_records=100, max_batch_records=100, workers=4, ordering=ordering)
+    wait_until(lambda: committed(fake, P0) == 300, "all committed")
+    assert len(h.handled()) == 300
+    wait_until(lambda: live_records(TOPIC) == 0, "no record of a settled batch kept", 3)
+
+
+def test_no_worker_keeps_the_records_of_a_task_once_it_is_settled(start: Start) -> None:
+    """The same for a per-record handler: a worker waiting for its next task holds none of the
+    records of the last one."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(300), key=lambda o: b"k%d" % (o % 7))
+    fake.script_assign([P0])
+    seen: list[int] = []
+    start(lambda r: seen.append(r.offset), fake, max_batch_records=100, workers=4)
+    wait_until(lambda: committed(fake, P0) == 300, "all committed")
+    assert sorted(seen) == list(range(300))
+    wait_until(lambda: live_records(TOPIC) == 0, "no record of a settled task kept", 3)
+
+
 # -- partial success ---------------------------------------------------------------------------
 
 RETRY_ONCE = FailurePolicy(retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.0, jitter=0.0))
@@ -356,13 +392,21 @@ class Boom(Exception):
     pass
 
 
-def test_ctx_fail_fails_one_record_and_the_rest_are_finished(start: Start, collector: Make) -> None:
+@pytest.mark.parametrize("reorder", [False, True], ids=["", "list-reordered"])
+def test_ctx_fail_fails_one_record_and_the_rest_are_finished(
+    start: Start, collector: Make, reorder: bool
+) -> None:
+    """`list-reordered`: the context knows the batch's records by their place in the batch as
+    it was handed out, so a handler that reverses its list in place before it marks still
+    fails the record it names, and no other."""
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(10), key=lambda o: b"k%d" % o)
     fake.script_assign([P0])
     attempts: dict[int, list[int]] = defaultdict(list)
 
     def action(records: list[Record], ctx: BatchContext) -> None:
+        if reorder:
+            records.reverse()
         for r in records:
             attempts[r.offset].append(ctx.attempt(r))
             if r.offset == 4 and ctx.attempt(r) == 1:

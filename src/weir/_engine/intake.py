@@ -1,11 +1,13 @@
 """From what one consume call returned to runs of `Record`s, one run per partition stretch.
 
 This runs on the owner thread once per record, the one thread every record passes: the `Record`
-is built inline, without calling its `__init__` (slot stores only), from the fields the engine
-needs (topic, partition, offset, key, size) and the value; the rest stays in the client's
-message until a handler asks. Reading every field column by column (`map` over the client's
-method descriptors, then `zip`) measured no faster once the error, null and run checks were
-added, so there is one path.
+is built inline, without calling its `__init__` (slot stores only), with every field read from
+the client's message here. The record keeps no reference to the message: the message dies with
+the consume call's list, and a record in flight is then one object for Python's cyclic garbage
+collector, not two; the collector's passes over records in flight were the largest part of the
+owner's time with a fast handler (benchmarks/README.md). Reading every field column by column
+(`map` over the client's method descriptors, then `zip`) measured no faster once the error, null
+and run checks were added, so there is one path.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol, cast
 
-from confluent_kafka import KafkaError
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError
 
 from weir._engine.client import KafkaMessage
 from weir.records import Record, header_bytes
@@ -54,6 +56,7 @@ def runs_of(
     nbytes = 0
     topic = ""
     part = last = -1
+    no_stamp = TIMESTAMP_NOT_AVAILABLE
     for m in delivered:
         err = m.error()
         if err is not None:
@@ -77,7 +80,10 @@ def runs_of(
         rec._key = key
         rec._value = value
         rec._size = size
-        rec._src = m
+        rec._headers = headers
+        kind, stamp = m.timestamp()
+        rec._timestamp = None if kind == no_stamp else stamp
+        rec._leader_epoch = m.leader_epoch()
         recs.append(rec)
         offsets.append(off)
         nbytes += size

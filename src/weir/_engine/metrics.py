@@ -24,8 +24,6 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
-
 from weir._engine.tasks import DONE, FAILED, Assignment, Task
 from weir._engine.tracking import BatchProgress
 from weir.records import CommitEvent, Partition, Record
@@ -212,8 +210,8 @@ class Metrics:
         if now < self._next_sample:
             return
         self._next_sample = now + _SAMPLE_EVERY
-        kind, stamp = first._src.timestamp()
-        if kind != TIMESTAMP_NOT_AVAILABLE:
+        stamp = first.timestamp
+        if stamp is not None:
             age = now - stamp / 1000
             if age < 0:
                 age = 0.0  # a producer clock ahead of ours
