@@ -69,7 +69,7 @@ def test_make_demo_says_what_each_set_up_step_does(tmp_path: Path) -> None:
     assert calls == [
         f"{tmp_path / 'python3'} -m venv {venv}",
         f"{python} -m pip install -q --upgrade pip",
-        f"{python} -m pip install -q -e .[test,cli,prometheus,dev,postgres]",
+        f"{python} -m pip install -q -e .[test,cli,prometheus,dev,postgres,avro,json-schema]",
         f"{python} -m examples.orders",
     ]
 
