@@ -19,7 +19,7 @@ settled from the owner loop (`turn`):
   otherwise leave its successor to resolve `latest` again, past the records it never finished;
 - **seek**: the offset is known: the client is sought there and the partition resumed.
 
-The placeholder is an absolute offset (`_PLACEHOLDER`), never a logical one: librdkafka looks a
+The placeholder is an absolute offset (`PLACEHOLDER`), never a logical one: librdkafka looks a
 logical offset up with a ListOffsets request at once, paused or not, and a reply that comes back
 after the partition's version moved on (weir's pause, its seek) is "outdated": librdkafka then
 sets the partition back to querying that logical offset 500 ms later, whatever state it is in
@@ -52,7 +52,7 @@ from weir._engine.tasks import Assignment
 from weir.logs import get_logger
 from weir.records import Partition
 
-__all__ = ["Committed", "Starts"]
+__all__ = ["PLACEHOLDER", "Committed", "Starts"]
 
 log = get_logger(__name__)
 
@@ -69,7 +69,7 @@ _AGAIN_TIMEOUT = 0.2
 _RESEND_AFTER = 1.0
 # Where a partition whose start is not settled is assigned (never read: it is paused first and
 # sought before it is resumed). Absolute, never logical: see the module docstring.
-_PLACEHOLDER = 0
+PLACEHOLDER = 0
 
 
 class Wait(enum.Enum):
@@ -142,12 +142,12 @@ class Starts:
                 committed = found.get(tp)
                 if committed is None:
                     self._wait(tp, Wait.READ)
-                    out.append(TP(tp.topic, tp.partition, _PLACEHOLDER))
+                    out.append(TP(tp.topic, tp.partition, PLACEHOLDER))
                     continue
                 self.committed[tp] = committed
                 self.pending.pop(tp, None)
                 offset = self._offset_of(tp, committed[0])
-                out.append(TP(tp.topic, tp.partition, _PLACEHOLDER if offset is None else offset))
+                out.append(TP(tp.topic, tp.partition, PLACEHOLDER if offset is None else offset))
         finally:
             self._assigning = False
         # Paused before the client assigns them: the placeholder is never fetched (librdkafka
