@@ -372,6 +372,37 @@ def test_no_watchdog_with_partition_stall_s_none() -> None:
         assert m.stats().partition_stall_recoveries == 0
 
 
+def test_an_eager_reassign_keeps_a_waiting_partition_at_an_absolute_placeholder() -> None:
+    """Stating an eager assignment again (a stall recovery) put a partition whose start still
+    waits at OFFSET_END. librdkafka looks a logical offset up, and a reply outdated by weir's
+    later seek re-arms the lookup and undoes that seek: the partition jumps to the log end
+    (`weir._engine.starts`). It is stated at the absolute placeholder `Starts.assign` used."""
+    fake = Stubborn()
+    p2 = (TOPIC, 2)
+    for tp in (P0, P1, p2):
+        fake.produce_many(*tp, range(10))
+    fake.given_committed({P0: 0, P1: 0})  # p2: nothing committed, its start commit held
+    fake.hold_commit_results = True
+    fake.script_assign([P0, P1, p2])
+    with capture_events() as events, member(fake, assignment_strategy="range") as m:
+        try:
+            m.until(lambda: len(m.offsets(P0)) == len(m.offsets(P1)) == 10, "the first records")
+            assert m.part(p2).pause_reason == "start_committing"
+            with fake._lock:
+                fake.paused.add(P0)
+            fake.unstarted.add(P0)
+            fake.produce_many(*P0, range(10, 20))
+            m.run_for(STALL_S + CHECKED)
+            (ev,) = stalled_events(events)
+            assert ev["recovery"] == "assign"
+            last = fake.assigned_at[-1]
+            assert last[P0] == 10 and last[P1] == 10
+            assert last[p2] >= 0, f"{p2} stated at the logical offset {last[p2]}"
+            assert m.part(p2).paused
+        finally:
+            fake.hold_commit_results = False  # the final commit is answered: the member stops
+
+
 @pytest.mark.parametrize("strategy", ["cooperative-sticky", "range"])
 def test_a_partition_the_client_never_started_is_assigned_again(strategy: str) -> None:
     """The client refuses to seek a partition it never started (librdkafka: `_STATE`): it is

@@ -122,6 +122,36 @@ def test_a_committed_offset_is_assigned_explicitly_with_no_start_commit(
     assert fake.commit_log() == []
 
 
+@pytest.mark.parametrize("committed", ["nothing", "unreadable"])
+def test_an_unsettled_start_is_paused_then_assigned_at_an_absolute_placeholder(
+    members: list[GroupConsumer], committed: str
+) -> None:
+    """Regression (1,000 partitions in key mode crawling, one run in three): a partition whose
+    start is not settled in the assign callback was assigned at OFFSET_END and paused after.
+    librdkafka looks a logical offset up at once; the pause (and later weir's seek) made that
+    reply outdated, and an outdated reply re-arms the lookup 500 ms later in whatever state the
+    partition is by then: weir's seek to the start was undone, the partition jumped to the log
+    end and its records never came. Now the partition is paused before the assign call, at an
+    absolute offset: nothing for librdkafka to look up."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(10))
+    if committed == "unreadable":
+        fake.given_committed({P0: 7})
+        fake.committed = Flaky(fake, failures=3)  # type: ignore[assignment]
+    fake.script_assign([P0])
+    handled = Handled()
+    start = 7 if committed == "unreadable" else 0
+    run(members, fake, handled, auto_offset_reset="earliest")
+    wait_until(lambda: len(handled.offsets) == 10 - start, "every record from the start")
+    assert handled.offsets == list(range(start, 10))
+    (at,) = fake.assigned_at
+    assert at[P0] >= 0, f"assigned at the logical offset {at[P0]}: librdkafka looks it up"
+    calls = fake.call_names()
+    assign = next(i for i, name in enumerate(calls) if name.endswith("assign"))
+    paused_first = [tps for name, tps in fake.calls[:assign] if name == "pause"]
+    assert any(P0 in tps for tps in paused_first), f"not paused before the assign: {calls}"
+
+
 class Flaky:
     """`committed()` that fails (a coordinator that moved) the first `failures` times."""
 

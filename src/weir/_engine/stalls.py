@@ -34,7 +34,7 @@ from weir._engine.budget import Budget
 from weir._engine.client import ConsumerClient, topic_partitions
 from weir._engine.fetching import FetchControl
 from weir._engine.ownership import Ownership
-from weir._engine.starts import Starts
+from weir._engine.starts import PLACEHOLDER, Starts
 from weir._engine.tasks import Assignment
 from weir.logs import get_logger
 from weir.records import Partition
@@ -237,13 +237,14 @@ class Stalls:
             return
         # An eager member can only state its whole assignment: every other partition at the
         # position it reads next (one whose start is not settled at the placeholder it waits at,
-        # as `Starts.assign` put it; paused, as librdkafka keeps its flag).
+        # as `Starts.assign` put it; paused, as librdkafka keeps its flag). Never a logical
+        # offset: librdkafka's lookup of one can undo the seek to its start (`Starts`).
         owned = [p for p in self._own.partitions if p != tp]
         waiting = self._starts.pending
         positions = self._positions(p for p in owned if p not in waiting)
         at = [TopicPartition(tp.topic, tp.partition, offset)]
         for p in owned:
-            pos = OFFSET_END if p in waiting else positions.get(p)
+            pos = PLACEHOLDER if p in waiting else positions.get(p)
             if pos is None:
                 raise _Unplaced(f"{p} has no known position to assign it at again")
             at.append(TopicPartition(p.topic, p.partition, pos))

@@ -5,10 +5,10 @@ OffsetFetch error it does not retry while the assignment changes) or fall back t
 `auto.offset.reset` (UNSTABLE_OFFSET_COMMIT while the assignment changes: committed input read
 again, or skipped). So weir reads the committed offsets itself in the assign callback and
 assigns every partition at an explicit offset. A partition whose start is not settled in the
-callback is assigned at a placeholder it never reads from (its records are dropped until it is
-sought, `holds`), not fetched meanwhile (`FetchControl` reason `start_offset_unknown`, or
-`start_committing` while its reset position is committed), and settled from the owner loop
-(`turn`):
+callback is paused and then assigned at a placeholder it never reads from (its records are
+dropped until it is sought, `holds`), not fetched meanwhile (`FetchControl` reason
+`start_offset_unknown`, or `start_committing` while its reset position is committed), and
+settled from the owner loop (`turn`):
 
 - **read**: its committed offset could not be read in time: read again every 0.5 s, each read
   bounded, so the other partitions keep going;
@@ -18,6 +18,16 @@ sought, `holds`), not fetched meanwhile (`FetchControl` reason `start_offset_unk
   A member that joins at `latest`, handles some records and dies before its first commit would
   otherwise leave its successor to resolve `latest` again, past the records it never finished;
 - **seek**: the offset is known: the client is sought there and the partition resumed.
+
+The placeholder is an absolute offset (`PLACEHOLDER`), never a logical one: librdkafka looks a
+logical offset up with a ListOffsets request at once, paused or not, and a reply that comes back
+after the partition's version moved on (weir's pause, its seek) is "outdated": librdkafka then
+sets the partition back to querying that logical offset 500 ms later, whatever state it is in
+by then. A seek to the start that landed meanwhile was undone: the partition jumped to the log
+end and its records never came (a member stalled on 1,000 partitions, one in three runs here;
+with `latest`-style placeholders and live traffic, records skipped). The pause before the
+assign keeps the placeholder from being fetched at all (an out-of-range fetch would reset to a
+logical offset again).
 
 An aborted transaction rewinds partitions through the same states (`rewind`). With
 `auto_offset_reset="error"` and nothing committed the partition is left to librdkafka, which
@@ -42,7 +52,7 @@ from weir._engine.tasks import Assignment
 from weir.logs import get_logger
 from weir.records import Partition
 
-__all__ = ["Committed", "Starts"]
+__all__ = ["PLACEHOLDER", "Committed", "Starts"]
 
 log = get_logger(__name__)
 
@@ -57,6 +67,9 @@ _AGAIN_EVERY = 0.5
 _AGAIN_TIMEOUT = 0.2
 # A start commit whose result did not come (or failed) is sent again after this long.
 _RESEND_AFTER = 1.0
+# Where a partition whose start is not settled is assigned (never read: it is paused first and
+# sought before it is resumed). Absolute, never logical: see the module docstring.
+PLACEHOLDER = 0
 
 
 class Wait(enum.Enum):
@@ -129,14 +142,17 @@ class Starts:
                 committed = found.get(tp)
                 if committed is None:
                     self._wait(tp, Wait.READ)
-                    out.append(TP(tp.topic, tp.partition, OFFSET_END))  # a placeholder
+                    out.append(TP(tp.topic, tp.partition, PLACEHOLDER))
                     continue
                 self.committed[tp] = committed
                 self.pending.pop(tp, None)
                 offset = self._offset_of(tp, committed[0])
-                out.append(TP(tp.topic, tp.partition, OFFSET_END if offset is None else offset))
+                out.append(TP(tp.topic, tp.partition, PLACEHOLDER if offset is None else offset))
         finally:
             self._assigning = False
+        # Paused before the client assigns them: the placeholder is never fetched (librdkafka
+        # keeps an application pause across the assign).
+        self.hold_waiting(tps)
         return out
 
     def hold_waiting(self, added: Iterable[Partition]) -> None:
