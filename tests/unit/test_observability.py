@@ -405,6 +405,8 @@ def test_readiness_follows_a_broker_outage(
     assert "no broker has answered for" in h.reasons[-1]
     fake.unreachable = None
     wait_until(lambda: gc.health().ready, "ready again", WAIT)
+    # The owner logs the answer right after it made the member ready: wait for the line too.
+    wait_until(lambda: len(events(caplog, "brokers_reachable")) == 2, "brokers_reachable", WAIT)
     (_, back) = events(caplog, "brokers_reachable")
     assert back["down_s"] >= 2.0
     assert gc.health().brokers_down_s is None
