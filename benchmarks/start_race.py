@@ -6,7 +6,7 @@ Each trial is a fresh consumer that assigns every partition, pauses them, seeks 
 partitions that delivered nothing: their seek was undone by an outdated ListOffsets reply
 (librdkafka re-arms the lookup of the logical offset 500 ms later, whatever state the partition
 is in then). `--placeholder end` is what weir did (OFFSET_END, paused after the assign);
-`--placeholder zero` is what it does (paused first, assigned at offset 0).
+`--placeholder zero` is what it does (assigned at offset 0, paused after the assign).
 
     .venv/bin/python benchmarks/start_race.py --placeholder end
     .venv/bin/python benchmarks/start_race.py --placeholder zero
@@ -38,8 +38,6 @@ def trial(
         c.list_topics(topic, timeout=10)
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         at = OFFSET_END if placeholder == "end" else 0
-        if placeholder == "zero":
-            c.pause(tps)  # librdkafka keeps an application pause across the assign
         c.assign([TopicPartition(topic, p, at) for p in range(partitions)])
         c.pause(tps)
         time.sleep(delay)
