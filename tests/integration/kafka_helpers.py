@@ -6,10 +6,10 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from typing_extensions import Unpack
 
 from tests.consumer_overrides import Overrides
@@ -125,3 +125,26 @@ def member(
         **kw,
     }
     return GroupConsumer(handler, consumer_factory=consumer_factory, **settings)
+
+
+def commit(
+    bootstrap: str, group: str, topic: str, offsets: Mapping[int, tuple[int, str | None]]
+) -> None:
+    """Commit offsets (with metadata where given) without joining the group."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    tps = [
+        TopicPartition(topic, p, o) if m is None else TopicPartition(topic, p, o, metadata=m)
+        for p, (o, m) in offsets.items()
+    ]
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            try:
+                consumer.commit(offsets=tps, asynchronous=False)
+                return
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        consumer.close()

@@ -11,15 +11,16 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from tests.integration.kafka_helpers import commit
 from weir import GroupConsumer, Record
 from weir.cli import main
 from weir.offsetmap import FinishedMap, decode_finished, encode_finished
@@ -61,29 +62,6 @@ def setup(kafka_bootstrap: str) -> Setup:
     for future in deleted.values():
         future.result(30)
     return Setup(kafka_bootstrap, topic, other)
-
-
-def commit(
-    bootstrap: str, group: str, topic: str, offsets: Mapping[int, tuple[int, str | None]]
-) -> None:
-    """Commit offsets (with metadata where given) without joining the group."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    tps = [
-        TopicPartition(topic, p, o) if m is None else TopicPartition(topic, p, o, metadata=m)
-        for p, (o, m) in offsets.items()
-    ]
-    deadline = time.monotonic() + 30
-    try:
-        while True:
-            try:
-                consumer.commit(offsets=tps, asynchronous=False)
-                return
-            except KafkaException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-    finally:
-        consumer.close()
 
 
 def committed(
