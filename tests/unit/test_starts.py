@@ -122,6 +122,27 @@ def test_a_committed_offset_is_assigned_explicitly_with_no_start_commit(
     assert fake.commit_log() == []
 
 
+@pytest.mark.parametrize("reset", ["earliest", "latest"])
+def test_the_placeholder_is_the_log_start_so_a_fetch_before_the_pause_is_in_range(
+    members: list[GroupConsumer], reset: str
+) -> None:
+    """A partition whose start waits is paused only after the assign (librdkafka ignores a pause
+    before it), so the client may fetch its placeholder first. Below the log's start (here
+    offsets 0-4 are gone) that fetch is out of range, and librdkafka resets it by
+    auto.offset.reset: a logical lookup, the race the absolute placeholder avoids. So it is the
+    log start, read in the callback."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(5, 10))
+    fake.script_assign([P0])
+    handled = Handled()
+    run(members, fake, handled, auto_offset_reset=reset)
+    if reset == "earliest":
+        wait_until(lambda: len(handled.offsets) == 5, "offsets 5-9")
+    else:
+        wait_until(lambda: fake.commits_for(P0), "the start committed")
+    assert fake.assigned_at[0] == {P0: 5}, "placed below the log start, or at a logical offset"
+
+
 @pytest.mark.parametrize("committed", ["nothing", "unreadable"])
 def test_an_unsettled_start_is_assigned_at_an_absolute_placeholder_and_paused(
     members: list[GroupConsumer], committed: str

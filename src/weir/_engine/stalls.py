@@ -34,7 +34,7 @@ from weir._engine.budget import Budget
 from weir._engine.client import ConsumerClient, topic_partitions
 from weir._engine.fetching import FetchControl
 from weir._engine.ownership import Ownership
-from weir._engine.starts import PLACEHOLDER, Starts
+from weir._engine.starts import Starts
 from weir._engine.tasks import Assignment
 from weir.logs import get_logger
 from weir.records import Partition
@@ -244,7 +244,7 @@ class Stalls:
         positions = self._positions(p for p in owned if p not in waiting)
         at = [TopicPartition(tp.topic, tp.partition, offset)]
         for p in owned:
-            pos = PLACEHOLDER if p in waiting else positions.get(p)
+            pos = self._starts.placeholder(p) if p in waiting else positions.get(p)
             if pos is None:
                 raise _Unplaced(f"{p} has no known position to assign it at again")
             at.append(TopicPartition(p.topic, p.partition, pos))

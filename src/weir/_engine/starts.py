@@ -27,9 +27,10 @@ by then. A seek to the start that landed meanwhile was undone: the partition jum
 end and its records never came (a member stalled on 1,000 partitions, one in three runs here;
 with live traffic, records skipped). The partition is paused right after the assign (a pause
 before it is ignored); a fetch the client starts in between reads from the placeholder, and
-those records are dropped until the seek. Left: a placeholder below the log's start (retention
-deleted offset 0) fetched in that window is out of range, and librdkafka resets it by
-`auto.offset.reset`, a logical lookup again, so the race above stays possible there, narrower.
+those records are dropped until the seek. So the placeholder must be in range: a fetch below
+the log's start (retention deleted offset 0) would be out of range, and librdkafka would reset
+it by `auto.offset.reset`, a logical lookup again. It is the log start, asked in the callback in
+one bounded ListOffsets request (`_place`); 0 only where that request does not answer.
 
 An aborted transaction rewinds partitions through the same states (`rewind`). With
 `auto_offset_reset="error"` and nothing committed the partition is left to librdkafka, which
@@ -125,6 +126,7 @@ class Starts:
         # which records above it must not run again (its offset map).
         self.committed: dict[Partition, Committed] = {}
         self.pending: dict[Partition, _Pending] = {}
+        self._placeholders: dict[Partition, int] = {}
         self._next_read = 0.0
         self._next_resolve = 0.0
 
@@ -154,8 +156,36 @@ class Starts:
             self._assigning = False
         # Not paused here: librdkafka ignores a pause of a partition it has not assigned yet
         # (seen with the plain client on every protocol: paused before `assign`, 8,000 of 8,000
-        # records delivered; after it, none). The engine holds them right after the assign.
+        # records delivered; after it, none). The engine holds them right after the assign, and
+        # a fetch the client starts before that must find the placeholder in range.
+        waiting = [tp for tp in tps if tp in self.pending]
+        if waiting:
+            self._place(waiting)
+            out = [
+                TP(t.topic, t.partition, self.placeholder(Partition(t.topic, t.partition)))
+                if Partition(t.topic, t.partition) in self.pending
+                else t
+                for t in out
+            ]
         return out
+
+    def _place(self, tps: list[Partition]) -> None:
+        """The log start of each of `tps` as its placeholder (`placeholder`), asked in one
+        bounded ListOffsets request; where it does not answer, `PLACEHOLDER`. An offset below
+        the log start would be out of range if fetched, and librdkafka would reset it by
+        `auto.offset.reset`: a logical offset again, and the race in the module docstring."""
+        try:
+            found = resolve_offsets(self._client(), tps, OFFSET_BEGINNING, _AGAIN_TIMEOUT)
+        except KafkaException as exc:
+            log.debug("placeholder_unresolved", partitions=[str(t) for t in tps], error=str(exc))
+            found = {}
+        for tp in tps:
+            self._placeholders[tp] = found.get(tp, PLACEHOLDER)
+
+    def placeholder(self, tp: Partition) -> int:
+        """Where `tp`, waiting for its start, is assigned: an absolute offset never read from
+        (its records are dropped until it is sought), at the log start where it was known."""
+        return self._placeholders.get(tp, PLACEHOLDER)
 
     def hold_waiting(self, added: Iterable[Partition]) -> None:
         """Partitions just assigned whose start waits: not fetched until it is settled."""
@@ -328,6 +358,7 @@ class Starts:
     def closed(self, a: Assignment) -> None:
         self.pending.pop(a.tp, None)
         self.committed.pop(a.tp, None)
+        self._placeholders.pop(a.tp, None)
 
 
 def epoch_ms(when: datetime) -> int:
