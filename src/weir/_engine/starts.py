@@ -139,35 +139,31 @@ class Starts:
         producer is being replaced none is: the transaction it left open may yet commit their
         offsets, and no record may finish before a new one is open; they are read once it is."""
         found = self.read(tps, self._callback_timeout) if self._ready() else {}
-        out = []
+        at: dict[Partition, int | None] = {}  # None: its start waits (`pending`)
         self._assigning = True
         try:
             for tp in tps:
                 committed = found.get(tp)
                 if committed is None:
                     self._wait(tp, Wait.READ)
-                    out.append(TP(tp.topic, tp.partition, PLACEHOLDER))
+                    at[tp] = None
                     continue
                 self.committed[tp] = committed
                 self.pending.pop(tp, None)
-                offset = self._offset_of(tp, committed[0])
-                out.append(TP(tp.topic, tp.partition, PLACEHOLDER if offset is None else offset))
+                at[tp] = self._offset_of(tp, committed[0])
         finally:
             self._assigning = False
         # Not paused here: librdkafka ignores a pause of a partition it has not assigned yet
         # (seen with the plain client on every protocol: paused before `assign`, 8,000 of 8,000
         # records delivered; after it, none). The engine holds them right after the assign, and
         # a fetch the client starts before that must find the placeholder in range.
-        waiting = [tp for tp in tps if tp in self.pending]
+        waiting = [tp for tp, offset in at.items() if offset is None]
         if waiting:
             self._place(waiting)
-            out = [
-                TP(t.topic, t.partition, self.placeholder(Partition(t.topic, t.partition)))
-                if Partition(t.topic, t.partition) in self.pending
-                else t
-                for t in out
-            ]
-        return out
+        return [
+            TP(tp.topic, tp.partition, self.placeholder(tp) if offset is None else offset)
+            for tp, offset in at.items()
+        ]
 
     def _place(self, tps: list[Partition]) -> None:
         """The log start of each of `tps` as its placeholder (`placeholder`), asked in one
