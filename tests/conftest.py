@@ -83,6 +83,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
 # Session resources that cost several JVMs: under pytest-xdist (`make test` runs workers in
 # parallel, `--dist loadgroup`), the tests that use one run on one worker, which alone starts it.
+# tryfirst: xdist's worker reads the groups in its own hook of the same name, so the marks must be
+# on the items before it runs (tests/integration/test_suite_grouping.py).
 _ONE_WORKER = {
     "kafka_cluster_session": "cluster",
     "kafka_secure_broker": "secure",
@@ -90,6 +92,7 @@ _ONE_WORKER = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
