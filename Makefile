@@ -7,10 +7,10 @@ BENCH_STAMP := $(VENV)/.weir-bench-installed
 DOCS_STAMP := $(VENV)/.weir-docs-installed
 PYTEST_ARGS ?=
 # Most broker tests wait on the broker (rebalances, session timeouts), not on a core: make test
-# runs them on several pytest-xdist workers, each with its own embedded broker. Four ran the
-# suite a minute faster than three on this 2-core machine, but four of six fresh-clone runs on
-# four failed a different timing-bound broker test each: three it is, until those hold.
-TEST_WORKERS ?= 3
+# runs them on several pytest-xdist workers, each with its own embedded broker; the secured
+# broker, the cluster and PostgreSQL are started by one worker only (tests/conftest.py). Four
+# run the suite about a minute faster than three on this 2-core machine.
+TEST_WORKERS ?= 4
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: demo test lint typecheck unit integration chaos netns-tools bench broker dist docs api-check promtool clean
