@@ -59,8 +59,8 @@ def test_make_demo_says_what_each_set_up_step_does(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         f"creating the virtualenv {venv} ({tmp_path / 'python3'} -m venv)...",
-        f"installing kafka-weir and its dependencies into {venv} with pip "
-        "(a minute or two the first time)...",
+        f"installing kafka-weir and its dependencies into {venv} with uv "
+        "(half a minute or so the first time)...",
         f"installed: {venv}/bin/python, {venv}/bin/weir",
         "running the orders demo (examples/orders/README.md; Ctrl-C stops it)...",
     ]
@@ -68,8 +68,9 @@ def test_make_demo_says_what_each_set_up_step_does(tmp_path: Path) -> None:
     python = f"{venv}/bin/python"
     assert calls == [
         f"{tmp_path / 'python3'} -m venv {venv}",
-        f"{python} -m pip install -q --upgrade pip",
-        f"{python} -m pip install -q -e .[test,cli,prometheus,dev,postgres,avro,json-schema]",
+        f"{python} -m pip install -q uv",
+        f"{python} -m uv pip install -q --python {python} "
+        "-e .[test,cli,prometheus,dev,postgres,avro,json-schema]",
         f"{python} -m examples.orders",
     ]
 
