@@ -229,6 +229,13 @@ def test_missing_topic(group: Group, capsys: pytest.CaptureFixture[str]) -> None
 
 @pytest.mark.parametrize("command", [["lag", "-g", "any"], ["groups"]])
 def test_unreachable_broker_is_one_line_and_quick(command: list[str]) -> None:
+    # What the interpreter and the CLI's imports take before the command starts its 2 s, on a
+    # machine as loaded as it is now: timed the same way, with a command that ends there.
+    started = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-c", "import weir.cli, weir.admin, weir.lag"], timeout=30, check=True
+    )
+    start_up = time.monotonic() - started
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "weir.cli", *command, "-b", "127.0.0.1:1", "--timeout", "2"],
@@ -245,7 +252,7 @@ def test_unreachable_broker_is_one_line_and_quick(command: list[str]) -> None:
         "weir: no Kafka broker answered at 127.0.0.1:1 within 2 s (Local: Timed out); "
         "check --bootstrap-servers, or raise --timeout"
     ]
-    assert 2 <= elapsed < 6, elapsed
+    assert elapsed >= 2 and elapsed - start_up < 5, (elapsed, start_up)
 
 
 @pytest.fixture
