@@ -209,6 +209,10 @@ class Demo:
         # come again: replays, left out of the COPY.
         self.members.start("m3")
         self.say("rebalance: m3 joins; m2's partitions move once its session expires (3 s)")
+        # Before the last third: m1 alone could load it while m3's process still starts up, and
+        # the stop would then reach m3 before its member (and its signal handling) existed.
+        taken = self.wait_for("m3 to take partitions", lambda: self.owned("m3"))
+        self.say(f"rebalance: m3 took partitions {sorted(taken)}")
         self.produce(self.args.events - 2 * third)
         self.wait_for("every event to be loaded", lambda: self.loaded() >= len(self.produced))
         self.wait_for("the group's commits to reach the end", self.caught_up)
