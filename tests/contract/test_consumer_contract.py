@@ -488,7 +488,10 @@ def test_a_member_that_misses_max_poll_interval_loses_its_partitions(
     assert [e for e in log.events[before:] if e.member == "A"] == []  # A was not polling
 
     pump([a], lambda: any(e.member == "A" and e.kind == "lost" for e in log.events), "on_lost")
-    first = next(e for e in log.events[before:] if e.member == "A")
+    # The first event that moves partitions: a cooperative rebalance's second round, an empty
+    # incremental assign, can still be pending for A when "one partition each" first holds (seen
+    # on a loaded machine), and it comes first.
+    first = next(e for e in log.events[before:] if e.member == "A" and e.partitions)
     assert (first.kind, first.partitions, first.during) == ("lost", lost, "consume")
     pump([a], lambda: bool(a.errors), "the error event")
     assert a.errors[0].code() == KafkaError._MAX_POLL_EXCEEDED
