@@ -206,10 +206,12 @@ def _scaled_flow(pause: int) -> FlowConfig:
     )
 
 
-def for_async_handler(config: ConsumerConfig) -> ConsumerConfig:
+def for_async_handler(config: ConsumerConfig, **held_back: Any) -> ConsumerConfig:
     """`config` as an async handler's member runs it: with `async_flow` in place of the default
     `flow` (a `flow` given is kept), validated again as a whole, since every rule that reads
-    the flow must hold for the budget the member will use."""
+    the flow must hold for the budget the member will use. `held_back`: settings left out of
+    `config` because the default flow would refuse them (`max_batch_records`), validated here
+    against the member's own."""
     if "flow" in config.model_fields_set:
         return config
     flow = async_flow(config.max_in_flight)
@@ -218,12 +220,14 @@ def for_async_handler(config: ConsumerConfig) -> ConsumerConfig:
         flow,
         f"flow was not given, and an async handler's is async_flow(max_in_flight="
         f"{config.max_in_flight}) = {flow!r}: pass flow=FlowConfig(...) to choose it",
+        held_back,
     )
 
 
-def for_batch_handler(config: ConsumerConfig) -> ConsumerConfig:
+def for_batch_handler(config: ConsumerConfig, **held_back: Any) -> ConsumerConfig:
     """`config` as a batch handler's member runs it: `batch_flow` in place of the default
-    `flow`, as `for_async_handler` does; a `flow` given must hold a whole batch."""
+    `flow`, as `for_async_handler` does (`held_back` too); a `flow` given must hold a whole
+    batch."""
     if "flow" in config.model_fields_set:
         if config.batch_max_records > config.flow.pause_records:
             raise ValueError(
@@ -238,13 +242,16 @@ def for_batch_handler(config: ConsumerConfig) -> ConsumerConfig:
         flow,
         f"flow was not given, and a batch handler's is batch_flow(batch_max_records="
         f"{config.batch_max_records}) = {flow!r}: pass flow=FlowConfig(...) to choose it",
+        held_back,
     )
 
 
-def _with_flow(config: ConsumerConfig, flow: FlowConfig, note: str) -> ConsumerConfig:
+def _with_flow(
+    config: ConsumerConfig, flow: FlowConfig, note: str, held_back: dict[str, Any]
+) -> ConsumerConfig:
     given = {name: getattr(config, name) for name in config.model_fields_set}
     try:
-        return ConsumerConfig(**given, flow=flow)
+        return ConsumerConfig(**given, **held_back, flow=flow)
     except ValidationError as exc:
         raise _noted(exc, note) from None
 

@@ -80,6 +80,11 @@ _ValueDeserializers: TypeAlias = (
 _BATCH_SETTINGS = ("batch_max_records", "batch_max_wait_s", "batch_max_bytes")
 
 
+# Settings whose rule reads the flow: for a member whose budget is not the default flow, checked
+# once that budget is known (`for_batch_handler`, `for_async_handler`).
+_FLOW_BOUND = ("max_batch_records",)
+
+
 def _check_batch_settings(handler: Handler, config: ConsumerConfig) -> None:
     """The batch settings belong to a `BatchHandler`, and `flush_timeout_s` to a flush hook."""
     if handler._flush_hook() is None and "flush_timeout_s" in config.model_fields_set:
@@ -197,11 +202,16 @@ class GroupConsumer:
             handler, config, self._orderings = _routed(handler, routes, config, settings)
         elif handler is None:
             raise TypeError("GroupConsumer needs a handler, or routes= (a handler per topic)")
-        if config is None:
-            config = ConsumerConfig(**settings)
         self._handler = as_handler(handler)
-        _check_batch_settings(self._handler, config)
         batch = isinstance(self._handler, BatchHandler)
+        held_back: dict[str, Any] = {}
+        if config is None:
+            if "flow" not in settings and (batch or is_async_handler(self._handler)):
+                # Validated against the member's own budget below, not the default flow's
+                # smaller headroom, which refused what the member's budget holds.
+                held_back = {k: settings.pop(k) for k in _FLOW_BOUND if k in settings}
+            config = ConsumerConfig(**settings)
+        _check_batch_settings(self._handler, config)
         if is_async_handler(self._handler) and "workers" in config.model_fields_set:
             log.warning(
                 "workers_unused",
@@ -212,10 +222,10 @@ class GroupConsumer:
                 "running at once",
             )
         if batch:
-            config = for_batch_handler(config)  # the budget scales with the batches
+            config = for_batch_handler(config, **held_back)  # the budget scales with the batches
         elif is_async_handler(self._handler):
             # Coroutines finish many records at once: the record budget scales with them.
-            config = for_async_handler(config)
+            config = for_async_handler(config, **held_back)
         self.config = config
         if loop is not None:
             if not isinstance(loop, asyncio.AbstractEventLoop):

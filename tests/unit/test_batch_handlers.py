@@ -603,6 +603,36 @@ class AsyncRows(BatchHandler):
         pass
 
 
+async def one_at_a_time(record: Record) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [Rows(), AsyncRows(), one_at_a_time],
+    ids=["handle_batch", "async handle_batch", "async per record"],
+)
+def test_max_batch_records_is_held_to_the_budget_the_member_runs_with(
+    handler: Handler | Callable[[Record], Awaitable[None]],
+) -> None:
+    """Regression: `max_batch_records` was checked against the default flow's headroom (200)
+    before a batch or async handler's larger budget replaced it, so a batch handler with the
+    issue's 500-record consume calls was refused though its budget (8 batches of 500: headroom
+    800) holds them. Checked against the member's own budget, it is refused past that one."""
+
+    def consume_calls_of(n: int) -> ConsumerSettings:
+        return {**SETTINGS, "max_batch_records": n}
+
+    flow = GroupConsumer(handler, **consume_calls_of(500)).config.flow
+    headroom = flow.capacity_records - flow.pause_records
+    assert headroom >= 500
+    with pytest.raises(ValueError, match=rf"larger than the flow headroom .* \({headroom}\)"):
+        GroupConsumer(handler, **consume_calls_of(headroom + 1))
+    # A thread handler per record runs with the default flow, and is held to its headroom.
+    with pytest.raises(ValueError, match=r"larger than the flow headroom .* \(200\)"):
+        GroupConsumer(lambda r: None, **consume_calls_of(500))
+
+
 @pytest.mark.parametrize("rows", [Rows, AsyncRows])
 def test_a_batch_handler_is_built_with_a_transaction(rows: type[BatchHandler]) -> None:
     """It used to be refused: batch outputs join the transaction now
