@@ -392,7 +392,8 @@ def test_readiness_follows_a_broker_outage(
         time.sleep(0.01)
     assert gc.health().brokers_down_s is None, "the broker's answer ended the outage"
     assert seen and all(seen)
-    assert len(events(caplog, "brokers_reachable")) == 1
+    # The owner logs the answer right after it ended the outage: wait for the line.
+    wait_until(lambda: len(events(caplog, "brokers_reachable")) == 1, "brokers_reachable", WAIT)
 
     # A long one: not ready from broker_down_unready_s on, live throughout; ready at the answer.
     fake.unreachable = down
