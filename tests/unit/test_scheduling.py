@@ -1679,6 +1679,47 @@ def test_key_mode_moves_other_keys_and_keeps_the_running_keys_order(make: Factor
     assert offsets(after) == [3, 6]
 
 
+def test_a_long_task_on_its_last_record_frees_the_keys_it_finished(make: Factory) -> None:
+    """Regression (a fast test that failed under load): a task of two keys whose worker sat on
+    its last record, a slow one, had nothing left to move, so nothing was done, and the other
+    key's later records waited for the slow record of a key not theirs until the task came
+    back. Its finished keys are free now; the running key's are not, nor after a failure."""
+    s = make(Idle(), "key", start=False)
+    s._per_record = FAST
+    a = assignment()
+    keys = {0: b"A", 1: b"B", 2: b"A", 3: b"B"}
+    submit(s, a, [0, 1], key=keys.__getitem__)
+    s.dispatch()
+    (t,) = queued(s)
+    assert t.lanes == [b"A", b"B"]
+    submit(s, a, [2, 3], key=keys.__getitem__)
+    assert s.dispatch() == 0  # A@2 and B@3 wait behind the task
+    taken(t, running=1)  # A@0 finished, B@1 runs long
+    assert s.take_unstarted(t) == 0  # nothing unreached to move
+    assert t.lanes == [b"B"]
+    s.dispatch()
+    (freed,) = queued(s)
+    assert offsets(freed) == [2]  # B@3 still waits for B@1
+    t.outcomes = bytearray([1, 1])
+    settle(s, t)
+    s.dispatch()
+    (b3,) = queued(s)
+    assert offsets(b3) == [3]
+
+    # After a failure in the task, its keys stay held until the owner hears of it.
+    s = make(Idle(), "key", start=False)
+    s._per_record = FAST
+    a = assignment()
+    submit(s, a, [0, 1], key=keys.__getitem__)
+    s.dispatch()
+    (t,) = queued(s)
+    submit(s, a, [2, 3], key=keys.__getitem__)
+    taken(t, running=1)
+    t.errors = {0: ValueError("A@0 failed")}
+    assert s.take_unstarted(t) == 0
+    assert t.lanes == [b"A", b"B"] and s.dispatch() == 0
+
+
 def test_a_long_whole_partition_task_leaves_its_whole_lane(make: Factory) -> None:
     s = make(Idle(), "key", start=False, whole=True)
     s._per_record = FAST

@@ -196,6 +196,7 @@ class ByKey(OrderingRule):
         s = self._s
         rest, batches, whole = s._unreached(task, lanes)
         if not rest:
+            self._free_finished_keys(task, lanes)
             return 0
         a = task.assignment
         at = len(task.records) - len(rest)
@@ -230,6 +231,18 @@ class ByKey(OrderingRule):
         if whole is not None and whole.records:
             s._submit_again(a, lanes, *whole.take())
         return len(rest)
+
+    def _free_finished_keys(self, task: Task, lanes: _Lanes) -> None:
+        """Its worker is on the task's last record: the task's other keys, whose records it
+        finished, no longer wait for it (their later records waited behind a slow record of
+        another key until the task came back). Not after a failure in the task: a failed
+        record's key stays held until the owner hears of it."""
+        keys = task.lanes
+        if keys is None or len(keys) < 2 or keys[0] is _WHOLE or task.errors:
+            return
+        running = self.lane_of(task.records[-1])
+        task.lanes = [running]
+        self._s._free(task.assignment, lanes, [k for k in keys if k != running])
 
 
 class ByPartition(OrderingRule):
