@@ -7,9 +7,10 @@ BENCH_STAMP := $(VENV)/.weir-bench-installed
 DOCS_STAMP := $(VENV)/.weir-docs-installed
 PYTEST_ARGS ?=
 # Most broker tests wait on the broker (rebalances, session timeouts), not on a core: make test
-# runs them on several pytest-xdist workers, each with its own embedded broker (the three-broker
-# cluster's tests on one worker: tests/conftest.py). Four were no faster than three on this
-# 2-core machine in fresh clones: the suite is bound by the cores, and timing-bound tests fail.
+# runs them on several pytest-xdist workers, each with its own embedded broker; the secured
+# broker, the cluster and PostgreSQL are started by one worker only (tests/conftest.py). Four
+# were no faster than three on this 2-core machine once the grouping worked (7:52 against 7:29
+# in fresh clones): the suite is then bound by the cores, and timing-bound tests fail under it.
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 

@@ -84,11 +84,12 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 # Session resources that cost several JVMs: under pytest-xdist (`make test` runs workers in
 # parallel, `--dist loadgroup`), the tests that use one run on one worker, which alone starts it.
 # tryfirst: xdist's worker reads the groups in its own hook of the same name, so the marks must be
-# on the items before it runs (tests/integration/test_suite_grouping.py). The secured broker and
-# PostgreSQL are not grouped: their tests (two minutes each, on one worker) made the suite about a
-# minute slower in fresh-clone runs than a secured broker and a PostgreSQL per worker that needs
-# one (8:31-8:57 against 7:29 for pytest).
-_ONE_WORKER = {"kafka_cluster_session": "cluster"}
+# on the items before it runs (tests/integration/test_suite_grouping.py).
+_ONE_WORKER = {
+    "kafka_cluster_session": "cluster",
+    "kafka_secure_broker": "secure",
+    "postgres_dsn": "postgres",
+}
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,10 +1,10 @@
 """`make test` runs the suite on pytest-xdist workers with `--dist loadgroup`, and tests/conftest.py
-groups the tests of a costly session resource (the three-broker cluster) so one worker alone
-starts it. When the grouping silently stops working, every worker that runs one starts its own,
-with nothing failing: this test fails instead. Seen twice: the conftest's hook ran after
-xdist's, which reads the groups (fixed with tryfirst), and pytest 9.2 ignores the node-id
-suffix xdist 3.8 writes for them (pytest-dev/pytest-xdist#1386; pyproject holds pytest below
-9.2)."""
+groups the tests of a costly session resource (the secured broker, the cluster, PostgreSQL) so
+one worker alone starts it. When the grouping silently stops working, every worker starts its own
+secured broker and the suite runs over its time budget, with nothing failing: this test fails
+instead. Seen twice: the conftest's hook ran after xdist's, which reads the groups (fixed with
+tryfirst), and pytest 9.2 ignores the node-id suffix xdist 3.8 writes for them
+(pytest-dev/pytest-xdist#1386; pyproject holds pytest below 9.2)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ pytest_plugins = ["tests.conftest"]
 
 
 @pytest.fixture(scope="session")
-def kafka_cluster_session() -> str:
+def kafka_secure_broker() -> str:
     return "a stand-in: only the fixture's name decides the group"
 """
 
@@ -37,7 +37,7 @@ import pytest
 
 
 @pytest.mark.parametrize("n", range(4))
-def test_grouped(kafka_cluster_session: str, n: int) -> None:
+def test_secured(kafka_secure_broker: str, n: int) -> None:
     pass
 
 
@@ -64,8 +64,8 @@ def test_the_tests_of_one_costly_resource_run_on_one_worker(tmp_path: Path) -> N
     assert done.returncode == 0, done.stdout + done.stderr
     ran = re.findall(r"\[(gw\d)\] \[ *\d+%\] PASSED (\S+)", done.stdout)
     assert len(ran) == 16, done.stdout
-    grouped = {(worker, test) for worker, test in ran if "test_grouped" in test}
+    secured = {(worker, test) for worker, test in ran if "test_secured" in test}
     modules = ("test_a.py", "test_b.py")
-    expected = {f"{module}::test_grouped[{n}]@cluster" for module in modules for n in range(4)}
-    assert {test for _, test in grouped} == expected, done.stdout
-    assert len({worker for worker, _ in grouped}) == 1, done.stdout
+    expected = {f"{module}::test_secured[{n}]@secure" for module in modules for n in range(4)}
+    assert {test for _, test in secured} == expected, done.stdout
+    assert len({worker for worker, _ in secured}) == 1, done.stdout
