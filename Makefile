@@ -34,16 +34,7 @@ demo: $(STAMP)
 	@echo "running the orders demo (examples/orders/README.md; Ctrl-C stops it)..."
 	@$(BIN)/python -m examples.orders
 
-# The type check (half a minute of one core) runs beside the tests, which mostly wait on brokers;
-# its report is printed after theirs, and a failure of either fails make test.
-test: lint
-	@echo "type-checking (make typecheck) beside the tests; its report follows theirs..."
-	@$(MAKE) --no-print-directory typecheck > $(VENV)/typecheck.log 2>&1 & tc=$$!; \
-	  trap 'kill $$tc 2>/dev/null' INT TERM; \
-	  $(MAKE) --no-print-directory suite; rc=$$?; \
-	  wait $$tc; tcrc=$$?; cat $(VENV)/typecheck.log; \
-	  [ $$tcrc -eq 0 ] || echo "make typecheck failed (above)"; \
-	  [ $$rc -eq 0 ] && [ $$tcrc -eq 0 ]
+test: lint typecheck suite
 
 suite: $(STAMP)
 	@echo "running the tests on $(TEST_WORKERS) workers, each with its own embedded Kafka broker" \

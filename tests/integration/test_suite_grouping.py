@@ -1,10 +1,10 @@
 """`make test` runs the suite on pytest-xdist workers with `--dist loadgroup`, and tests/conftest.py
 groups the tests of a costly session resource (the secured broker, the cluster, PostgreSQL) so
 one worker alone starts it. When the grouping silently stops working, every worker starts its own
-secured broker and the suite runs over its time budget, with nothing failing: this test fails
-instead. Seen twice: the conftest's hook ran after xdist's, which reads the groups (fixed with
-tryfirst), and pytest 9.2 ignores the node-id suffix xdist 3.8 writes for them
-(pytest-dev/pytest-xdist#1386; pyproject holds pytest below 9.2)."""
+secured broker, with nothing failing: this test fails instead. Seen twice: the conftest's hook
+ran after xdist's, which reads the groups (fixed with tryfirst), and pytest 9.2 ignores the
+node-id suffix xdist 3.8 writes for them (pytest-dev/pytest-xdist#1386; pyproject holds pytest
+below 9.2)."""
 
 from __future__ import annotations
 
