@@ -593,3 +593,39 @@ def test_a_slow_record_gives_the_rest_of_its_task_to_other_workers(
     finally:
         release.set()
     wait_until(lambda: committed(fake, P0) == 340, "everything committed once it finished")
+
+
+def test_a_failed_keys_later_records_wait_for_its_retry_while_another_key_runs_long(
+    launch: Launch,
+) -> None:
+    """Regression: a record failed (302, key k1) and its worker went on through the task to a
+    slow record of another key (305, k4); the owner, not told of the failure yet, gave the
+    task's unreached records to other workers, k1's later ones with them, and those ran before
+    302's retry. They wait for it now, as the task's own worker would have held them."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(300), key=lambda o: b"k%d" % (o % 7))
+    fake.script_assign([P0])
+    release = threading.Event()
+    fail, slow = 302, 305
+
+    class Slow(Flaky):
+        def handle(self, record: Record, ctx: Context) -> None:
+            if record.offset == slow:
+                release.wait(WAIT)
+            super().handle(record, ctx)
+
+    h = Slow({(0, fail): 1})
+    policy = FailurePolicy(retry=fast_retries(backoff=0.05))
+    launch(h, fake, ordering="key", workers=4, failure=policy)
+    wait_until(lambda: h.done_count() == 300, "the first batch (handlers learn they are fast)")
+    fake.produce_many(TOPIC, 0, range(300, 340), key=lambda o: b"k%d" % (o % 7))
+    held = {o for o in range(fail + 1, 340) if o % 7 == fail % 7}
+    others = set(range(303, 340)) - held - {o for o in range(slow, 340) if o % 7 == slow % 7}
+    try:
+        wait_until(lambda: others <= set(h.offsets_done(0)), "the other keys' records")
+        assert not held & set(h.offsets_done(0)), "a later record of the failed key ran"
+    finally:
+        release.set()
+    wait_until(lambda: committed(fake, P0) == 340, "everything committed once it finished")
+    done = h.offsets_done(0)
+    assert all(done.index(fail) < done.index(o) for o in held), done

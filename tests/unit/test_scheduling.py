@@ -1720,6 +1720,30 @@ def test_a_long_task_on_its_last_record_frees_the_keys_it_finished(make: Factory
     assert t.lanes == [b"A", b"B"] and s.dispatch() == 0
 
 
+def test_a_key_that_failed_in_a_long_task_keeps_its_later_records_behind_it(
+    make: Factory,
+) -> None:
+    """Regression: A@0 failed in a task whose worker then ran B@1 long; the owner, not told of
+    the failure yet, moved A@2 to another worker with the other unreached records, so A@2 could
+    run before A@0's retry (the task's own worker holds a failed key's later records back).
+    A@2 now waits at the front of A's lane; C@3 moves."""
+    s = make(Idle(), "key", start=False)
+    s._per_record = FAST
+    a = assignment()
+    keys = {0: b"A", 1: b"B", 2: b"A", 3: b"C"}
+    submit(s, a, [0, 1, 2, 3], key=keys.__getitem__)
+    s.dispatch()
+    (t,) = queued(s)
+    taken(t, running=1)  # A@0 failed, B@1 runs long
+    t.errors = {0: ValueError("A@0 failed")}
+    assert s.take_unstarted(t) == 2
+    assert t.lanes == [b"A", b"B"]
+    s.dispatch()
+    (moved,) = queued(s)
+    assert offsets(moved) == [3]
+    assert s.waiting_in(a, b"A") == 1
+
+
 def test_a_long_whole_partition_task_leaves_its_whole_lane(make: Factory) -> None:
     s = make(Idle(), "key", start=False, whole=True)
     s._per_record = FAST

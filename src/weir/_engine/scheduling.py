@@ -192,7 +192,8 @@ class ByKey(OrderingRule):
 
     def move(self, task: Task, lanes: _Lanes) -> int:
         """Other keys' records move with their lanes; the running key's later records go to
-        the front of its lane, behind the running one."""
+        the front of its lane, behind the running one, and so do those of a key whose record
+        failed earlier in the task (its worker would have held them back)."""
         s = self._s
         rest, batches, whole = s._unreached(task, lanes)
         if not rest:
@@ -202,22 +203,25 @@ class ByKey(OrderingRule):
         at = len(task.records) - len(rest)
         lane_of = self.lane_of
         running = lane_of(task.records[at - 1]) if at else None
-        if task.lanes is None:  # from a whole lane: keep the running key's lane
-            task.lanes = [running]
-            lanes[running] = task.lanes
-        behind: tuple[list[Record], list[BatchProgress]] = ([], [])
+        held = self._failed_keys(task) - {running}
+        if task.lanes is None:  # from a whole lane: keep the running and failed keys' lanes
+            task.lanes = [running, *held]
+            for k in task.lanes:
+                lanes[k] = task.lanes
+        behind: dict[LaneKey, tuple[list[Record], list[BatchProgress]]] = {}
         groups: dict[LaneKey, tuple[list[Record], list[BatchProgress]]] = {}
         for rec, batch in zip(rest, batches, strict=True):
             key = lane_of(rec)
-            recs, bs = behind if key == running else groups.setdefault(key, ([], []))
+            stay = key == running or key in held
+            recs, bs = (behind if stay else groups).setdefault(key, ([], []))
             recs.append(rec)
             bs.append(batch)
-        if behind[0]:
-            s._wait(a, running).push_front(*behind)
-        # The task keeps only the running record's lane: keys whose records it finished, and
-        # keys moved below, no longer wait for it.
-        done_keys = [k for k in task.lanes if k != running and k not in groups]
-        task.lanes = [running]
+        for key, waits in behind.items():
+            s._wait(a, key).push_front(*waits)
+        # The task keeps the running record's lane and those of failed records: keys whose
+        # records it finished, and keys moved below, no longer wait for it.
+        done_keys = [k for k in task.lanes if k != running and k not in held and k not in groups]
+        task.lanes = [k for k in task.lanes if k == running or k in held]
         s._free(a, lanes, done_keys)
         if groups:
             keys = list(groups)
@@ -232,17 +236,24 @@ class ByKey(OrderingRule):
             s._submit_again(a, lanes, *whole.take())
         return len(rest)
 
+    def _failed_keys(self, task: Task) -> set[LaneKey]:
+        """Keys of the task's records that failed so far: their worker holds the rest of each
+        key back, and the owner, which has not heard of the failure yet, must too."""
+        errors = task.errors  # written by the worker: list() copies its keys atomically
+        records = task.records
+        return {self.lane_of(records[i]) for i in list(errors)} if errors else set()
+
     def _free_finished_keys(self, task: Task, lanes: _Lanes) -> None:
         """Its worker is on the task's last record: the task's other keys, whose records it
         finished, no longer wait for it (their later records waited behind a slow record of
-        another key until the task came back). Not after a failure in the task: a failed
-        record's key stays held until the owner hears of it."""
+        another key until the task came back). A failed record's key stays held until the
+        owner hears of the failure."""
         keys = task.lanes
-        if keys is None or len(keys) < 2 or keys[0] is _WHOLE or task.errors:
+        if keys is None or len(keys) < 2 or keys[0] is _WHOLE:
             return
-        running = self.lane_of(task.records[-1])
-        task.lanes = [running]
-        self._s._free(task.assignment, lanes, [k for k in keys if k != running])
+        keep = self._failed_keys(task) | {self.lane_of(task.records[-1])}
+        task.lanes = [k for k in keys if k in keep]
+        self._s._free(task.assignment, lanes, [k for k in keys if k not in keep])
 
 
 class ByPartition(OrderingRule):
