@@ -246,6 +246,12 @@ def for_batch_handler(config: ConsumerConfig, **held_back: Any) -> ConsumerConfi
     )
 
 
+def with_settings(config: ConsumerConfig, **more: Any) -> ConsumerConfig:
+    """`config` with `more` settings, validated again as a whole."""
+    given = {name: getattr(config, name) for name in config.model_fields_set}
+    return ConsumerConfig(**given, **more)
+
+
 def _with_flow(
     config: ConsumerConfig, flow: FlowConfig, note: str, held_back: dict[str, Any]
 ) -> ConsumerConfig:

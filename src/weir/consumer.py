@@ -31,6 +31,7 @@ from weir.config import (
     RoutedSettings,
     for_async_handler,
     for_batch_handler,
+    with_settings,
 )
 from weir.fencing.base import Fence
 from weir.health import Health, check
@@ -198,18 +199,18 @@ class GroupConsumer:
             raise TypeError("pass either a ConsumerConfig or keyword settings, not both")
         # Routes of different orderings: each topic's (None: every record follows the config's).
         self._orderings: Orderings | None = None
+        held_back: dict[str, Any] = {}
+        if config is None and "flow" not in settings:
+            # Validated once the member's budget is known (below): a batch or async handler's
+            # is larger than the default flow, whose headroom refused what it holds.
+            held_back = {k: settings.pop(k) for k in _FLOW_BOUND if k in settings}
         if routes is not None:
             handler, config, self._orderings = _routed(handler, routes, config, settings)
         elif handler is None:
             raise TypeError("GroupConsumer needs a handler, or routes= (a handler per topic)")
         self._handler = as_handler(handler)
         batch = isinstance(self._handler, BatchHandler)
-        held_back: dict[str, Any] = {}
         if config is None:
-            if "flow" not in settings and (batch or is_async_handler(self._handler)):
-                # Validated against the member's own budget below, not the default flow's
-                # smaller headroom, which refused what the member's budget holds.
-                held_back = {k: settings.pop(k) for k in _FLOW_BOUND if k in settings}
             config = ConsumerConfig(**settings)
         _check_batch_settings(self._handler, config)
         if is_async_handler(self._handler) and "workers" in config.model_fields_set:
@@ -226,6 +227,8 @@ class GroupConsumer:
         elif is_async_handler(self._handler):
             # Coroutines finish many records at once: the record budget scales with them.
             config = for_async_handler(config, **held_back)
+        elif held_back:
+            config = with_settings(config, **held_back)  # the default flow, checked now
         self.config = config
         if loop is not None:
             if not isinstance(loop, asyncio.AbstractEventLoop):

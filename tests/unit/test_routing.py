@@ -189,6 +189,17 @@ def test_async_routes_run_on_the_loop(members: list[GroupConsumer]) -> None:
     ]
 
 
+def test_async_routes_hold_max_batch_records_to_the_async_budget() -> None:
+    """Regression: a member with routes checked `max_batch_records` against the default flow's
+    headroom (200), not the async budget its routes run with (819), and refused 500."""
+    member = GroupConsumer(routes={"orders": _async_seen}, **{**SETTINGS, "max_batch_records": 500})
+    flow = member.config.flow
+    assert member.config.max_batch_records == 500
+    assert flow.capacity_records - flow.pause_records >= 500
+    with pytest.raises(ValueError, match=r"larger than the flow headroom .* \(200\)"):
+        GroupConsumer(routes={"orders": print}, **{**SETTINGS, "max_batch_records": 500})
+
+
 class Batch(BatchHandler):
     def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
         pass
