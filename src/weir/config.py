@@ -255,9 +255,8 @@ def with_settings(config: ConsumerConfig, **more: Any) -> ConsumerConfig:
 def _with_flow(
     config: ConsumerConfig, flow: FlowConfig, note: str, held_back: dict[str, Any]
 ) -> ConsumerConfig:
-    given = {name: getattr(config, name) for name in config.model_fields_set}
     try:
-        return ConsumerConfig(**given, **held_back, flow=flow)
+        return with_settings(config, **held_back, flow=flow)
     except ValidationError as exc:
         raise _noted(exc, note) from None
 
