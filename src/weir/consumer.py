@@ -46,7 +46,7 @@ from weir.records import (
     is_async_handler,
     pause_seconds,
 )
-from weir.routing import Routes, router
+from weir.routing import BatchRouter, Routes, router
 from weir.serde import (
     AsyncDeserializingBatchHandler,
     AsyncDeserializingHandler,
@@ -206,6 +206,8 @@ class GroupConsumer:
             held_back = {k: settings.pop(k) for k in _FLOW_BOUND if k in settings}
         if routes is not None:
             handler, config, self._orderings = _routed(handler, routes, config, settings)
+            if isinstance(handler, BatchRouter):
+                handler.bind(lane_of(config.ordering, self._orderings))
         elif handler is None:
             raise TypeError("GroupConsumer needs a handler, or routes= (a handler per topic)")
         self._handler = as_handler(handler)
@@ -266,7 +268,10 @@ class GroupConsumer:
                     else DeserializingBatchHandler
                 )
                 self._handler = batch_wrapper(
-                    inner, key_deserializer, value_deserializer, lane_of=lane_of(config.ordering)
+                    inner,
+                    key_deserializer,
+                    value_deserializer,
+                    lane_of=lane_of(config.ordering, self._orderings),
                 )
             else:
                 wrapper = (

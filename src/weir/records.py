@@ -7,7 +7,7 @@ import math
 import operator
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
@@ -572,6 +572,12 @@ class BatchContext:
     def done(self, record: Record) -> None:
         """`record` is finished, even if the call raises afterwards."""
         self._mark(record, None)
+
+    def _finish_unmarked(self, records: Iterable[Record]) -> None:
+        """Mark done those of `records` nothing marked (a router's routes that returned,
+        when another raised)."""
+        for record in records:
+            self._marks.setdefault(self._position(record), None)
 
     def fail(self, record: Record, error: BaseException) -> None:
         """`record` failed with `error`, even if the call returns: it goes to the failure policy

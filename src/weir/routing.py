@@ -4,8 +4,11 @@ A route maps a topic name, or a compiled regular expression matching topic names
 with its own deserializers, failure policy and filter (`Route`). The member subscribes to what
 the routes name unless `topics=` says otherwise, and every subscribed name or pattern must have
 a route: an unrouted topic is refused where the `GroupConsumer` is built, never found record by
-record. One member runs one kind of worker, so the routes' handlers are all thread handlers or
-all `async def`, and all take one record at a time (docs/routing.md).
+record. One member runs one kind of worker and one kind of call, so the routes' handlers are
+all thread handlers or all `async def`, and all take one record at a time or all are batch
+handlers (docs/routing.md). A batch of a batch-routed member may span routes: each route's
+handler gets the batch's records of its topics, in the batch's order; when one raises, the
+records of the routes that returned still count finished (`BatchRouter`).
 
 A route may have an ordering of its own (`Route(ordering=...)`, else the member's): the table
 resolves a topic's, and the scheduler asks it once per topic and holds the answer
@@ -18,14 +21,16 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, get_args
+from typing import Any, Generic, cast, get_args
 
 from typing_extensions import TypeVar
 
 from weir._engine.scheduling import Orderings
+from weir._engine.workers import LaneOf
 from weir._wrapping import call_plain as _call_plain
 from weir.policy import FailurePolicy
 from weir.records import (
+    BatchContext,
     BatchHandler,
     Context,
     FlushContext,
@@ -36,7 +41,13 @@ from weir.records import (
     as_handler,
     is_async_handler,
 )
-from weir.serde import AsyncDeserializingHandler, Deserializer, DeserializingHandler
+from weir.serde import (
+    AsyncDeserializingBatchHandler,
+    AsyncDeserializingHandler,
+    Deserializer,
+    DeserializingBatchHandler,
+    DeserializingHandler,
+)
 
 __all__ = ["Route", "RouteKey", "Routes"]
 
@@ -82,16 +93,16 @@ class _Compiled:
         self.filter = route.filter
         self.ordering = route.ordering
         handler = as_handler(route.handler)
-        if isinstance(handler, BatchHandler):
-            raise TypeError(
-                f"route {_shown(key)}: a batch handler cannot be routed yet; give the member "
-                "the batch handler alone (one GroupConsumer per batch handler)"
-            )
         if route.key_deserializer is not None or route.value_deserializer is not None:
-            wrapper = (
-                AsyncDeserializingHandler if is_async_handler(handler) else DeserializingHandler
-            )
-            handler = wrapper(handler, route.key_deserializer, route.value_deserializer)
+            is_async = is_async_handler(handler)
+            if isinstance(handler, BatchHandler):
+                # Its lanes (what a record that does not deserialize holds back) are the
+                # member's orderings, known once the member's config is: `BatchRouter.bind`.
+                batch = AsyncDeserializingBatchHandler if is_async else DeserializingBatchHandler
+                handler = batch(handler, route.key_deserializer, route.value_deserializer)
+            else:
+                wrapper = AsyncDeserializingHandler if is_async else DeserializingHandler
+                handler = wrapper(handler, route.key_deserializer, route.value_deserializer)
         self.handler = handler
 
 
@@ -126,6 +137,19 @@ class _Table:
                 f"worker: make them all async def or all plain ({shown})"
             )
         self.is_async = kinds == {True}
+        calls = {isinstance(c.handler, BatchHandler) for c in self.all()}
+        if len(calls) > 1:
+            shown = ", ".join(
+                f"{_shown(c.key)}: "
+                f"{'batch' if isinstance(c.handler, BatchHandler) else 'one record'}"
+                for c in self.all()
+            )
+            raise TypeError(
+                "the routes mix batch handlers and handlers of one record; one member makes "
+                "one kind of call: make them all weir.BatchHandler subclasses or all take one "
+                f"record ({shown})"
+            )
+        self.is_batch = calls == {True}
         self._found: dict[str, _Compiled | None] = {}
 
     def all(self) -> list[_Compiled]:
@@ -275,9 +299,81 @@ class AsyncRouter(Router):
         return flush
 
 
+class BatchRouter(BatchHandler, Router):
+    """The member's handler when its routes are batch handlers: a batch's records to their
+    routes (filter, deserializers, `handle_batch`), each route's in the batch's order, one route
+    after another on the same `BatchContext` (its marks and outputs are by record).
+
+    Only if some route raises does anything get marked: the records its filter skipped and the
+    records of the routes that returned are marked done, so they count finished, and the first
+    exception is raised: it fails the batch's other records (but those a route marked) as one
+    batch failure, whose retries and splitting then meet only them."""
+
+    def bind(self, lanes: LaneOf | None) -> None:
+        """The member's lanes (`weir._engine.scheduling.lane_of`), for the routes' deserializing
+        wrappers: a record that does not deserialize holds its lane's later records back."""
+        for c in self.table.all():
+            if isinstance(c.handler, DeserializingBatchHandler):
+                c.handler.hold_lanes(lanes)
+
+    def _split(
+        self, records: list[Record]
+    ) -> tuple[list[tuple[BatchHandler, list[Record]]], list[Record]]:
+        """The batch's records per route, in the batch's order, and those the filters skip."""
+        groups: dict[int, tuple[BatchHandler, list[Record]]] = {}
+        skipped: list[Record] = []
+        route_of = self.table.route
+        for record in records:
+            route = route_of(record)
+            if route.filter is not None and not route.filter(record):
+                skipped.append(record)
+                continue
+            group = groups.get(id(route))
+            if group is None:
+                group = groups[id(route)] = (cast(BatchHandler, route.handler), [])
+            group[1].append(record)
+        return list(groups.values()), skipped
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        groups, skipped = self._split(records)
+        failure: Exception | None = None
+        for handler, recs in groups:
+            try:
+                _call_plain(handler.handle_batch, recs, ctx)
+            except Exception as exc:
+                failure = failure or exc
+                recs.clear()  # not finished: the batch failure meets them
+        if failure is not None:
+            ctx._finish_unmarked([*skipped, *(r for _, recs in groups for r in recs)])
+            raise failure
+
+    def __repr__(self) -> str:
+        return f"BatchRouter({self.table.names()})"
+
+
+class AsyncBatchRouter(BatchRouter, AsyncRouter):  # type: ignore[misc]  # handle: BatchHandler's (never called)
+    """The same for `async def handle_batch` routes: each awaited in turn on the member's event
+    loop."""
+
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:  # type: ignore[override]
+        groups, skipped = self._split(records)
+        failure: Exception | None = None
+        for handler, recs in groups:
+            try:
+                await _awaited(handler.handle_batch(recs, ctx))
+            except Exception as exc:
+                failure = failure or exc
+                recs.clear()
+        if failure is not None:
+            ctx._finish_unmarked([*skipped, *(r for _, recs in groups for r in recs)])
+            raise failure
+
+
 def router(routes: object) -> Router:
     """The member's handler for `routes` (checked here, in the caller's thread)."""
     table = _Table(routes)
+    if table.is_batch:
+        return AsyncBatchRouter(table) if table.is_async else BatchRouter(table)
     return AsyncRouter(table) if table.is_async else Router(table)
 
 

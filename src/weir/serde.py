@@ -229,6 +229,11 @@ class DeserializingBatchHandler(_Deserializing, BatchHandler):
         self._batch = inner
         self._lane_of = lane_of
 
+    def hold_lanes(self, lane_of: Callable[[Record], Hashable] | None) -> None:
+        """The lanes to hold back, once the member's orderings are known (a routed batch
+        handler's wrapper is built before the member's config)."""
+        self._lane_of = lane_of
+
     def _deserialized(self, records: list[Record], ctx: BatchContext) -> list[Record]:
         lane_of = self._lane_of
         held: set[tuple[str, int, Hashable]] = set()

@@ -9,11 +9,12 @@ import re
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 
 from tests.integration.kafka_helpers import Seen, committed, produce, wait_until
-from weir import GroupConsumer, Record, Route
+from weir import BatchContext, BatchHandler, GroupConsumer, Record, Route
 from weir.serde import json_deserializer
 from weir.testing.pytest_plugin import TopicFactory
 
@@ -130,3 +131,64 @@ def test_routes_with_mixed_ordering(kafka_bootstrap: str, make_topic: TopicFacto
         assert sum(len(seen.started[k]) for k in keys) == N  # each once: no failure, no rebalance
         for k in keys:
             assert seen.started[k] == sorted(seen.started[k]), f"{k} out of offset order"
+
+
+class KeyedBatches(BatchHandler):
+    """Batch calls in flight per (topic, partition, key) at once, and each key's offsets in the
+    order the calls held them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now: dict[tuple[str, int, bytes | None], int] = {}
+        self.most = 0
+        self.order: dict[tuple[str, int, bytes | None], list[int]] = {}
+        self.values: list[Any] = []
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        keys = {(r.topic, r.partition, r.key) for r in records}
+        with self.lock:
+            for k in keys:
+                self.now[k] = self.now.get(k, 0) + 1
+                self.most = max(self.most, self.now[k])
+            for r in records:
+                self.order.setdefault((r.topic, r.partition, r.key), []).append(r.offset)
+                self.values.append(r.deserialized_value)
+        time.sleep(0.002)
+        with self.lock:
+            for k in keys:
+                self.now[k] -= 1
+
+
+def test_batch_routes_with_mixed_ordering(kafka_bootstrap: str, make_topic: TopicFactory) -> None:
+    """Batch handlers as routes: `orders` in key order with a JSON deserializer, `audit`
+    unordered; every record handled once and committed to the end of both topics, and a key's
+    orders in one batch at a time, in offset order."""
+    prefix = f"route-{uuid.uuid4().hex[:6]}-"
+    orders = make_topic(2, name_prefix=prefix + "orders")
+    audit = make_topic(1, name_prefix=prefix + "audit")
+    produce(kafka_bootstrap, orders, [(b"k%d" % (i % 5), json.dumps(i).encode()) for i in range(N)])
+    produce(kafka_bootstrap, audit, [(b"same", b"a") for _ in range(N)])
+    keyed, audited = KeyedBatches(), KeyedBatches()
+    gc = GroupConsumer(
+        routes={
+            orders: Route(keyed, value_deserializer=json_deserializer()),
+            audit: Route(audited, ordering="unordered"),
+        },
+        bootstrap_servers=kafka_bootstrap,
+        group_id=f"routes-{uuid.uuid4().hex[:8]}",
+        commit_interval_s=0.2,
+        startup_timeout_s=15.0,
+        workers=4,
+        batch_max_records=20,
+    )
+    group = gc.config.group_id
+    with gc:
+        wait_until(
+            lambda: sum(committed(kafka_bootstrap, group, orders, 2)) == N, 60, "orders committed"
+        )
+        wait_until(lambda: committed(kafka_bootstrap, group, audit, 1) == [N], 60, "audit")
+    assert sorted(keyed.values) == list(range(N))  # each once, deserialized
+    assert len(audited.values) == N
+    assert keyed.most == 1, "a key's orders were in two batches at once"
+    for k, offsets in keyed.order.items():
+        assert offsets == sorted(offsets), f"{k} out of offset order"

@@ -217,7 +217,8 @@ BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
      "no route for the subscribed '^orders-.*'"),
     ({"routes": {"orders": print, "refunds": _async_seen}}, TypeError,
      "the routes mix async def and thread handlers"),
-    ({"routes": {"orders": Batch()}}, TypeError, "a batch handler cannot be routed yet"),
+    ({"routes": {"orders": Batch(), "refunds": print}}, TypeError,
+     "the routes mix batch handlers and handlers of one record"),
     ({"routes": {"orders": Route(print, ordering="keys")}}, ValueError,  # type: ignore[arg-type]
      "route 'orders': ordering must be one of 'key', 'partition', 'unordered' or None"),
     ({"routes": {re.compile("a-.*"): Route(print, ordering=1)}}, ValueError,  # type: ignore[arg-type]
@@ -616,3 +617,121 @@ def test_a_rate_per_key_limits_the_key_ordered_routes_only(members: list[GroupCo
     orders = [o for t, o in done if t == "orders"]
     assert len(orders) < 30, f"{len(orders)} orders of one key ran at once"
     assert [o for t, o in done if t == "refunds"] == list(range(40))
+
+
+class BatchSeen(BatchHandler):
+    """Each call's (topic, offset, deserialized value) list; raises on the offsets in `poison`
+    (each once, or always with `always`)."""
+
+    def __init__(self, poison: Sequence[int] = (), *, always: bool = False) -> None:
+        self.calls: list[list[tuple[str, int, Any]]] = []
+        self.poison = set(poison)
+        self.always = always
+        self.lock = threading.Lock()
+
+    def _call(self, records: list[Record]) -> None:
+        with self.lock:
+            self.calls.append([(r.topic, r.offset, r.deserialized_value) for r in records])
+        bad = self.poison & {r.offset for r in records}
+        if bad:
+            if not self.always:
+                self.poison -= bad
+            raise RuntimeError(f"poison {sorted(bad)}")
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        self._call(records)
+
+    def handled(self) -> list[tuple[str, int, Any]]:
+        with self.lock:
+            return [r for call in self.calls for r in call]
+
+
+class AsyncBatchSeen(BatchSeen):
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:  # type: ignore[override]
+        await asyncio.sleep(0)
+        self._call(records)
+
+
+BATCH_KINDS = {"handle_batch": BatchSeen, "async handle_batch": AsyncBatchSeen}
+
+
+@pytest.mark.parametrize("kind", BATCH_KINDS)
+def test_batch_routes_get_their_topics_records_with_their_deserializer_and_filter(
+    members: list[GroupConsumer], kind: str
+) -> None:
+    fake = FakeConsumer()
+    fake.produce_many("orders", 0, range(6), value=lambda o: json.dumps({"n": o}).encode())
+    fake.produce_many("refunds", 0, range(6), value=lambda o: b"skip" if o % 2 else b"r")
+    fake.script_assign([ORDERS, REFUNDS])
+    orders, refunds = BATCH_KINDS[kind](), BATCH_KINDS[kind]()
+    gc = start(
+        members,
+        GroupConsumer(
+            routes={
+                "orders": Route(orders, value_deserializer=json_deserializer()),
+                "refunds": Route(refunds, filter=lambda r: r.value != b"skip"),
+            },
+            consumer_factory=fake.factory,
+            **SETTINGS,
+        ),
+    )
+    for tp in (ORDERS, REFUNDS):
+        wait_until(lambda: committed(fake, tp) == 6, f"{tp} committed")  # noqa: B023
+    assert sorted(orders.handled()) == [("orders", o, {"n": o}) for o in range(6)]
+    # The filtered records count finished, unhandled; each call holds its own topic's only.
+    assert sorted(refunds.handled()) == [("refunds", o, b"r") for o in (0, 2, 4)]
+    assert all(t == "orders" for call in orders.calls for t, _, _ in call)
+    assert gc.state is State.RUNNING
+
+
+@pytest.mark.parametrize("kind", BATCH_KINDS)
+def test_a_batch_route_that_raises_fails_its_records_alone(
+    members: list[GroupConsumer], kind: str
+) -> None:
+    """One batch holds both routes' records (unordered, one worker, a long wait); the refunds
+    route raises once: the orders records of that batch count finished, handled once, and only
+    refunds run again."""
+    fake = FakeConsumer()
+    fake.produce_many("orders", 0, range(5))
+    fake.produce_many("refunds", 0, range(5))
+    fake.script_assign([ORDERS, REFUNDS])
+    orders, refunds = BATCH_KINDS[kind](), BATCH_KINDS[kind](poison=[2])
+    retry = FailurePolicy(retry=RetryPolicy(max_attempts=3, backoff_initial_s=0.01), final="block")
+    gc = start(
+        members,
+        GroupConsumer(
+            routes={"orders": orders, "refunds": refunds},
+            consumer_factory=fake.factory,
+            **{**SETTINGS, "ordering": "unordered", "workers": 1, "failure": retry,
+               "batch_max_wait_s": 0.2},
+        ),
+    )  # fmt: skip
+    for tp in (ORDERS, REFUNDS):
+        wait_until(lambda: committed(fake, tp) == 5, f"{tp} committed")  # noqa: B023
+    assert sorted(o for _, o, _ in orders.handled()) == list(range(5))  # once each
+    again = [o for _, o, _ in refunds.handled()]
+    assert set(again) == set(range(5)) and again.count(2) == 2
+    assert gc.state is State.RUNNING and gc.stats().blocked == ()
+
+
+def test_a_batch_route_that_does_not_deserialize_holds_its_keys_later_records(
+    members: list[GroupConsumer],
+) -> None:
+    """Key mode: a record that does not deserialize fails alone and its key's later records
+    wait for it, through the member's lanes bound into the route's deserializing wrapper."""
+    fake = FakeConsumer()
+    fake.produce_many("orders", 0, range(4), key=b"k", value=lambda o: b"{bad" if o == 1 else b"{}")
+    fake.script_assign([ORDERS])
+    orders = BatchSeen()
+    gc = start(
+        members,
+        GroupConsumer(
+            routes={"orders": Route(orders, value_deserializer=json_deserializer())},
+            consumer_factory=fake.factory,
+            **{**SETTINGS, "failure": FailurePolicy(final="block"), "batch_max_wait_s": 0.2},
+        ),
+    )
+    wait_until(lambda: gc.stats().blocked == (ORDERS,), "orders blocked at the bad record")
+    time.sleep(0.2)
+    assert [o for _, o, _ in orders.handled()] == [0]  # 2 and 3 wait behind 1
+    assert committed(fake, ORDERS) == 1
