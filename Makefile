@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	  "(half a minute or so the first time)..."
 	@$(BIN)/python -m pip install -q uv
 	@$(BIN)/python -m uv pip install -q --python $(BIN)/python \
-	  -e '.[test,cli,prometheus,dev,postgres,avro,json-schema]'
+	  -e '.[test,cli,prometheus,dev,postgres,avro,json-schema,protobuf]'
 	@touch $(STAMP)
 	@echo "installed: $(BIN)/python, $(BIN)/weir"
 

@@ -70,7 +70,7 @@ def test_make_demo_says_what_each_set_up_step_does(tmp_path: Path) -> None:
         f"{tmp_path / 'python3'} -m venv {venv}",
         f"{python} -m pip install -q uv",
         f"{python} -m uv pip install -q --python {python} "
-        "-e .[test,cli,prometheus,dev,postgres,avro,json-schema]",
+        "-e .[test,cli,prometheus,dev,postgres,avro,json-schema,protobuf]",
         f"{python} -m examples.orders",
     ]
 
