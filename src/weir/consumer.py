@@ -613,9 +613,11 @@ class GroupConsumer:
 
     def __repr__(self) -> str:
         c = self.config
+        # Routes of different orderings: `ordering` is only the default of those with none.
+        mixed = "" if self._orderings is None else f", orderings={dict(self._orderings.shown)!r}"
         return (
             f"GroupConsumer(group_id={c.group_id!r}, topics={c.topics!r}, "
-            f"ordering={c.ordering!r}, state={self._life.state.value})"
+            f"ordering={c.ordering!r}{mixed}, state={self._life.state.value})"
         )
 
     def _install_signals(self) -> Callable[[], None] | None:

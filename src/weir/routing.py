@@ -205,7 +205,10 @@ class _Table:
             return default if found is None or found.ordering is None else found.ordering
 
         modes = frozenset(default if c.ordering is None else c.ordering for c in self.all())
-        return Orderings(of, modes)
+        shown: dict[str, Ordering] = {name: of(name) for name in self.exact}
+        for p, c in self.patterns:
+            shown[_anchored(p)] = default if c.ordering is None else c.ordering
+        return Orderings(of, modes, shown)
 
     def by_route(self, partitions: Sequence[Partition]) -> list[tuple[Handler, list[Partition]]]:
         groups: dict[int, tuple[Handler, list[Partition]]] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import threading
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 from tests.fake_members import FAKE_LOOP
+from tests.logged import events
 from tests.unit.test_scheduling import SLOW, Idle, offsets, rec, running_now, submit
 from tests.waiting import wait_until
 
@@ -504,6 +506,33 @@ def test_routes_of_one_ordering_make_it_the_members() -> None:
         ordering="partition",
     )
     assert gc.config.ordering == "partition" and gc._orderings is not None
+
+
+def test_a_member_of_mixed_orderings_shows_each_routes_in_its_repr_and_start_line(
+    members: list[GroupConsumer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """`config.ordering` is only the default of routes without one: the repr and the
+    `consumer_started` line show each subscribed name's and pattern's."""
+    caplog.set_level(logging.INFO, logger="weir")
+    fake = FakeConsumer()
+    fake.script_assign([ORDERS])
+    gc = GroupConsumer(
+        routes={
+            "orders": print,
+            "refunds": Route(print, ordering="key"),
+            re.compile("audit-.*"): Route(print, ordering="unordered"),
+        },
+        consumer_factory=fake.factory,
+        **SETTINGS,
+        ordering="partition",
+    )
+    shown = {"orders": "partition", "refunds": "key", "^audit-.*": "unordered"}
+    assert f"ordering='partition', orderings={shown!r}, state=" in repr(gc)
+    start(members, gc)
+    [started] = events(caplog, "consumer_started")
+    assert started["ordering"] == "partition" and started["orderings"] == shown
+    one = GroupConsumer(routes={"orders": print}, consumer_factory=fake.factory, **SETTINGS)
+    assert "orderings" not in repr(one)
 
 
 def test_the_scheduler_asks_a_topics_ordering_once_and_holds_it() -> None:

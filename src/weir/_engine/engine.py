@@ -346,14 +346,14 @@ class Engine:
             on_lost=self._guard(self._on_lost),
         )
         self.workers.start()
-        self.life.polled_at = (
-            self.clock.monotonic()
-        )  # liveness counts from here until the first poll
+        # Liveness counts from here until the first poll.
+        self.life.polled_at = self.clock.monotonic()
         log.info(
             "consumer_started",
             group_id=cfg.group_id,
             topics=cfg.topics,
             ordering=cfg.ordering,
+            **({} if (o := self.scheduler.orderings) is None else {"orderings": dict(o.shown)}),
             **(
                 {"max_in_flight": cfg.max_in_flight}
                 if isinstance(self.workers, AsyncWorkers)

@@ -22,8 +22,8 @@ own lane, never the other lanes it was packed with.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
 from itertools import groupby
 from typing import ClassVar
 
@@ -329,6 +329,8 @@ class Orderings:
 
     of: Callable[[str], Ordering]
     modes: frozenset[Ordering]
+    # Each subscribed name or `^` pattern with its route's ordering: what logs and reprs show.
+    shown: Mapping[str, Ordering] = field(default_factory=dict)
 
 
 def _own_lane(record: Record) -> object:
@@ -386,7 +388,7 @@ class Scheduler:
         # and each topic's, resolved once per topic when its first partition is assigned
         # (`assigned`), in `_rules`.
         self._rule = RULES[ordering](self)
-        self._orderings = orderings
+        self.orderings = orderings
         self.modes = frozenset({ordering}) if orderings is None else orderings.modes
         self._by_mode = {m: self._rule if m == ordering else RULES[m](self) for m in self.modes}
         self._rules: dict[str, OrderingRule] = {}
@@ -426,7 +428,7 @@ class Scheduler:
             self._waiting[assignment] = {}
             if assignment.tp in self._stale:
                 self._hold_stale(assignment)
-        rule = self._rule if self._orderings is None else self.rule_of(assignment)
+        rule = self._rule if self.orderings is None else self.rule_of(assignment)
         if self._whole and rule.whole and self._whole_lane(lanes, len(records)):
             self._submit_lane(assignment, lanes, _WHOLE, batch, records)
         else:
@@ -675,7 +677,7 @@ class Scheduler:
     def assigned(self, assignment: Assignment) -> None:
         """A partition was assigned: with routes of different orderings, its topic's rule is
         asked of the route table now if this is the topic's first assignment."""
-        if self._orderings is not None:
+        if self.orderings is not None:
             self._topic_rule(assignment.tp.topic)
 
     def rule_of(self, assignment: Assignment) -> OrderingRule:
@@ -683,15 +685,15 @@ class Scheduler:
         different orderings its topic's, asked of the route table the first time a partition
         of the topic is assigned (`assigned`, or here for one that was not), and held from then
         on (routes do not change)."""
-        if self._orderings is None:
+        if self.orderings is None:
             return self._rule
         return self._topic_rule(assignment.tp.topic)
 
     def _topic_rule(self, topic: str) -> OrderingRule:
         rule = self._rules.get(topic)
         if rule is None:
-            assert self._orderings is not None
-            ordering = self._orderings.of(topic)
+            assert self.orderings is not None
+            ordering = self.orderings.of(topic)
             rule = self._by_mode.get(ordering)
             if rule is None:  # not a route's (an unrouted topic fails in the router anyway)
                 rule = self._by_mode[ordering] = RULES[ordering](self)
@@ -700,7 +702,7 @@ class Scheduler:
 
     def lane_key(self, record: Record) -> LaneKey:
         """The lane a failed record holds (`Lane.NONE` in unordered mode)."""
-        if self._orderings is None:
+        if self.orderings is None:
             return self._rule.lane_of(record)
         return self._topic_rule(record.topic).lane_of(record)
 
@@ -771,7 +773,7 @@ class Scheduler:
         lane_size = self.lane_task_size()
         size = self.task_size()
         # Routes of different orderings: each topic's rule sizes its own groups' tasks.
-        sizes = None if self._orderings is None else self._sizes(size, lane_size, groups)
+        sizes = None if self.orderings is None else self._sizes(size, lane_size, groups)
         if sizes is None:
             size = self._rule.task_size(size, lane_size, groups)
         tasks = 0
