@@ -1,5 +1,6 @@
 """The whole engine as a state machine: random polls with gaps, completions in any order, slow
-and failing handlers, revoke, lost, re-assign and crash/restart, under every ordering mode.
+and failing handlers, revoke, lost, re-assign and crash/restart, under every ordering mode, and
+(`MixedOrderingsMachine`) over two topics of different orderings, as routes make them.
 
 The engine runs on the test thread: `Engine.step()` is one turn of the owner loop, the client is
 the in-memory fake, and the workers are `ManualWorkers`, which run a task only when a rule says
@@ -41,6 +42,7 @@ from weir._engine import settlement as settlement_module
 from weir._engine import transactions as transactions_module
 from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle
+from weir._engine.scheduling import Orderings
 from weir._engine.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
 from weir._engine.workers import Progress
 from weir.config import ConsumerConfig
@@ -232,19 +234,36 @@ class Boom(Exception):
 
 def _lane(ordering: Ordering, rec: Record) -> Hashable:
     if ordering == "key":
-        return (rec.partition, rec.key)
+        return (rec.topic, rec.partition, rec.key)
     if ordering == "partition":
-        return rec.partition
-    return (rec.partition, rec.offset)  # unordered: only the same record twice is a conflict
+        return (rec.topic, rec.partition)
+    # unordered: only the same record twice is a conflict
+    return (rec.topic, rec.partition, rec.offset)
+
+
+# What every machine's start draws beside its ordering(s).
+_STARTS: dict[str, Any] = {  # strategies (Any: initialize also takes `target`)
+    "incremental": st.booleans(),
+    "keys": st.lists(st.sampled_from(KEYS), min_size=PARTITIONS, max_size=30),
+    "ps": st.sets(st.integers(0, PARTITIONS - 1), min_size=1),
+    "final": st.sampled_from(["stop", "block"]),
+    "attempts": st.integers(1, 3),
+    "fast": st.booleans(),
+}
 
 
 class EngineMachine(RuleBasedStateMachine):
+    # The partitions a rule's `p` draws from (a subclass spreads them over two topics).
+    slots: tuple[TP, ...] = tuple((TOPIC, p) for p in range(PARTITIONS))
+
     def __init__(self) -> None:
         super().__init__()
         CLOCK.reset()
         self.logs: dict[TP, list[tuple[int, bytes | None, bool]]] = defaultdict(list)
         self.handled: dict[TP, set[int]] = defaultdict(set)  # a handler finished it once
         self.ordering: Ordering = "key"
+        # Each topic's ordering (routes of different orderings: `MixedOrderingsMachine`).
+        self.orderings: dict[str, Ordering] = {}
         self.concurrent = False
         # Concurrent tasks: the records whose calls are under way (or were, and finished).
         self.began: dict[int, set[int]] = {}
@@ -277,12 +296,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @initialize(
         ordering=st.sampled_from(["key", "partition", "unordered"]),
-        incremental=st.booleans(),
-        keys=st.lists(st.sampled_from(KEYS), min_size=PARTITIONS, max_size=30),
-        ps=st.sets(st.integers(0, PARTITIONS - 1), min_size=1),
-        final=st.sampled_from(["stop", "block"]),
-        attempts=st.integers(1, 3),
-        fast=st.booleans(),
+        **_STARTS,
         concurrent=st.booleans(),
     )
     def start(
@@ -300,6 +314,7 @@ class EngineMachine(RuleBasedStateMachine):
         # records and lanes, and whole-partition lanes come into play.
         self.fast = fast
         self.ordering = ordering
+        self.orderings = {t: self.orderings.get(t, ordering) for t, _ in self.slots}
         self.incremental = incremental
         # Backoffs in machine time (1 ms a clock reading): due within a few turns.
         self.failure = FailurePolicy(
@@ -311,18 +326,18 @@ class EngineMachine(RuleBasedStateMachine):
         )
         self.concurrent = concurrent
         for i, key in enumerate(keys):
-            self.logs[(TOPIC, i % PARTITIONS)].append((i // PARTITIONS, key, False))
+            self.logs[self.slots[i % PARTITIONS]].append((i // PARTITIONS, key, False))
         # The group committed the start of every partition but the first before (a group that
         # ran before); the first has nothing committed, so its start goes through the reset
         # path (`weir._engine.starts`: resolved, committed, then sought) under every rule.
-        self._incarnate({(TOPIC, p): 0 for p in range(1, PARTITIONS)})
+        self._incarnate({self.slots[p]: 0 for p in range(1, PARTITIONS)})
         self.assign(ps)
 
     def _config(self, **extra: Any) -> ConsumerConfig:
         return ConsumerConfig(
             bootstrap_servers="fake:9092",
             group_id="g",
-            topics=[TOPIC],
+            topics=sorted({t for t, _ in self.slots}),
             ordering=self.ordering,
             workers=4,
             assignment_strategy="cooperative-sticky" if self.incremental else "range",
@@ -341,7 +356,8 @@ class EngineMachine(RuleBasedStateMachine):
     def _client(self, committed: dict[TP, int]) -> FakeConsumer:
         """A new process's client: a fresh fake over the same log and committed offsets."""
         fake = FakeConsumer()
-        fake._broker.create_topic(TOPIC, PARTITIONS)
+        for topic in sorted({t for t, _ in self.slots}):
+            fake._broker.create_topic(topic, sum(t == topic for t, _ in self.slots))
         for (topic, p), entries in self.logs.items():
             for off, key, marker in entries:
                 if marker:
@@ -442,7 +458,7 @@ class EngineMachine(RuleBasedStateMachine):
         marker=st.booleans(),
     )
     def produce(self, p: int, keys: list[bytes | None], gap: int, marker: bool) -> None:
-        tp = (TOPIC, p)
+        tp = self.slots[p]
         log = self.logs[tp]
         nxt = log[-1][0] + 1 if log else 0
         nxt += gap  # compaction: offsets that never exist
@@ -455,9 +471,9 @@ class EngineMachine(RuleBasedStateMachine):
         log.extend(entries)
         for off, key, is_marker in entries:
             if is_marker:
-                self.fk.produce_marker(TOPIC, p, off)
+                self.fk.produce_marker(*tp, off)
             else:
-                self.fk.produce(TOPIC, p, b"v", key, offset=off)
+                self.fk.produce(*tp, b"v", key, offset=off)
 
     @precondition(lambda self: bool(self.workers.running))
     @rule(data=st.data(), n=st.integers(1, 3))
@@ -467,12 +483,12 @@ class EngineMachine(RuleBasedStateMachine):
         if task is None:
             task = data.draw(st.sampled_from(self.workers.running))
         rec = data.draw(st.sampled_from(task.records))
-        self.produce(rec.partition, [rec.key] * n, 0, False)
+        self.produce(self.slots.index((rec.topic, rec.partition)), [rec.key] * n, 0, False)
         self._step()
 
     @rule(ps=st.sets(st.integers(0, PARTITIONS - 1), min_size=1))
     def assign(self, ps: set[int]) -> None:
-        new = [(TOPIC, p) for p in sorted(ps) if (TOPIC, p) not in self.assigned]
+        new = [self.slots[p] for p in sorted(ps) if self.slots[p] not in self.assigned]
         if not new:
             return
         if self.incremental:
@@ -604,7 +620,7 @@ class EngineMachine(RuleBasedStateMachine):
     def _lanes_of(self, task: Task) -> dict[Hashable, list[int]]:
         lanes: dict[Hashable, list[int]] = {}
         for i, rec in enumerate(task.records):
-            lanes.setdefault(_lane(self.ordering, rec), []).append(i)
+            lanes.setdefault(self._lane(rec), []).append(i)
         return lanes
 
     def _heads(self, task: Task) -> list[int]:
@@ -652,8 +668,8 @@ class EngineMachine(RuleBasedStateMachine):
         assert task.done is not None
         a = task.assignment
         rec = task.records[i]
-        lane = _lane(self.ordering, rec)
-        self._check_order(a.token, lane, rec.offset)
+        lane = self._lane(rec)
+        self._check_order(a.token, rec)
         self._handled(task, i)
         task.done.append(i)
         if a.dispatching:
@@ -697,8 +713,8 @@ class EngineMachine(RuleBasedStateMachine):
         for i, rec in enumerate(itertools.chain(task.records[:1], task.it)):
             if not (a.dispatching or (i == 0 and first_started)):
                 break  # FENCED from here on
-            lane = _lane(self.ordering, rec)
-            if self.ordering != "unordered" and lane in held:
+            lane = self._lane(rec)
+            if self.orderings[rec.topic] != "unordered" and lane in held:
                 outcomes[i] = HELD
                 continue
             if i == fail_at:
@@ -706,7 +722,7 @@ class EngineMachine(RuleBasedStateMachine):
                 errors[i] = Boom(rec.event_id)
                 held.add(lane)
                 continue
-            self._check_order(a.token, lane, rec.offset)
+            self._check_order(a.token, rec)
             outcomes[i] = DONE
             self._handled(task, i)
         if task.moved:
@@ -749,7 +765,7 @@ class EngineMachine(RuleBasedStateMachine):
         mode), the same partition (partition mode), the same record (any mode), whatever
         assignment each task belongs to. A running task of a fenced assignment holds only the
         record whose call is under way; it runs nothing after it."""
-        mine = {_lane(self.ordering, r) for r in task.records}
+        mine = {self._lane(r) for r in task.records}
         for other in self.workers.running:
             if not self.live[id(other)]:
                 continue
@@ -767,13 +783,17 @@ class EngineMachine(RuleBasedStateMachine):
                 recs = other.records[: len(other.records) - other.moved]
             else:
                 recs = other.records[:1]
-            theirs = {_lane(self.ordering, r) for r in recs}
+            theirs = {self._lane(r) for r in recs}
             clash = mine & theirs
             assert not clash, f"{task} would run {clash} while {other} runs them"
 
-    def _check_order(self, token: int, lane: Hashable, offset: int) -> None:
-        if self.ordering == "unordered":
+    def _lane(self, rec: Record) -> Hashable:
+        return _lane(self.orderings[rec.topic], rec)
+
+    def _check_order(self, token: int, rec: Record) -> None:
+        if self.orderings[rec.topic] == "unordered":
             return
+        lane, offset = self._lane(rec), rec.offset
         last = self.lane_order.get((token, lane))
         assert last is None or offset > last, f"lane {lane} ran {offset} after {last}"
         self.lane_order[(token, lane)] = offset
@@ -904,12 +924,7 @@ class ConcurrentEngineMachine(EngineMachine):
 
     @initialize(
         ordering=st.sampled_from(["key", "partition", "unordered"]),
-        incremental=st.booleans(),
-        keys=st.lists(st.sampled_from(KEYS), min_size=PARTITIONS, max_size=30),
-        ps=st.sets(st.integers(0, PARTITIONS - 1), min_size=1),
-        final=st.sampled_from(["stop", "block"]),
-        attempts=st.integers(1, 3),
-        fast=st.booleans(),
+        **_STARTS,
     )
     def start_concurrent(
         self,
@@ -924,12 +939,56 @@ class ConcurrentEngineMachine(EngineMachine):
         EngineMachine.start(self, ordering, incremental, keys, ps, final, attempts, fast, True)
 
 
+class MixedOrderingsMachine(EngineMachine):
+    """The same machine over two topics of different orderings, as routes with orderings of
+    their own make them (`weir.routing`): each topic's records keep its own lanes, in one
+    scheduler, one budget and one commit path, through revokes, losses and crashes."""
+
+    slots = (("t", 0), ("t", 1), ("u", 0))
+
+    @initialize(
+        orderings=st.permutations(["key", "partition", "unordered"]),
+        **_STARTS,
+        concurrent=st.booleans(),
+    )
+    def start_mixed(
+        self,
+        orderings: list[Ordering],
+        incremental: bool,
+        keys: list[bytes | None],
+        ps: set[int],
+        final: Literal["stop", "block"],
+        attempts: int,
+        fast: bool,
+        concurrent: bool,
+    ) -> None:
+        # `t` takes the member's ordering, `u` a route's of another.
+        self.orderings = {"t": orderings[0], "u": orderings[1]}
+        EngineMachine.start(
+            self, orderings[0], incremental, keys, ps, final, attempts, fast, concurrent
+        )
+
+    def _engine(self, fake: FakeConsumer) -> Engine:
+        topics = dict(self.orderings)
+        mixed = Orderings(topics.__getitem__, frozenset(topics.values()), topics)
+        return Engine(
+            self._config(),
+            _Unused(),
+            fake.factory,
+            self.life,
+            self.workers,
+            clock=CLOCK,
+            orderings=mixed,
+        )
+
+
 # Hypothesis runs every initialize rule: the subclass keeps only its own. Without `run_all`
 # tasks are taken one by one, often slow: partly finished tasks are the point here.
-ConcurrentEngineMachine.start = None  # type: ignore[assignment]
+ConcurrentEngineMachine.start = None  # type: ignore[method-assign]
+MixedOrderingsMachine.start = None  # type: ignore[method-assign]
 ConcurrentEngineMachine.run_all = None  # type: ignore[assignment]
 
-for machine in (EngineMachine, ConcurrentEngineMachine):
+for machine in (EngineMachine, ConcurrentEngineMachine, MixedOrderingsMachine):
     machine.TestCase.settings = settings(
         max_examples=EXAMPLES,
         stateful_step_count=STEPS,
@@ -953,4 +1012,5 @@ def _machine_time(monkeypatch: pytest.MonkeyPatch) -> None:
 
 TestEngineMachine = EngineMachine.TestCase
 TestConcurrentEngineMachine = ConcurrentEngineMachine.TestCase
+TestMixedOrderingsMachine = MixedOrderingsMachine.TestCase
 _ = (itertools, FENCED, Any)

@@ -40,6 +40,7 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 from tests.property.test_engine_machine import (
     ConcurrentEngineMachine,
     EngineMachine,
+    MixedOrderingsMachine,
     _machine_time,  # noqa: F401
 )
 from tests.property.test_engine_machine_transactional import (
@@ -114,9 +115,9 @@ def test_unmutated_engine_passes(machine: Machine) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("machine", [EngineMachine, ConcurrentEngineMachine])
+@pytest.mark.parametrize("machine", [EngineMachine, ConcurrentEngineMachine, MixedOrderingsMachine])
 def test_unmutated_engine_passes_long(machine: Machine) -> None:
-    """Control: the engine as it is passes both machines under the slow tier's settings."""
+    """Control: the engine as it is passes the machines under the slow tier's settings."""
     run_state_machine_as_test(machine, settings=SLOW)
 
 
@@ -250,6 +251,16 @@ def test_catches_a_seek_before_the_new_producer_is_ready(monkeypatch: pytest.Mon
 
 
 # -- mutants the machines find after hundreds of examples ---------------------------------
+
+
+@pytest.mark.slow
+def test_catches_a_routes_ordering_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug: the scheduler runs every topic under the member's ordering, not its route's: with
+    the member unordered, a key- or partition-ordered route's records run side by side.
+    Caught by: lane order holds per topic (`_check_no_conflict`, `_check_order`) in the machine
+    over two topics of different orderings."""
+    monkeypatch.setattr(Scheduler, "rule_of", lambda self, assignment: self._rule)
+    _caught(MixedOrderingsMachine, r"would run .* while .* runs them|lane .* ran \d+ after \d+")
 
 
 @pytest.mark.slow
