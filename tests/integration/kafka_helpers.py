@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from typing_extensions import Unpack
 
 from tests.consumer_overrides import Overrides
@@ -60,11 +60,34 @@ def wait_until(pred: Callable[[], object], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
+# What a group coordinator answers while it moves or loads (a broker just started, or busy): the
+# next request may find it, so the question is asked again, not failed.
+_COORDINATOR_MOVING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+)
+
+
+def committed(
+    bootstrap: str, group: str, topic: str, partitions: int, *, timeout: float = 15.0
+) -> list[int]:
+    """The group's committed offsets of `topic`'s partitions (negative: none), asked again while
+    the coordinator moves or loads, up to `timeout`."""
+    deadline = time.monotonic() + timeout
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     try:
-        res = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=15)
-        return [r.offset for r in res]
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        while True:
+            try:
+                left = max(0.1, deadline - time.monotonic())
+                return [r.offset for r in c.committed(tps, timeout=left)]
+            except KafkaException as exc:
+                if exc.args[0].code() not in _COORDINATOR_MOVING or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
     finally:
         c.close()
 
