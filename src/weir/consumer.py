@@ -48,13 +48,10 @@ from weir.records import (
 )
 from weir.routing import BatchRouter, Routes, router
 from weir.serde import (
-    AsyncDeserializingBatchHandler,
-    AsyncDeserializingHandler,
     Deserializers,
-    DeserializingBatchHandler,
-    DeserializingHandler,
     Serializers,
     check_setting,
+    deserializing,
     serializing,
 )
 from weir.stats import ConsumerStats
@@ -260,24 +257,12 @@ class GroupConsumer:
                         "handle(self, record, ctx), or drop the setting"
                     )
         if key_deserializer is not None or value_deserializer is not None:
-            inner = self._handler
-            if isinstance(inner, BatchHandler):
-                batch_wrapper = (
-                    AsyncDeserializingBatchHandler
-                    if is_async_handler(inner)
-                    else DeserializingBatchHandler
-                )
-                self._handler = batch_wrapper(
-                    inner,
-                    key_deserializer,
-                    value_deserializer,
-                    lane_of=lane_of(config.ordering, self._orderings),
-                )
-            else:
-                wrapper = (
-                    AsyncDeserializingHandler if is_async_handler(inner) else DeserializingHandler
-                )
-                self._handler = wrapper(inner, key_deserializer, value_deserializer)
+            self._handler = deserializing(
+                self._handler,
+                key_deserializer,
+                value_deserializer,
+                lane_of=lane_of(config.ordering, self._orderings),
+            )
         if key_serializer is not None or value_serializer is not None:
             self._handler = serializing(self._handler, key_serializer, value_serializer)
         if tracer_provider is not None or config.tracing:

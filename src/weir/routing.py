@@ -41,13 +41,7 @@ from weir.records import (
     as_handler,
     is_async_handler,
 )
-from weir.serde import (
-    AsyncDeserializingBatchHandler,
-    AsyncDeserializingHandler,
-    Deserializer,
-    DeserializingBatchHandler,
-    DeserializingHandler,
-)
+from weir.serde import Deserializer, DeserializingBatchHandler, deserializing
 
 __all__ = ["Route", "RouteKey", "Routes"]
 
@@ -94,15 +88,9 @@ class _Compiled:
         self.ordering = route.ordering
         handler = as_handler(route.handler)
         if route.key_deserializer is not None or route.value_deserializer is not None:
-            is_async = is_async_handler(handler)
-            if isinstance(handler, BatchHandler):
-                # Its lanes (what a record that does not deserialize holds back) are the
-                # member's orderings, known once the member's config is: `BatchRouter.bind`.
-                batch = AsyncDeserializingBatchHandler if is_async else DeserializingBatchHandler
-                handler = batch(handler, route.key_deserializer, route.value_deserializer)
-            else:
-                wrapper = AsyncDeserializingHandler if is_async else DeserializingHandler
-                handler = wrapper(handler, route.key_deserializer, route.value_deserializer)
+            # A batch handler's lanes (what a record that does not deserialize holds back) are
+            # the member's orderings, known once the member's config is: `BatchRouter.bind`.
+            handler = deserializing(handler, route.key_deserializer, route.value_deserializer)
         self.handler = handler
 
 
@@ -200,14 +188,15 @@ class _Table:
         """Each topic's ordering (its route's, else `default`, the member's) and every mode
         some route has."""
 
-        def of(topic: str) -> Ordering:
-            found = self.find(topic)
-            return default if found is None or found.ordering is None else found.ordering
+        def own(c: _Compiled | None) -> Ordering:
+            return default if c is None or c.ordering is None else c.ordering
 
-        modes = frozenset(default if c.ordering is None else c.ordering for c in self.all())
-        shown: dict[str, Ordering] = {name: of(name) for name in self.exact}
-        for p, c in self.patterns:
-            shown[_anchored(p)] = default if c.ordering is None else c.ordering
+        def of(topic: str) -> Ordering:
+            return own(self.find(topic))
+
+        modes = frozenset(own(c) for c in self.all())
+        shown = {name: own(c) for name, c in self.exact.items()}
+        shown.update({_anchored(p): own(c) for p, c in self.patterns})
         return Orderings(of, modes, shown)
 
     def by_route(self, partitions: Sequence[Partition]) -> list[tuple[Handler, list[Partition]]]:
@@ -346,9 +335,7 @@ class BatchRouter(BatchHandler, Router):
             except Exception as exc:
                 failure = failure or exc
                 recs.clear()  # not finished: the batch failure meets them
-        if failure is not None:
-            ctx._finish_unmarked([*skipped, *(r for _, recs in groups for r in recs)])
-            raise failure
+        _raise_after(failure, ctx, groups, skipped)
 
     def __repr__(self) -> str:
         return f"BatchRouter({self.table.names()})"
@@ -367,9 +354,20 @@ class AsyncBatchRouter(BatchRouter, AsyncRouter):  # type: ignore[misc]  # handl
             except Exception as exc:
                 failure = failure or exc
                 recs.clear()
-        if failure is not None:
-            ctx._finish_unmarked([*skipped, *(r for _, recs in groups for r in recs)])
-            raise failure
+        _raise_after(failure, ctx, groups, skipped)
+
+
+def _raise_after(
+    failure: Exception | None,
+    ctx: BatchContext,
+    groups: list[tuple[BatchHandler, list[Record]]],
+    skipped: list[Record],
+) -> None:
+    """After a batch's routes ran: if one raised (its records taken out of `groups`), what the
+    others returned and the filters skipped counts finished, and the first failure is raised."""
+    if failure is not None:
+        ctx._finish_unmarked([*skipped, *(r for _, recs in groups for r in recs)])
+        raise failure
 
 
 def router(routes: object) -> Router:

@@ -349,6 +349,24 @@ class _AsyncSerializingBatchHandler(_SerializingBatchHandler):
             OUTPUT_SERIALIZERS.reset(token)
 
 
+def deserializing(
+    handler: Handler,
+    key: Deserializers | None,
+    value: Deserializers | None,
+    *,
+    lane_of: Callable[[Record], Hashable] | None = None,
+) -> Handler:
+    """`handler` reading through `key` and `value` (checked already): the wrapper for its kind,
+    batch or one record, async or not. `lane_of` is a batch handler's (`DeserializingBatchHandler`;
+    None: unordered, or bound later with `hold_lanes`)."""
+    is_async = is_async_handler(handler)
+    if isinstance(handler, BatchHandler):
+        batch = AsyncDeserializingBatchHandler if is_async else DeserializingBatchHandler
+        return batch(handler, key, value, lane_of=lane_of)
+    single = AsyncDeserializingHandler if is_async else DeserializingHandler
+    return single(handler, key, value)
+
+
 def serializing(handler: Handler, key: Serializers | None, value: Serializers | None) -> Handler:
     """`handler` with the member's output serializers (checked already) for its `ctx.produce`."""
     serializers = OutputSerializers(key, value)
