@@ -926,17 +926,8 @@ class ConcurrentEngineMachine(EngineMachine):
         ordering=st.sampled_from(["key", "partition", "unordered"]),
         **_STARTS,
     )
-    def start_concurrent(
-        self,
-        ordering: Ordering,
-        incremental: bool,
-        keys: list[bytes | None],
-        ps: set[int],
-        final: Literal["stop", "block"],
-        attempts: int,
-        fast: bool,
-    ) -> None:
-        EngineMachine.start(self, ordering, incremental, keys, ps, final, attempts, fast, True)
+    def start_concurrent(self, ordering: Ordering, **drawn: Any) -> None:
+        EngineMachine.start(self, ordering, concurrent=True, **drawn)
 
 
 class MixedOrderingsMachine(EngineMachine):
@@ -951,22 +942,10 @@ class MixedOrderingsMachine(EngineMachine):
         **_STARTS,
         concurrent=st.booleans(),
     )
-    def start_mixed(
-        self,
-        orderings: list[Ordering],
-        incremental: bool,
-        keys: list[bytes | None],
-        ps: set[int],
-        final: Literal["stop", "block"],
-        attempts: int,
-        fast: bool,
-        concurrent: bool,
-    ) -> None:
+    def start_mixed(self, orderings: list[Ordering], **drawn: Any) -> None:
         # `t` takes the member's ordering, `u` a route's of another.
         self.orderings = {"t": orderings[0], "u": orderings[1]}
-        EngineMachine.start(
-            self, orderings[0], incremental, keys, ps, final, attempts, fast, concurrent
-        )
+        EngineMachine.start(self, orderings[0], **drawn)
 
     def _engine(self, fake: FakeConsumer) -> Engine:
         topics = dict(self.orderings)
