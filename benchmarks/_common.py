@@ -67,6 +67,20 @@ def add_broker_args(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="use this running Kafka instead of starting the embedded broker",
     )
+    parser.add_argument(
+        "--broker-pid",
+        type=int,
+        metavar="PID",
+        help="with --bootstrap: the broker's process (`weir broker start` writes it to its state "
+        "file), for its CPU figures and --separate-cores",
+    )
+    parser.add_argument(
+        "--separate-cores",
+        action="store_true",
+        help="run the broker on the first CPU and this process on the others, as on separate "
+        "hosts: sharing the cores, the two take turns and single runs spread widely "
+        "(benchmarks/README.md); the broker's own affinity is restored on exit",
+    )
 
 
 @dataclass(frozen=True)
@@ -88,10 +102,16 @@ class Broker:
 
 
 @contextlib.contextmanager
-def broker(bootstrap: str | None) -> Iterator[Broker]:
-    """An embedded single-node Kafka stopped on exit, or the one at `bootstrap` if given."""
+def broker(
+    bootstrap: str | None, *, pid: int | None = None, separate_cores: bool = False
+) -> Iterator[Broker]:
+    """An embedded single-node Kafka stopped on exit, or the one at `bootstrap` if given (`pid`:
+    its process, if known). `separate_cores`: see `add_broker_args`."""
+    if separate_cores and pid is None and bootstrap:
+        raise SystemExit("--separate-cores with --bootstrap needs --broker-pid")
     if bootstrap:
-        yield Broker(bootstrap, None)
+        with _separated(pid if separate_cores else None):
+            yield Broker(bootstrap, pid)
         return
     from weir.testing import EmbeddedKafka
 
@@ -102,7 +122,57 @@ def broker(bootstrap: str | None) -> Iterator[Broker]:
             f"started in {time.monotonic() - started:.1f}s",
             flush=True,
         )
-        yield Broker(kafka.bootstrap_servers, kafka.pid)
+        with _separated(kafka.pid if separate_cores else None):
+            yield Broker(kafka.bootstrap_servers, kafka.pid)
+
+
+def broker_from(args: argparse.Namespace) -> contextlib.AbstractContextManager[Broker]:
+    """`broker` as `add_broker_args`'s options ask for it."""
+    return broker(args.bootstrap, pid=args.broker_pid, separate_cores=args.separate_cores)
+
+
+#: Set while `--separate-cores` holds: the CPUs of the broker and of this process.
+SEPARATE_CORES: dict[str, list[int]] = {}
+
+
+@contextlib.contextmanager
+def _separated(pid: int | None) -> Iterator[None]:
+    """The broker's threads (`pid`'s) on the first CPU this process may use, this process's on
+    the rest; both as they were on exit. A thread started later inherits its creator's CPUs,
+    so the JVM's later threads follow. Nothing when `pid` is None."""
+    if pid is None:
+        yield
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit(f"--separate-cores needs two CPUs, this process may use {cpus}")
+    broker_cpus, own_cpus = {cpus[0]}, set(cpus[1:])
+    before = {tid: os.sched_getaffinity(tid) for tid in _threads(pid)}
+    own_before = {tid: os.sched_getaffinity(tid) for tid in _threads(os.getpid())}
+    for tid in before:
+        _set_affinity(tid, broker_cpus)
+    for tid in own_before:
+        _set_affinity(tid, own_cpus)
+    SEPARATE_CORES.update(broker=sorted(broker_cpus), own=sorted(own_cpus))
+    print(f"# broker on CPU {sorted(broker_cpus)}, this process on {sorted(own_cpus)}", flush=True)
+    try:
+        yield
+    finally:
+        SEPARATE_CORES.clear()
+        for tid, mask in itertools.chain(before.items(), own_before.items()):
+            _set_affinity(tid, mask)
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError as exc:
+        raise SystemExit(f"--separate-cores: no process {pid} to place ({exc})") from None
+
+
+def _set_affinity(tid: int, cpus: set[int]) -> None:
+    with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+        os.sched_setaffinity(tid, cpus)
 
 
 def unique(prefix: str) -> str:
@@ -395,6 +465,7 @@ def environment() -> dict[str, Any]:
         "confluent_kafka": ck_version,
         "librdkafka": rdkafka_libversion()[0],
         "loadavg_at_start": os.getloadavg(),
+        "separate_cores": dict(SEPARATE_CORES) or None,
     }
 
 

@@ -36,7 +36,7 @@ from typing import Any
 from _common import (
     LOG_EVENTS,
     add_broker_args,
-    broker,
+    broker_from,
     create_topic,
     delete_topics,
     environment,
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     quiet_logging()
     results: list[Run] = []
-    with broker(args.bootstrap) as bk:
+    with broker_from(args) as bk:
         topic = unique("bench-backlog")
         create_topic(bk.bootstrap, topic, args.partitions)
         try:

@@ -42,7 +42,7 @@ from _common import (
     CpuWatch,
     Meter,
     add_broker_args,
-    broker,
+    broker_from,
     create_topic,
     delete_topics,
     environment,
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     kinds = [True, False] if args.plain else [True]
     results: list[Result] = []
-    with broker(args.bootstrap) as bk, postgres(args.postgres) as conninfo:
+    with broker_from(args) as bk, postgres(args.postgres) as conninfo:
         topic = unique("bench-bulk")
         create_topic(bk.bootstrap, topic, args.partitions)
         try:

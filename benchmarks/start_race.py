@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import add_broker_args, broker, create_topic, produce, unique
+from _common import add_broker_args, broker_from, create_topic, produce, unique
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 
@@ -68,7 +68,7 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=2, help="per delay")
     p.add_argument("--consume-s", type=float, default=5.0)
     args = p.parse_args()
-    with broker(args.bootstrap) as bk:
+    with broker_from(args) as bk:
         topic = unique("start-race")
         create_topic(bk.bootstrap, topic, args.partitions)
         total = args.partitions * args.records_per_partition

@@ -72,7 +72,7 @@ from _common import (
     add_broker_args,
     async_noop_handler,
     async_sleep_handler,
-    broker,
+    broker_from,
     create_topic,
     delete_topics,
     environment,
@@ -1223,7 +1223,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if "aio-tail" in only:
         only.add("aio")  # the same topic
-    with broker(args.bootstrap) as bk:
+    with broker_from(args) as bk:
         topics: dict[str, Topic] = {}
         outputs: list[str] = []
         for case, n, parts, keys in plan:

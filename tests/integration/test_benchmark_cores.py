@@ -1,0 +1,71 @@
+"""The benchmarks' `--separate-cores`: the broker's threads on one CPU, the benchmark's on the
+others, and both as they were afterwards (a long-lived broker given by `--broker-pid` must not
+stay pinned)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import _common
+
+pytestmark = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to separate"
+)
+
+
+@pytest.fixture
+def other_process() -> Iterator[subprocess.Popen[bytes]]:
+    """A process with a second thread, standing in for the broker's JVM."""
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); "
+    code += "print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def masks(pid: int) -> list[set[int]]:
+    return [os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{pid}/task")]
+
+
+def test_the_broker_and_this_process_get_cpus_of_their_own_and_them_back(
+    other_process: subprocess.Popen[Any],
+) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    broker_before, own_before = masks(other_process.pid), masks(os.getpid())
+    started_inside: list[set[int]] = []
+    with _common._separated(other_process.pid):
+        assert masks(other_process.pid) == [{cpus[0]}, {cpus[0]}]
+        assert all(m == set(cpus[1:]) for m in masks(os.getpid()))
+        t = threading.Thread(target=lambda: started_inside.append(os.sched_getaffinity(0)))
+        t.start()
+        t.join()
+        assert _common.environment()["separate_cores"] == {"broker": cpus[:1], "own": cpus[1:]}
+    assert started_inside == [set(cpus[1:])]  # a thread the benchmark starts follows it
+    assert masks(other_process.pid) == broker_before
+    assert masks(os.getpid()) == own_before
+    assert _common.environment()["separate_cores"] is None
+
+
+def test_nothing_moves_without_a_broker_process() -> None:
+    before = masks(os.getpid())
+    with _common._separated(None):
+        assert masks(os.getpid()) == before
+
+
+def test_an_attached_broker_needs_its_pid() -> None:
+    with (
+        pytest.raises(SystemExit, match="needs --broker-pid"),
+        _common.broker("127.0.0.1:9", separate_cores=True),
+    ):
+        pass
