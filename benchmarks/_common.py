@@ -131,7 +131,8 @@ def broker_from(args: argparse.Namespace) -> contextlib.AbstractContextManager[B
     return broker(args.bootstrap, pid=args.broker_pid, separate_cores=args.separate_cores)
 
 
-#: Set while `--separate-cores` holds: the CPUs of the broker and of this process.
+#: The CPUs of the broker and of this process under `--separate-cores` (set once for the run;
+#: `write_json` records it with the environment).
 SEPARATE_CORES: dict[str, list[int]] = {}
 
 
@@ -158,7 +159,6 @@ def _separated(pid: int | None) -> Iterator[None]:
     try:
         yield
     finally:
-        SEPARATE_CORES.clear()
         for tid, mask in itertools.chain(before.items(), own_before.items()):
             _set_affinity(tid, mask)
 
@@ -465,7 +465,6 @@ def environment() -> dict[str, Any]:
         "confluent_kafka": ck_version,
         "librdkafka": rdkafka_libversion()[0],
         "loadavg_at_start": os.getloadavg(),
-        "separate_cores": dict(SEPARATE_CORES) or None,
     }
 
 
@@ -482,6 +481,10 @@ def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
 
 
 def write_json(path: str | None, data: dict[str, Any]) -> None:
+    """`data` as JSON at `path` (if given); its `environment`, taken before the broker was
+    placed, gets the placement (`separate_cores`, None when shared)."""
+    if isinstance(data.get("environment"), dict):
+        data["environment"]["separate_cores"] = dict(SEPARATE_CORES) or None
     if path:
         with open(path, "w") as f:
             json.dump(data, f, indent=2, default=str)

@@ -4,6 +4,7 @@ stay pinned)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -34,33 +35,45 @@ def other_process() -> Iterator[subprocess.Popen[bytes]]:
     proc.wait()
 
 
-def masks(pid: int) -> list[set[int]]:
-    return [os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{pid}/task")]
+def masks(pid: int) -> dict[int, set[int]]:
+    return {int(t): os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+def now(before: dict[int, set[int]]) -> dict[int, set[int]]:
+    """The masks of the threads in `before` (a thread started since may still be ending)."""
+    return {tid: os.sched_getaffinity(tid) for tid in before}
 
 
 def test_the_broker_and_this_process_get_cpus_of_their_own_and_them_back(
-    other_process: subprocess.Popen[Any],
+    other_process: subprocess.Popen[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(_common, "SEPARATE_CORES", {})
     cpus = sorted(os.sched_getaffinity(0))
     broker_before, own_before = masks(other_process.pid), masks(os.getpid())
     started_inside: list[set[int]] = []
     with _common._separated(other_process.pid):
-        assert masks(other_process.pid) == [{cpus[0]}, {cpus[0]}]
-        assert all(m == set(cpus[1:]) for m in masks(os.getpid()))
+        assert list(masks(other_process.pid).values()) == [{cpus[0]}, {cpus[0]}]
+        assert all(m == set(cpus[1:]) for m in masks(os.getpid()).values())
         t = threading.Thread(target=lambda: started_inside.append(os.sched_getaffinity(0)))
         t.start()
         t.join()
-        assert _common.environment()["separate_cores"] == {"broker": cpus[:1], "own": cpus[1:]}
     assert started_inside == [set(cpus[1:])]  # a thread the benchmark starts follows it
     assert masks(other_process.pid) == broker_before
-    assert masks(os.getpid()) == own_before
-    assert _common.environment()["separate_cores"] is None
+    assert now(own_before) == own_before
+    # The results say where the run ran.
+    _common.write_json(str(tmp_path / "out.json"), {"environment": _common.environment()})
+    written = json.loads((tmp_path / "out.json").read_text())
+    assert written["environment"]["separate_cores"] == {"broker": cpus[:1], "own": cpus[1:]}
 
 
-def test_nothing_moves_without_a_broker_process() -> None:
+def test_nothing_moves_without_a_broker_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_common, "SEPARATE_CORES", {})
     before = masks(os.getpid())
     with _common._separated(None):
-        assert masks(os.getpid()) == before
+        assert now(before) == before
+    data: dict[str, Any] = {"environment": {}}
+    _common.write_json(None, data)
+    assert data["environment"]["separate_cores"] is None
 
 
 def test_an_attached_broker_needs_its_pid() -> None:
