@@ -77,6 +77,11 @@ _FIELDS = (
 V_co = DefaultTypeVar("V_co", covariant=True, default=Any)
 
 
+def _getter(slot: str, doc: str) -> Any:
+    """A read-only property that reads `slot` in C."""
+    return property(operator.attrgetter(slot), doc=doc)
+
+
 class Record(Generic[V_co]):
     """One delivered record: an immutable, typed view of what the broker delivered.
 
@@ -108,7 +113,8 @@ class Record(Generic[V_co]):
         "_topic",
         "_value",
     )
-    # Set on a worker thread by `weir.serde.DeserializingHandler` before the handler runs.
+    # The raw key and value when the record is made; a deserializer replaces them on a worker
+    # thread before the handler runs (`weir.serde.DeserializingHandler`).
     _dkey: Any
     _dvalue: V_co
 
@@ -131,8 +137,9 @@ class Record(Generic[V_co]):
         self._topic = topic
         self._partition = partition
         self._offset = offset
-        self._key = key
+        self._key = self._dkey = key
         self._value = value
+        self._dvalue = value  # type: ignore[assignment]  # raw until a deserializer runs
         self._size = size
         # As the client gives them (None, or a list of pairs): `headers` makes the tuple.
         self._headers: _RawHeaders | None = headers
@@ -166,26 +173,46 @@ class Record(Generic[V_co]):
         def size(self) -> int:
             """Bytes of key + value + headers: what the flow-control byte budget counts."""
 
+        @property
+        def deserialized_key(self) -> Any:
+            """The key as the consumer's key deserializer made it (`key_deserializer`); the raw
+            bytes when there is none."""
+
+        @property
+        def deserialized_value(self) -> V_co:
+            """The value as the consumer's value deserializer made it (`value_deserializer`);
+            the raw bytes when there is none (a `Record[V]` then promised more than the member
+            gives)."""
+
     else:
         # C-level getters: handlers read these once or more per record, and a Python property
         # function costs half as much again as the read itself.
-        topic = property(operator.attrgetter("_topic"), doc="The topic the record was read from.")
-        partition = property(
-            operator.attrgetter("_partition"), doc="The partition of `topic` it was read from."
+        topic = _getter("_topic", "The topic the record was read from.")
+        partition = _getter("_partition", "The partition of `topic` it was read from.")
+        offset = _getter("_offset", "Its offset in the partition.")
+        key = _getter(
+            "_key", "The key's raw bytes, None for a null key (`deserialized_key` for the object)."
         )
-        offset = property(operator.attrgetter("_offset"), doc="Its offset in the partition.")
-        key = property(
-            operator.attrgetter("_key"),
-            doc="The key's raw bytes, None for a null key (`deserialized_key` for the object).",
+        value = _getter(
+            "_value",
+            "The value's raw bytes, None for a null value (a tombstone); `deserialized_value` for "
+            "the object.",
         )
-        value = property(
-            operator.attrgetter("_value"),
-            doc="The value's raw bytes, None for a null value (a tombstone); "
-            "`deserialized_value` for the object.",
+        size = _getter(
+            "_size", "Bytes of key + value + headers: what the flow-control byte budget counts."
         )
-        size = property(
-            operator.attrgetter("_size"),
-            doc="Bytes of key + value + headers: what the flow-control byte budget counts.",
+        # Slots that always hold a value: a read that fell back on AttributeError took 16 times
+        # as long as one of `value` when no deserializer had run.
+        deserialized_key = _getter(
+            "_dkey",
+            "The key as the consumer's key deserializer made it (`key_deserializer`); the raw "
+            "bytes when there is none.",
+        )
+        deserialized_value = _getter(
+            "_dvalue",
+            "The value as the consumer's value deserializer made it (`value_deserializer`); the "
+            "raw bytes when there is none (a `Record[V]` then promised more than the member "
+            "gives).",
         )
 
     @property
@@ -208,25 +235,6 @@ class Record(Generic[V_co]):
         """The partition leader's epoch when the record was written, None when the broker gave
         none."""
         return self._leader_epoch
-
-    @property
-    def deserialized_key(self) -> Any:
-        """The key as the consumer's key deserializer made it (`key_deserializer`); the raw
-        bytes when there is none."""
-        try:
-            return self._dkey
-        except AttributeError:
-            return self._key
-
-    @property
-    def deserialized_value(self) -> V_co:
-        """The value as the consumer's value deserializer made it (`value_deserializer`); the
-        raw bytes when there is none."""
-        try:
-            return self._dvalue
-        except AttributeError:
-            # No value deserializer: a `Record[V]` promised more than the member gives.
-            return self._value  # type: ignore[return-value]
 
     @property
     def event_id(self) -> str:

@@ -180,6 +180,29 @@ def test_a_record_keeps_no_reference_to_the_clients_message() -> None:
     assert (rec.timestamp, rec.leader_epoch, rec.headers) == (1_700_000_000_000, 2, (("h", b"xy"),))
 
 
+def test_the_deserialized_fields_are_the_raw_ones_until_a_deserializer_runs() -> None:
+    """Read without a deserializer, `deserialized_key` / `deserialized_value` are the raw bytes,
+    from a slot that holds them: reading them raised and caught an AttributeError each time
+    (16 times as long as reading `value`), in every handler of a member without deserializers
+    that reads them as the docs show."""
+    made = runs_of([msg(4, key=b"k", value=b"v")], lambda e, m: None)[0].records[0]
+    built = Record("t", 0, 4, b"k", b"v")
+    raised: list[str] = []
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if event == "exception":
+            raised.append(f"{frame.f_code.co_name}: {arg[0].__name__}")
+        return trace
+
+    sys.settrace(trace)
+    try:
+        read = [(r.deserialized_key, r.deserialized_value) for r in (made, built)]
+    finally:
+        sys.settrace(None)
+    assert read == [(b"k", b"v"), (b"k", b"v")]
+    assert raised == []
+
+
 def test_a_record_is_immutable() -> None:
     (rec,) = runs_of([msg(4, headers=[("h", b"xy")])], lambda e, m: None)[0].records
     for name in ("topic", "partition", "offset", "key", "value", "headers", "timestamp", "size"):

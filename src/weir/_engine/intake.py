@@ -77,8 +77,8 @@ def runs_of(
         rec._topic = t
         rec._partition = p
         rec._offset = off
-        rec._key = key
-        rec._value = value
+        rec._key = rec._dkey = key
+        rec._value = rec._dvalue = value  # raw until a deserializer runs
         rec._size = size
         rec._headers = headers
         kind, stamp = m.timestamp()
