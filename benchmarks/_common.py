@@ -148,8 +148,7 @@ def _separated(pid: int | None) -> Iterator[None]:
     if len(cpus) < 2:
         raise SystemExit(f"--separate-cores needs two CPUs, this process may use {cpus}")
     broker_cpus, own_cpus = {cpus[0]}, set(cpus[1:])
-    before = {tid: os.sched_getaffinity(tid) for tid in _threads(pid)}
-    own_before = {tid: os.sched_getaffinity(tid) for tid in _threads(os.getpid())}
+    before, own_before = _affinities(pid), _affinities(os.getpid())
     for tid in before:
         _set_affinity(tid, broker_cpus)
     for tid in own_before:
@@ -163,11 +162,17 @@ def _separated(pid: int | None) -> Iterator[None]:
             _set_affinity(tid, mask)
 
 
-def _threads(pid: int) -> list[int]:
+def _affinities(pid: int) -> dict[int, set[int]]:
+    """The CPUs of each thread of `pid` (a thread that ends meanwhile is left out)."""
     try:
-        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError as exc:
         raise SystemExit(f"--separate-cores: no process {pid} to place ({exc})") from None
+    out = {}
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):
+            out[tid] = os.sched_getaffinity(tid)
+    return out
 
 
 def _set_affinity(tid: int, cpus: set[int]) -> None:

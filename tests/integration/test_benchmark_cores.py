@@ -4,12 +4,13 @@ stay pinned)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,18 @@ def other_process() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def masks(pid: int) -> dict[int, set[int]]:
-    return {int(t): os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+    """Each thread's CPUs; the test process's other threads (of earlier tests) may end
+    meanwhile, and are left out then."""
+    return now([int(t) for t in os.listdir(f"/proc/{pid}/task")])
 
 
-def now(before: dict[int, set[int]]) -> dict[int, set[int]]:
-    """The masks of the threads in `before` (a thread started since may still be ending)."""
-    return {tid: os.sched_getaffinity(tid) for tid in before}
+def now(tids: Iterable[int]) -> dict[int, set[int]]:
+    """The CPUs of those of `tids` still running."""
+    out = {}
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):
+            out[tid] = os.sched_getaffinity(tid)
+    return out
 
 
 def test_the_broker_and_this_process_get_cpus_of_their_own_and_them_back(
@@ -59,7 +66,8 @@ def test_the_broker_and_this_process_get_cpus_of_their_own_and_them_back(
         t.join()
     assert started_inside == [set(cpus[1:])]  # a thread the benchmark starts follows it
     assert masks(other_process.pid) == broker_before
-    assert now(own_before) == own_before
+    after = now(own_before)
+    assert after == {tid: own_before[tid] for tid in after}
     # The results say where the run ran.
     _common.write_json(str(tmp_path / "out.json"), {"environment": _common.environment()})
     written = json.loads((tmp_path / "out.json").read_text())
@@ -70,7 +78,8 @@ def test_nothing_moves_without_a_broker_process(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(_common, "SEPARATE_CORES", {})
     before = masks(os.getpid())
     with _common._separated(None):
-        assert now(before) == before
+        after = now(before)
+        assert after == {tid: before[tid] for tid in after}
     data: dict[str, Any] = {"environment": {}}
     _common.write_json(None, data)
     assert data["environment"]["separate_cores"] is None
