@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import logging
 import os
@@ -756,13 +757,53 @@ INTERRUPTED = 128 + signal.SIGINT
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)  # --help and --version print here
+        args = _parse(argv)  # --help and --version print here
         return _run(args)
     except BrokenPipeError:
         _discard_output()
         return PIPE_CLOSED
     except KeyboardInterrupt:  # what was started is stopped on the way out
         return INTERRUPTED
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments; what no parser knows is refused by the command it was given to, with its
+    usage and the closest option it has (argparse refused it with the top-level usage, `weir
+    [-h] [--version] COMMAND ...`, and no hint)."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = _command_parser(parser, args)
+        command.error(f"unrecognized arguments: {' '.join(unknown)}{_closest(command, unknown)}")
+    return args
+
+
+def _command_parser(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The innermost (sub)command parser that `args` went through."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen is None:
+            return parser
+        parser = subs[0].choices[chosen]
+
+
+def _closest(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    """` (did you mean --port?)` for the unknown options that are close to one of `parser`'s."""
+    options = [o for o in parser._option_string_actions if o.startswith("--")]
+    hints: dict[str, str] = {}
+    for arg in unknown:
+        name = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(name, options, n=1) if name.startswith("--") else []
+        if close:
+            hints[name] = close[0]
+    if len(hints) == 1:
+        return f" (did you mean {next(iter(hints.values()))}?)"
+    return (
+        " (" + "; ".join(f"{k}: did you mean {v}?" for k, v in hints.items()) + ")" if hints else ""
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
