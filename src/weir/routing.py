@@ -114,31 +114,30 @@ class _Table:
                 self.exact[key] = compiled
             else:
                 self.patterns.append((key, compiled))
-        kinds = {is_async_handler(c.handler) for c in self.all()}
-        if len(kinds) > 1:
-            shown = ", ".join(
-                f"{_shown(c.key)}: {'async def' if is_async_handler(c.handler) else 'thread'}"
-                for c in self.all()
-            )
-            raise TypeError(
-                "the routes mix async def and thread handlers; one member runs one kind of "
-                f"worker: make them all async def or all plain ({shown})"
-            )
-        self.is_async = kinds == {True}
-        calls = {isinstance(c.handler, BatchHandler) for c in self.all()}
-        if len(calls) > 1:
-            shown = ", ".join(
-                f"{_shown(c.key)}: "
-                f"{'batch' if isinstance(c.handler, BatchHandler) else 'one record'}"
-                for c in self.all()
-            )
-            raise TypeError(
-                "the routes mix batch handlers and handlers of one record; one member makes "
-                "one kind of call: make them all weir.BatchHandler subclasses or all take one "
-                f"record ({shown})"
-            )
-        self.is_batch = calls == {True}
+        self.is_async = self._agree(
+            is_async_handler,
+            ("async def", "thread"),
+            "the routes mix async def and thread handlers; one member runs one kind of worker: "
+            "make them all async def or all plain",
+        )
+        self.is_batch = self._agree(
+            lambda h: isinstance(h, BatchHandler),
+            ("batch", "one record"),
+            "the routes mix batch handlers and handlers of one record; one member makes one kind "
+            "of call: make them all weir.BatchHandler subclasses or all take one record",
+        )
         self._found: dict[str, _Compiled | None] = {}
+
+    def _agree(self, kind: Callable[[Handler], bool], names: tuple[str, str], mix: str) -> bool:
+        """True if every route's handler is of `kind`, False if none is; a mix is refused with
+        `mix` and each route's kind (`names`: of `kind`, and not)."""
+        kinds = {kind(c.handler) for c in self.all()}
+        if len(kinds) > 1:
+            each = ", ".join(
+                f"{_shown(c.key)}: {names[0] if kind(c.handler) else names[1]}" for c in self.all()
+            )
+            raise TypeError(f"{mix} ({each})")
+        return kinds == {True}
 
     def all(self) -> list[_Compiled]:
         return [*self.exact.values(), *(c for _, c in self.patterns)]
