@@ -109,21 +109,22 @@ def broker(
     its process, if known). `separate_cores`: see `add_broker_args`."""
     if separate_cores and pid is None and bootstrap:
         raise SystemExit("--separate-cores with --bootstrap needs --broker-pid")
-    if bootstrap:
-        with _separated(pid if separate_cores else None):
-            yield Broker(bootstrap, pid)
-        return
-    from weir.testing import EmbeddedKafka
+    with contextlib.ExitStack() as stack:
+        if bootstrap:
+            bk = Broker(bootstrap, pid)
+        else:
+            from weir.testing import EmbeddedKafka
 
-    started = time.monotonic()
-    with EmbeddedKafka() as kafka:
-        print(
-            f"# embedded Kafka at {kafka.bootstrap_servers} (pid {kafka.pid}), "
-            f"started in {time.monotonic() - started:.1f}s",
-            flush=True,
-        )
-        with _separated(kafka.pid if separate_cores else None):
-            yield Broker(kafka.bootstrap_servers, kafka.pid)
+            started = time.monotonic()
+            kafka = stack.enter_context(EmbeddedKafka())
+            print(
+                f"# embedded Kafka at {kafka.bootstrap_servers} (pid {kafka.pid}), "
+                f"started in {time.monotonic() - started:.1f}s",
+                flush=True,
+            )
+            bk = Broker(kafka.bootstrap_servers, kafka.pid)
+        with _separated(bk.pid if separate_cores else None):
+            yield bk
 
 
 def broker_from(args: argparse.Namespace) -> contextlib.AbstractContextManager[Broker]:

@@ -53,6 +53,11 @@ def _consumer(bootstrap: str, topic: str) -> Consumer:
     return c
 
 
+def _records(msgs: list[Message]) -> list[Any]:
+    """A `Record` per message, as weir's intake makes them (error events dropped before)."""
+    return [r for run in runs_of(msgs, _ignore) for r in run.records]
+
+
 def _ignore(err: KafkaError, msg: Any) -> None:
     pass
 
@@ -95,7 +100,7 @@ def pipeline(bootstrap: str, topic: str, records: int, way: str) -> float:
                 handle_batch(items, Message.offset)
             else:
                 if way == "worker-records":
-                    items = [r for run in runs_of(items, _ignore) for r in run.records]
+                    items = _records(items)
                 handle_batch(items, _offset)
             done.put(len(items))
 
@@ -117,7 +122,7 @@ def pipeline(bootstrap: str, topic: str, records: int, way: str) -> float:
                         msgs = [m for m in msgs if m.error() is None]
                     items: list[Any]
                     if way == "records":
-                        items = [r for run in runs_of(msgs, _ignore) for r in run.records]
+                        items = _records(msgs)
                     else:
                         # The owner keeps columns of what is in flight: offsets for the
                         # watermark, sizes for the budget.

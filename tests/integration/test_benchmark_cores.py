@@ -4,7 +4,6 @@ stay pinned)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -36,19 +35,14 @@ def other_process() -> Iterator[subprocess.Popen[bytes]]:
     proc.wait()
 
 
-def masks(pid: int) -> dict[int, set[int]]:
-    """Each thread's CPUs; the test process's other threads (of earlier tests) may end
-    meanwhile, and are left out then."""
-    return now([int(t) for t in os.listdir(f"/proc/{pid}/task")])
+# Each thread's CPUs; the test process's other threads (of earlier tests) may end meanwhile,
+# and are left out then.
+masks = _common._affinities
 
 
 def now(tids: Iterable[int]) -> dict[int, set[int]]:
     """The CPUs of those of `tids` still running."""
-    out = {}
-    for tid in tids:
-        with contextlib.suppress(ProcessLookupError):
-            out[tid] = os.sched_getaffinity(tid)
-    return out
+    return {tid: m for tid, m in masks(os.getpid()).items() if tid in tids}
 
 
 def test_the_broker_and_this_process_get_cpus_of_their_own_and_them_back(
