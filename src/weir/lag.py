@@ -365,6 +365,7 @@ def _groups_lag(
 
 # A group's coordinator is not ready yet: on a new cluster the first group call creates
 # __consumer_offsets, and a coordinator that moved or is loading answers these for a while.
+# (Also what `weir.testing.commit_offsets` asks again on.)
 _COORDINATOR_NOT_READY = frozenset(
     {"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE"}
 )

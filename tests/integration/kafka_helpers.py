@@ -9,13 +9,14 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from typing_extensions import Unpack
 
 from tests.consumer_overrides import Overrides
 from weir import GroupConsumer, Handler, Record
 from weir._engine.client import ClientFactory
 from weir.config import ConsumerSettings
+from weir.lag import _COORDINATOR_NOT_READY
 
 
 def produce(
@@ -60,17 +61,6 @@ def wait_until(pred: Callable[[], object], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-# What a group coordinator answers while it moves or loads (a broker just started, or busy): the
-# next request may find it, so the question is asked again, not failed.
-_COORDINATOR_MOVING = frozenset(
-    {
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-    }
-)
-
-
 def committed(
     bootstrap: str, group: str, topic: str, partitions: int, *, timeout: float = 15.0
 ) -> list[int]:
@@ -85,7 +75,9 @@ def committed(
                 left = max(0.1, deadline - time.monotonic())
                 return [r.offset for r in c.committed(tps, timeout=left)]
             except KafkaException as exc:
-                if exc.args[0].code() not in _COORDINATOR_MOVING or time.monotonic() > deadline:
+                # The coordinator moves or loads (a broker just started, or busy): the next
+                # request may find it.
+                if exc.args[0].name() not in _COORDINATOR_NOT_READY or time.monotonic() > deadline:
                     raise
             time.sleep(0.1)
     finally:

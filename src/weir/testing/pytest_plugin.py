@@ -450,15 +450,12 @@ def commit_offsets(
     Retried while the group's coordinator is not ready (the first group on a fresh broker creates
     ``__consumer_offsets`` and commits fail with NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS).
     """
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     # A fresh group's coordinator answers these while __consumer_offsets is created and loaded;
     # librdkafka does not mark all of them retriable on a commit.
-    not_ready = {
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-    }
+    from weir.lag import _COORDINATOR_NOT_READY as not_ready
+
     consumer = Consumer(
         client_config(
             bootstrap, {"group.id": group_id, "enable.auto.commit": False, **(config or {})}
@@ -475,7 +472,7 @@ def commit_offsets(
                 return
             except KafkaException as exc:
                 error = exc.args[0]
-                retry = error.retriable() or error.code() in not_ready
+                retry = error.retriable() or error.name() in not_ready
                 if not retry or time.monotonic() > deadline:
                     raise
             time.sleep(0.1)
