@@ -328,7 +328,8 @@ class ConsumerConfig(BaseModel):
         json_schema_extra={"unit": "records"},
         description="Async handlers only (`async def`): records running at once on the event "
         "loop, in place of worker threads; for an `async def handle_batch`, its calls "
-        "([handlers.md](handlers.md)).",
+        "([handlers.md](handlers.md)); set for a thread handler: the warning "
+        "`max_in_flight_unused`.",
     )
 
     max_records_per_s: float | None = Field(

@@ -221,6 +221,14 @@ class GroupConsumer:
                 f"max_in_flight bounds the {'handle_batch calls' if batch else 'records'} "
                 "running at once",
             )
+        elif not is_async_handler(self._handler) and "max_in_flight" in config.model_fields_set:
+            log.warning(
+                "max_in_flight_unused",
+                max_in_flight=config.max_in_flight,
+                workers=config.workers,
+                reason="a thread handler runs on worker threads, not on an event loop: workers "
+                f"bounds the {'handle_batch calls' if batch else 'records'} running at once",
+            )
         if batch:
             config = for_batch_handler(config, **held_back)  # the budget scales with the batches
         elif is_async_handler(self._handler):

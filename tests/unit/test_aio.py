@@ -17,6 +17,8 @@ from tests.fake_members import FAKE_LOOP
 from tests.waiting import wait_until
 
 from weir import (
+    BatchContext,
+    BatchHandler,
     CommitEvent,
     ConsumerConfig,
     Context,
@@ -602,6 +604,29 @@ def test_workers_given_for_an_async_handler_is_reported_unused() -> None:
         GroupConsumer(lambda r: None, workers=32, **SETTINGS)
     unused = [e for e in logs if e["event"] == "workers_unused"]
     assert [(e["workers"], e["log_level"]) for e in unused] == [(32, "warning")]
+
+
+def test_max_in_flight_given_for_a_thread_handler_is_reported_unused() -> None:
+    """The mirror of `workers_unused`: a thread handler (one record or a batch a call) never
+    reads `max_in_flight`, so setting it says nothing unless the member says so."""
+    handler, _ = async_function()
+
+    class Bulk(BatchHandler):
+        def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+            pass
+
+    with capture_events() as logs:
+        GroupConsumer(lambda r: None, max_in_flight=32, **SETTINGS)
+        GroupConsumer(Bulk(), max_in_flight=8, **SETTINGS)
+        GroupConsumer(lambda r: None, workers=32, **SETTINGS)
+        GroupConsumer(handler, max_in_flight=32, **SETTINGS)
+    unused = [e for e in logs if e["event"] == "max_in_flight_unused"]
+    assert [(e["max_in_flight"], e["log_level"]) for e in unused] == [
+        (32, "warning"),
+        (8, "warning"),
+    ]
+    assert unused[0]["reason"].endswith("workers bounds the records running at once")
+    assert unused[1]["reason"].endswith("workers bounds the handle_batch calls running at once")
 
 
 def test_async_records_feed_the_latency_histograms_and_each_partitions_recovery_time(
