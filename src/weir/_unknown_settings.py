@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Collection
+from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError, ValidatorFunctionWrapHandler
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-__all__ = ["RENAMED", "suggest", "with_suggestions"]
+__all__ = ["RENAMED", "explain_unknown_fields", "suggest", "with_suggestions"]
 
 
 # Names of earlier versions, before every setting said its unit: the name now, and the unit.
@@ -58,3 +59,15 @@ def with_suggestions(
 def suggest(name: str, choices: Collection[str]) -> str:
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     return f"unknown setting {name!r}" + (f": did you mean {close[0]!r}?" if close else "")
+
+
+def explain_unknown_fields(
+    cls: type[BaseModel], data: Any, handler: ValidatorFunctionWrapHandler
+) -> Any:
+    """The body of a settings model's `model_validator(mode="wrap")`: an unknown field gets the
+    closest of the model's own names, also where the model is nested in `ConsumerConfig` (whose
+    explanations know only its own names)."""
+    try:
+        return handler(data)
+    except ValidationError as exc:
+        raise with_suggestions(exc, lambda loc: suggest(str(loc[-1]), cls.model_fields)) from None

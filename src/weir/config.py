@@ -43,7 +43,12 @@ from weir._secrets import (
     wrap_secret,
 )
 from weir._topics import topic_name_problem, topic_problem
-from weir._unknown_settings import RENAMED, suggest, with_suggestions
+from weir._unknown_settings import (
+    RENAMED,
+    explain_unknown_fields,
+    suggest,
+    with_suggestions,
+)
 from weir.logs import get_logger
 from weir.policy import FailurePolicy
 from weir.records import Ordering
@@ -140,12 +145,7 @@ class FlowConfig(BaseModel):
     @model_validator(mode="wrap")
     @classmethod
     def _explain_unknown(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        try:
-            return handler(data)
-        except ValidationError as exc:
-            raise with_suggestions(
-                exc, lambda loc: suggest(str(loc[-1]), cls.model_fields)
-            ) from None
+        return explain_unknown_fields(cls, data, handler)
 
     @field_validator(*_MARK_BELOW)
     @classmethod

@@ -16,17 +16,19 @@ docs/failures.md has the whole story.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidatorFunctionWrapHandler,
     field_serializer,
     field_validator,
     model_validator,
 )
 
+from weir._unknown_settings import explain_unknown_fields
 from weir.errors import NonRetryable
 
 __all__ = ["FailurePolicy", "NonRetryable", "RetryPolicy"]
@@ -41,6 +43,11 @@ class RetryPolicy(BaseModel):
     model_config = ConfigDict(
         frozen=True, extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True
     )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _explain_unknown(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return explain_unknown_fields(cls, data, handler)
 
     max_attempts: int = Field(
         3, ge=1, le=1_000_000, strict=True, json_schema_extra={"unit": "attempts"}
@@ -110,6 +117,11 @@ class FailurePolicy(BaseModel):
 
     # The fields' docstrings are their descriptions (tests/unit/test_public_docstrings.py).
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _explain_unknown(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return explain_unknown_fields(cls, data, handler)
 
     retry: RetryPolicy = RetryPolicy()
     """How often and how soon a failing record is tried again."""

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from weir import ConsumerConfig, FlowConfig, GroupConsumer
+from weir import ConsumerConfig, FailurePolicy, FlowConfig, GroupConsumer, RetryPolicy
 from weir._engine.client import ConsumerClient
 
 BASE: dict[str, Any] = {"bootstrap_servers": "broker:9092", "group_id": "g", "topics": ["t"]}
@@ -463,6 +463,21 @@ def test_unknown_settings_are_reported_with_the_other_errors() -> None:
     with pytest.raises(ValidationError) as info:
         FlowConfig(resume_record=1)  # type: ignore[call-arg]  # misspelled on purpose
     assert "did you mean 'resume_records'?" in messages(info.value)
+
+
+def test_a_misspelled_failure_setting_gets_its_policy_s_closest_name() -> None:
+    """RetryPolicy and FailurePolicy name their own close matches, built alone or nested in a
+    ConsumerConfig (whose own explanations know only its names: 'finall' got no hint)."""
+    err = invalid(failure={"finall": "stop", "retry": {"max_attempt": 2}})
+    assert set(locs(err)) == {("failure", "finall"), ("failure", "retry", "max_attempt")}
+    assert "did you mean 'final'?" in messages(err)
+    assert "did you mean 'max_attempts'?" in messages(err)
+    with pytest.raises(ValidationError) as info:
+        FailurePolicy(dead_leter_topic="x")  # type: ignore[call-arg]  # misspelled on purpose
+    assert "did you mean 'dead_letter_topic'?" in messages(info.value)
+    with pytest.raises(ValidationError) as info:
+        RetryPolicy(backof_max_s=1.0)  # type: ignore[call-arg]  # misspelled on purpose
+    assert "did you mean 'backoff_max_s'?" in messages(info.value)
 
 
 def test_group_consumer_says_did_you_mean_for_a_misspelled_setting() -> None:
