@@ -35,7 +35,7 @@ from weir._cli.cluster import (
 from weir._cli.console import number, table_console
 from weir._cli.groups import register_groups
 from weir._cli.offsets import register_offsets
-from weir._cli.usage import UsageError
+from weir._cli.usage import UsageError, add_group_argument, resolve_group
 
 if TYPE_CHECKING:
     SubParsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -518,7 +518,7 @@ def _register_lag(commands: SubParsers) -> None:
         description="Committed offset, log end offset and lag of every partition a consumer "
         "group consumes (any group, not only weir's), with the member that owns it.",
     )
-    lag.add_argument("--group", "-g", required=True, help="the consumer group id")
+    add_group_argument(lag)
     lag.add_argument(
         "--topic",
         "-t",
@@ -775,6 +775,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     if unknown:
         command = _command_parser(parser, args)
         command.error(f"unrecognized arguments: {' '.join(unknown)}{_closest(command, unknown)}")
+    resolve_group(args)
     return args
 
 

@@ -49,7 +49,7 @@ def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[str, str]:
             "weir lag: error: unrecognized arguments: --zzz",
         ),
         (
-            ["lag", "-g", "g", "-b", "h:1", "extra"],
+            ["lag", "g", "-b", "h:1", "extra"],
             "usage: weir lag",
             "weir lag: error: unrecognized arguments: extra",
         ),

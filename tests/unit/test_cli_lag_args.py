@@ -3,15 +3,21 @@ its own: tests/integration/test_cli_processes.py)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from weir.cli import SUBCOMMANDS, build_parser, main
+from weir.cli import SUBCOMMANDS, _parse, build_parser, main
 from weir.lag import LagError, admin_client, committed_offsets
 
 pytestmark = pytest.mark.timeout(30)
+
+
+def main_args(*argv: str) -> argparse.Namespace:
+    """The arguments as the `weir` command takes them (its own checks included)."""
+    return _parse(list(argv))
 
 
 def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -33,7 +39,21 @@ def test_lag_and_groups_are_registered_subcommands() -> None:
 def test_group_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     err = usage_error(capsys, "lag", "-b", "h:1")
     assert err.startswith("usage: weir lag ")
-    assert "the following arguments are required: --group/-g" in err
+    assert err.splitlines()[-1] == "weir lag: error: the group is needed: GROUP or --group/-g GROUP"
+
+
+@pytest.mark.parametrize("command", [("lag",), ("offsets", "reset"), ("offsets", "delete")])
+def test_the_group_goes_bare_or_after_group(
+    command: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`weir lag orders` as `weir groups describe orders`: argparse said only that --group/-g
+    was required, hiding the group it had been given."""
+    rest = ["-b", "h:1", "-t", "t"] + (["--to-earliest"] if command[-1] == "reset" else [])
+    assert main_args(*command, "orders", *rest).group == "orders"
+    assert main_args(*command, "-g", "orders", *rest).group == "orders"
+    assert main_args(*command, "orders", "--group", "orders", *rest).group == "orders"
+    err = usage_error(capsys, *command, "orders", "--group", "refunds", *rest)
+    assert err.splitlines()[-1].endswith("error: two groups given: 'orders' and --group 'refunds'")
 
 
 def test_bootstrap_comes_from_the_environment(

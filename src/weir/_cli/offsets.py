@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from weir._cli.cluster import add_cluster_arguments, on_cluster
 from weir._cli.console import number, table_console
-from weir._cli.usage import UsageError
+from weir._cli.usage import UsageError, add_group_argument
 
 if TYPE_CHECKING:
     from weir.admin import ResetPlan, ResetTarget, SavedOffset
@@ -38,7 +38,7 @@ def register_offsets(commands: SubParsers) -> None:
         "(and their offset maps) to a file and commit the new ones. Undo with --from-file. "
         "Refused while the group has members.",
     )
-    reset.add_argument("--group", "-g", required=True, help="the consumer group id")
+    add_group_argument(reset)
     reset.add_argument(
         "--topic",
         "-t",
@@ -86,7 +86,7 @@ def register_offsets(commands: SubParsers) -> None:
         description="Delete the group's committed offsets of every partition of the topic "
         "(Kafka's OffsetDelete). Refused while the group has members.",
     )
-    delete.add_argument("--group", "-g", required=True, help="the consumer group id")
+    add_group_argument(delete)
     delete.add_argument("--topic", "-t", required=True, type=topic_name, help="the topic")
     add_cluster_arguments(delete)
     delete.set_defaults(handler=_delete)
