@@ -389,12 +389,26 @@ def serve(
     (200 while live, else 503) and `GET /readyz` (200 while ready, else 503), each health answer
     with a JSON body saying why. `port=0` takes a free port (`server.port`). `host` defaults to
     every interface, as Kubernetes probes come from outside the pod. The metrics go into
-    `registry` (a new one by default: the process-wide registry is not touched)."""
+    `registry` (a new one by default: the process-wide registry is not touched). A port that
+    is not free raises `OSError` naming it, and nothing is registered: the call can be made
+    again with the same registry."""
+    if not isinstance(port, int) or isinstance(port, bool):
+        raise TypeError(f"port must be an int (0: any free port), got {port!r}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be 0 to 65535 (0: any free port), got {port}")
     if registry is None:
         registry = CollectorRegistry(auto_describe=True)
-    registry.register(WeirCollector(consumer, member=member))
-    handler = _handler(consumer, registry)
-    httpd = ThreadingHTTPServer((host, port), handler)
+    try:
+        httpd = ThreadingHTTPServer((host, port), _handler(consumer, registry))
+    except OSError as exc:
+        raise OSError(
+            exc.errno, f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}"
+        ) from exc
+    try:
+        registry.register(WeirCollector(consumer, member=member))
+    except BaseException:
+        httpd.server_close()
+        raise
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, name="weir-metrics", daemon=True)
     thread.start()
