@@ -25,6 +25,7 @@ from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle, State
 from weir._engine.protocols import offers_consumer_protocol
 from weir._engine.scheduling import Orderings, lane_of
+from weir._engine.workers import handler_running_here
 from weir.config import (
     ConsumerConfig,
     ConsumerSettings,
@@ -338,6 +339,16 @@ class GroupConsumer:
                 "`async with consumer:` instead"
             )
 
+    def _refuse_in_handler(self, call: str) -> None:
+        """The member's end waits for its handler calls: one of them waiting for that end
+        would wait until the shutdown budget ran out (and its record would run again)."""
+        if handler_running_here() is self._handler:
+            raise RuntimeError(
+                f"{call} inside this member's own handler would wait for the handler itself: "
+                "stop() alone is enough, the member stops once the call returns; wait for it "
+                "where it was started"
+            )
+
     def _spawn_owner(self) -> threading.Thread:
         try:
             engine = Engine(
@@ -385,6 +396,7 @@ class GroupConsumer:
             raise RuntimeError("join() needs start()")
         if self._thread.is_alive():
             self._refuse_on_loop("join()")
+            self._refuse_in_handler("join()")
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError(f"GroupConsumer did not stop within {timeout}s")
@@ -521,6 +533,8 @@ class GroupConsumer:
         failure. If the waiting task is cancelled, the member is stopped and waited for first."""
         if self._thread is None:
             raise RuntimeError("join_async() needs start() or run_async()")
+        if self._thread.is_alive():
+            self._refuse_in_handler("join_async()")
         loop = asyncio.get_running_loop()
         ended = loop.create_future()
 

@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Collection, Generator, Hashable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -44,12 +45,28 @@ __all__ = [
     "ThreadWorkers",
     "Workers",
     "batch_calls",
+    "handler_running_here",
     "per_record",
+    "runs_handler",
 ]
 
 log = get_logger(__name__)
 
 LaneOf = Callable[[Record], Hashable]
+
+# The handler whose calls run here: set by each worker thread, and by each coroutine that runs
+# an async handler's calls (a task's context is its own). A handler that joins its own member
+# would wait for itself (`GroupConsumer.join`, `join_async`).
+_running_handler: ContextVar[object | None] = ContextVar("weir_running_handler", default=None)
+
+
+def runs_handler(handler: object) -> None:
+    """This thread, or this asyncio task, runs `handler`'s calls from now on."""
+    _running_handler.set(handler)
+
+
+def handler_running_here() -> object | None:
+    return _running_handler.get()
 
 
 class Progress(list[Task]):
@@ -223,6 +240,7 @@ class ThreadWorkers:
     # -- worker threads --------------------------------------------------------------------
 
     def _work(self, slot: _Slot) -> None:
+        runs_handler(self._handler)
         ready = self._ready
         while not slot.retired:
             task = ready.get()
@@ -635,6 +653,7 @@ class BatchWorkers(ThreadWorkers):
             self._ready.put(_RUN_NOW)
 
     def _work(self, slot: _Slot) -> None:
+        runs_handler(self._handler)
         stop = False
         while not slot.retired and not stop:
             tasks, stop = self._take()

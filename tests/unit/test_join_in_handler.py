@@ -1,0 +1,135 @@
+"""A handler that stops its own member and then waits for it (`join()`, `join_async()`) would
+wait for itself: the member's end waits for the handler's call. Measured before the refusal, on
+a real broker: 30 s (the shutdown budget) per such call, `shutdown_budget_exceeded`, and the
+record ran again at the next start."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from tests.fake_members import TOPIC, started
+from tests.waiting import wait_until
+
+from weir import BatchContext, BatchHandler, GroupConsumer, Record
+from weir.testing.fake import FakeConsumer
+
+pytestmark = pytest.mark.timeout(30)
+
+REFUSED = "inside this member's own handler would wait for the handler itself"
+
+
+def fake_with_records() -> FakeConsumer:
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(3))
+    fake.script_assign([(TOPIC, 0)])
+    return fake
+
+
+class Joining:
+    """At its first call: stop the member, then wait for it (`how`); `said` gets the outcome."""
+
+    def __init__(self, how: str = "join") -> None:
+        self.how = how
+        self.said: list[str] = []
+        self.member: GroupConsumer | None = None
+        self.go = threading.Event()  # the member is known
+        self.lock = threading.Lock()
+        self.done = False
+
+    def first(self) -> GroupConsumer | None:
+        self.go.wait(10)
+        with self.lock:
+            if self.done or self.member is None:
+                return None
+            self.done = True
+        self.member.stop()
+        return self.member
+
+    @contextlib.contextmanager
+    def noting(self) -> Iterator[None]:
+        """What the wait inside did: 'returned', or the RuntimeError's message."""
+        try:
+            yield
+            self.said.append("returned")
+        except RuntimeError as exc:
+            self.said.append(str(exc))
+
+    def __call__(self, record: Record) -> None:
+        gc = self.first()
+        if gc is not None:
+            with self.noting():
+                gc.join(5)
+
+
+class JoiningAsync(Joining):
+    async def __call__(self, record: Record) -> None:  # type: ignore[override]
+        gc = self.first()
+        if gc is not None:
+            with self.noting():
+                if self.how == "join_async":
+                    await gc.join_async()
+                else:
+                    gc.join(5)
+
+
+class JoiningBatch(BatchHandler):
+    def __init__(self, inner: Joining) -> None:
+        self.inner = inner
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        self.inner(records[0])
+
+
+class JoiningAsyncBatch(BatchHandler):
+    def __init__(self, inner: JoiningAsync) -> None:
+        self.inner = inner
+
+    async def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        await self.inner(records[0])
+
+
+@pytest.mark.parametrize(
+    "kind", ["thread", "batch", "async join", "async join_async", "async batch join_async"]
+)
+def test_a_handler_waiting_for_its_own_member_is_refused_at_once(
+    members: list[GroupConsumer], kind: str
+) -> None:
+    handlers: dict[str, Callable[[], Any]] = {
+        "thread": Joining,
+        "batch": lambda: JoiningBatch(Joining()),
+        "async join": lambda: JoiningAsync("join"),
+        "async join_async": lambda: JoiningAsync("join_async"),
+        "async batch join_async": lambda: JoiningAsyncBatch(JoiningAsync("join_async")),
+    }
+    handler = handlers[kind]()
+    joining = handler.inner if isinstance(handler, JoiningBatch | JoiningAsyncBatch) else handler
+    gc = started(members, fake_with_records(), handler)
+    joining.member = gc
+    joining.go.set()
+    wait_until(lambda: joining.said, "the handler waited for its member")
+    began = time.monotonic()
+    gc.join(10)
+    assert time.monotonic() - began < 2.0, "the member waited for its own handler"
+    call = "join_async()" if kind.endswith("join_async") else "join()"
+    [said] = joining.said
+    assert said.startswith(f"{call} {REFUSED}")
+
+
+def test_a_handler_may_wait_for_another_member(members: list[GroupConsumer]) -> None:
+    """Only the member's own handler is refused: another member's handler may join it."""
+    other = started(members, fake_with_records(), lambda r: None, group_id="o")
+    said: list[str] = []
+
+    def handle(record: Record) -> None:
+        if not said:
+            other.stop()
+            other.join(5)
+            said.append("returned")
+
+    started(members, fake_with_records(), handle)
+    wait_until(lambda: said == ["returned"], "the other member joined from a handler")
