@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import operator
@@ -24,6 +25,7 @@ from typing_extensions import Self
 from typing_extensions import TypeVar as DefaultTypeVar
 
 from weir._serializing import RAW, serialized
+from weir._topics import topic_name_problem
 from weir._trace_carrier import OUTPUT_HEADERS, merged
 
 __all__ = [
@@ -360,6 +362,14 @@ def _checked_headers(headers: object) -> list[tuple[str, bytes | str | None]]:
     return out
 
 
+@functools.lru_cache(maxsize=1024)
+def _output_topic_problem(topic: str) -> str | None:
+    """Checked in the handler's thread: the broker refuses the name only at delivery, after the
+    call returned (a transaction then aborts). Cached: a handler writes to a few topics, over
+    and over."""
+    return topic_name_problem(topic)
+
+
 def _output(
     topic: str,
     value: object,
@@ -369,6 +379,9 @@ def _output(
 ) -> Output:
     if not isinstance(topic, str) or not topic:
         raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+    problem = _output_topic_problem(topic)
+    if problem is not None:
+        raise ValueError(problem)
     if not isinstance(value, RAW) or not isinstance(key, RAW):
         value, key = serialized(topic, value, key)  # the member's serializers, in this thread
     if headers is not None:

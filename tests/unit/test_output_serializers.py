@@ -299,7 +299,8 @@ class ProducesBadly(Handler):
 
     def handle(self, record: Record, ctx: Context) -> None:
         if record.value == b"bad":
-            ctx.produce(OUT, b"v", **self.bad)
+            bad = dict(self.bad)
+            ctx.produce(bad.pop("topic", OUT), b"v", **bad)
         else:
             ctx.produce(OUT, b"ok")
 
@@ -314,6 +315,8 @@ class ProducesBadly(Handler):
         ({"partition": "0"}, "partition is an int (or None), got '0'"),
         ({"partition": True}, "partition is an int (or None), got True"),
         ({"partition": -2}, "partition is an int (or None), got -2"),
+        ({"topic": "bad topic!"}, "'bad topic!' is not a topic name (1-249 of A-Z a-z 0-9 . _ -"),
+        ({"topic": "x" * 250}, "is not a topic name (1-249 of"),
     ],
 )
 def test_bad_headers_or_partition_fail_the_record_in_the_handler_not_the_member(
@@ -321,14 +324,17 @@ def test_bad_headers_or_partition_fail_the_record_in_the_handler_not_the_member(
 ) -> None:
     """Regression: headers the producer refuses reached it on the owner thread, whose TypeError
     stopped the member; they are checked in `ctx.produce`, in the handler's thread, so only
-    their record fails (here into its dead letter) and the member goes on."""
+    their record fails (here into its dead letter) and the member goes on. A topic name Kafka
+    refuses too: it was produced, and refused by the broker only at delivery."""
     broker = broker_with(0)
     gc = member(broker, ProducesBadly(**bad), members)
     broker.produce(IN, key="k", value="bad", partition=0)
     broker.produce(IN, key="k", value="fine", partition=1)
     wait_until(committed_all(broker, 2), "both records committed", 20)
     [letter] = out_messages(broker, DLQ)
-    assert header(letter, "weir.dlq.exception") == "builtins.TypeError"
+    error = "builtins.ValueError" if "topic" in bad else "builtins.TypeError"
+    assert header(letter, "weir.dlq.exception") == error
     assert said in header(letter, "weir.dlq.message")
     assert gc.state is State.RUNNING
     assert [m.value() for m in out_messages(broker)] == [b"ok"]
+    assert broker.topics().keys() == {IN, OUT, DLQ}  # no topic of the bad name was made
