@@ -48,8 +48,11 @@ class Setup:
 @pytest.fixture(scope="module")
 def setup(kafka_bootstrap: str) -> Setup:
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    topic = create_topic(admin, partitions=3, name_prefix="offsets")
-    other = create_topic(admin, partitions=1, name_prefix="offsets-other")
+    # The records carry T0's timestamps, months old: under the broker's 7-day retention a
+    # retention pass (30 s after the broker starts, then every 5 min) deleted them all.
+    keep = {"retention.ms": "-1"}
+    topic = create_topic(admin, partitions=3, name_prefix="offsets", config=keep)
+    other = create_topic(admin, partitions=1, name_prefix="offsets-other", config=keep)
     base = int(T0.timestamp() * 1000)
     records = [
         {"key": f"k{i}", "value": f"v{i}", "partition": p, "timestamp": base + i * 1000}
