@@ -25,7 +25,7 @@ from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle, State
 from weir._engine.protocols import offers_consumer_protocol
 from weir._engine.scheduling import Orderings, lane_of
-from weir._engine.workers import handler_running_here
+from weir._engine.workers import Workers, workers_running_here
 from weir.config import (
     ConsumerConfig,
     ConsumerSettings,
@@ -284,6 +284,7 @@ class GroupConsumer:
         self._fence = fence
         self._life = Lifecycle()
         self._thread: threading.Thread | None = None
+        self._workers: Workers | None = None
 
     # -- public API ------------------------------------------------------------------------
 
@@ -342,7 +343,7 @@ class GroupConsumer:
     def _refuse_in_handler(self, call: str) -> None:
         """The member's end waits for its handler calls: one of them waiting for that end
         would wait until the shutdown budget ran out (and its record would run again)."""
-        if handler_running_here() is self._handler:
+        if self._workers is not None and workers_running_here() is self._workers:
             raise RuntimeError(
                 f"{call} inside this member's own handler would wait for the handler itself: "
                 "stop() alone is enough, the member stops once the call returns; wait for it "
@@ -368,6 +369,7 @@ class GroupConsumer:
             self._life.fail(exc)
             self._life.end()
             raise
+        self._workers = engine.workers  # what `_refuse_in_handler` knows its handler calls by
 
         def target() -> None:
             try:

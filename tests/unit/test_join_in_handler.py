@@ -15,7 +15,7 @@ import pytest
 from tests.fake_members import TOPIC, started
 from tests.waiting import wait_until
 
-from weir import BatchContext, BatchHandler, GroupConsumer, Record
+from weir import BatchContext, BatchHandler, Context, GroupConsumer, Handler, Record
 from weir.testing.fake import FakeConsumer
 
 pytestmark = pytest.mark.timeout(30)
@@ -120,16 +120,32 @@ def test_a_handler_waiting_for_its_own_member_is_refused_at_once(
     assert said.startswith(f"{call} {REFUSED}")
 
 
-def test_a_handler_may_wait_for_another_member(members: list[GroupConsumer]) -> None:
-    """Only the member's own handler is refused: another member's handler may join it."""
-    other = started(members, fake_with_records(), lambda r: None, group_id="o")
+def test_a_handler_may_wait_for_another_member_even_one_it_serves_too(
+    members: list[GroupConsumer],
+) -> None:
+    """Only a member's own calls are refused, known by the member's workers, not by its handler:
+    one Handler instance serves two members here, and a call for one joins the other."""
     said: list[str] = []
+    other: list[GroupConsumer] = []
 
-    def handle(record: Record) -> None:
-        if not said:
-            other.stop()
-            other.join(5)
-            said.append("returned")
+    class Shared(Handler):
+        def handle(self, record: Record, ctx: Context) -> None:
+            if record.value == b"mine" and not said:
+                other[0].stop()
+                try:
+                    other[0].join(5)
+                    said.append("returned")
+                except RuntimeError as exc:
+                    said.append(str(exc))
 
-    started(members, fake_with_records(), handle)
-    wait_until(lambda: said == ["returned"], "the other member joined from a handler")
+    shared = Shared()
+    theirs = FakeConsumer()
+    theirs.produce(TOPIC, 0, b"theirs")
+    theirs.script_assign([(TOPIC, 0)])
+    other.append(started(members, theirs, shared, group_id="o"))
+    mine = FakeConsumer()
+    mine.produce(TOPIC, 0, b"mine")
+    mine.script_assign([(TOPIC, 0)])
+    started(members, mine, shared)
+    wait_until(lambda: said, "the other member joined from a handler")
+    assert said == ["returned"]

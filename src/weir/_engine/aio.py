@@ -48,7 +48,7 @@ from weir._engine.workers import (
     Progress,
     batch_calls,
     per_record,
-    runs_handler,
+    runs_calls_of,
 )
 from weir.errors import FencedError
 from weir.logs import get_logger
@@ -301,7 +301,7 @@ class AsyncWorkers:
 
     async def _run(self, runner: _Runner) -> None:
         """Take lanes from the ready queue and run their records in order, until none is left."""
-        runs_handler(self._handler)
+        runs_calls_of(self)
         ready = self._ready
         fn = self._fn
         handle = self._handle
@@ -606,7 +606,7 @@ class AsyncBatchWorkers(AsyncWorkers):
             self._batches[self._loop.create_task(self._batch(batch.tasks))] = batch.tasks
 
     async def _batch(self, tasks: list[Task]) -> None:
-        runs_handler(self._handler)
+        runs_calls_of(self)
         t0 = time.perf_counter()
         calls = batch_calls(tasks, self._lane_of, outputs=self._outputs)
         try:

@@ -45,28 +45,29 @@ __all__ = [
     "ThreadWorkers",
     "Workers",
     "batch_calls",
-    "handler_running_here",
     "per_record",
-    "runs_handler",
+    "runs_calls_of",
+    "workers_running_here",
 ]
 
 log = get_logger(__name__)
 
 LaneOf = Callable[[Record], Hashable]
 
-# The handler whose calls run here: set by each worker thread, and by each coroutine that runs
-# an async handler's calls (a task's context is its own). A handler that joins its own member
-# would wait for itself (`GroupConsumer.join`, `join_async`).
-_running_handler: ContextVar[object | None] = ContextVar("weir_running_handler", default=None)
+# The workers (one member's) whose handler calls run here: set by each worker thread, and by
+# each coroutine that runs an async handler's calls (a task's context is its own). A handler
+# that joins its own member would wait for itself (`GroupConsumer.join`, `join_async`). The
+# workers, not the handler: one Handler instance may serve several members.
+_running_for: ContextVar[object | None] = ContextVar("weir_running_for", default=None)
 
 
-def runs_handler(handler: object) -> None:
-    """This thread, or this asyncio task, runs `handler`'s calls from now on."""
-    _running_handler.set(handler)
+def runs_calls_of(workers: object) -> None:
+    """This thread, or this asyncio task, runs the handler calls of `workers` from now on."""
+    _running_for.set(workers)
 
 
-def handler_running_here() -> object | None:
-    return _running_handler.get()
+def workers_running_here() -> object | None:
+    return _running_for.get()
 
 
 class Progress(list[Task]):
@@ -240,7 +241,7 @@ class ThreadWorkers:
     # -- worker threads --------------------------------------------------------------------
 
     def _work(self, slot: _Slot) -> None:
-        runs_handler(self._handler)
+        runs_calls_of(self)
         ready = self._ready
         while not slot.retired:
             task = ready.get()
@@ -653,7 +654,7 @@ class BatchWorkers(ThreadWorkers):
             self._ready.put(_RUN_NOW)
 
     def _work(self, slot: _Slot) -> None:
-        runs_handler(self._handler)
+        runs_calls_of(self)
         stop = False
         while not slot.retired and not stop:
             tasks, stop = self._take()
