@@ -20,6 +20,9 @@ from weir.testing.pytest_plugin import TopicFactory, commit_offsets, produce
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(60)]
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, in ms
+# Records stamped T0 are older than the broker's 7-day retention: a retention pass (30 s after
+# the broker starts, then every 5 min) between producing them and reading them deletes them all.
+KEEP = {"retention.ms": "-1"}
 
 
 def tail(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[Any], str]:
@@ -32,7 +35,7 @@ def tail(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[Any]
 @pytest.fixture
 def topic(kafka_bootstrap: str, make_topic: TopicFactory) -> str:
     """Two partitions, five records each a second apart (partition 0: v0..v4, 1: w0..w4)."""
-    name = make_topic(2, name_prefix="tail")
+    name = make_topic(2, name_prefix="tail", config=KEEP)
     for partition, letter in ((0, "v"), (1, "w")):
         records = [
             {"key": f"k{i}", "value": f"{letter}{i}", "timestamp": T0 + 1000 * i} for i in range(5)
@@ -106,7 +109,7 @@ def test_count_stops_a_follower(
 def test_text_output_with_headers_and_decoders(
     kafka_bootstrap: str, make_topic: TopicFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    name = make_topic(1, name_prefix="tail-text")
+    name = make_topic(1, name_prefix="tail-text", config=KEEP)
     record = {"key": b"\x01\xff", "value": b'{"id": 7}', "timestamp": T0, "headers": [("h", b"x")]}
     produce(kafka_bootstrap, name, [record, {"key": None, "value": None, "timestamp": T0}])
     argv = ["tail", name, "-b", kafka_bootstrap, "--from-beginning", "--no-follow", "--headers"]
