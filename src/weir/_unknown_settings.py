@@ -62,12 +62,16 @@ def suggest(name: str, choices: Collection[str]) -> str:
 
 
 def explain_unknown_fields(
-    cls: type[BaseModel], data: Any, handler: ValidatorFunctionWrapHandler
+    cls: type[BaseModel],
+    data: Any,
+    handler: ValidatorFunctionWrapHandler,
+    explain: Callable[[tuple[int | str, ...]], str] | None = None,
 ) -> Any:
-    """The body of a settings model's `model_validator(mode="wrap")`: an unknown field gets the
-    closest of the model's own names, also where the model is nested in `ConsumerConfig` (whose
-    explanations know only its own names)."""
+    """The body of a settings model's `model_validator(mode="wrap")`: an unknown field is
+    explained by `explain`, by default with the closest of the model's own names (also where
+    the model is nested in `ConsumerConfig`, whose explanations know only its own names)."""
     try:
         return handler(data)
     except ValidationError as exc:
-        raise with_suggestions(exc, lambda loc: suggest(str(loc[-1]), cls.model_fields)) from None
+        closest = explain or (lambda loc: suggest(str(loc[-1]), cls.model_fields))
+        raise with_suggestions(exc, closest) from None

@@ -43,12 +43,7 @@ from weir._secrets import (
     wrap_secret,
 )
 from weir._topics import topic_name_problem, topic_problem
-from weir._unknown_settings import (
-    RENAMED,
-    explain_unknown_fields,
-    suggest,
-    with_suggestions,
-)
+from weir._unknown_settings import RENAMED, explain_unknown_fields, suggest
 from weir.logs import get_logger
 from weir.policy import FailurePolicy
 from weir.records import Ordering
@@ -764,10 +759,7 @@ class ConsumerConfig(BaseModel):
     @model_validator(mode="wrap")
     @classmethod
     def _explain_unknown(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        try:
-            return handler(data)
-        except ValidationError as exc:
-            raise with_suggestions(exc, cls._explain) from None
+        return explain_unknown_fields(cls, data, handler, cls._explain)
 
     @classmethod
     def _explain(cls, loc: tuple[int | str, ...]) -> str:
