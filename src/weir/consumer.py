@@ -213,26 +213,23 @@ class GroupConsumer:
         if config is None:
             config = ConsumerConfig(**settings)
         _check_batch_settings(self._handler, config)
-        if is_async_handler(self._handler) and "workers" in config.model_fields_set:
+        # A setting of the other kind of handler, given anyway, does nothing: say so.
+        is_async = is_async_handler(self._handler)
+        if ("workers" if is_async else "max_in_flight") in config.model_fields_set:
             log.warning(
-                "workers_unused",
+                "workers_unused" if is_async else "max_in_flight_unused",
                 workers=config.workers,
                 max_in_flight=config.max_in_flight,
-                reason="an async handler runs on an event loop, not on worker threads: "
-                f"max_in_flight bounds the {'handle_batch calls' if batch else 'records'} "
-                "running at once",
-            )
-        elif not is_async_handler(self._handler) and "max_in_flight" in config.model_fields_set:
-            log.warning(
-                "max_in_flight_unused",
-                max_in_flight=config.max_in_flight,
-                workers=config.workers,
-                reason="a thread handler runs on worker threads, not on an event loop: workers "
-                f"bounds the {'handle_batch calls' if batch else 'records'} running at once",
+                reason=(
+                    "an async handler runs on an event loop, not on worker threads: max_in_flight"
+                    if is_async
+                    else "a thread handler runs on worker threads, not on an event loop: workers"
+                )
+                + f" bounds the {'handle_batch calls' if batch else 'records'} running at once",
             )
         if batch:
             config = for_batch_handler(config, **held_back)  # the budget scales with the batches
-        elif is_async_handler(self._handler):
+        elif is_async:
             # Coroutines finish many records at once: the record budget scales with them.
             config = for_async_handler(config, **held_back)
         elif held_back:
@@ -241,7 +238,7 @@ class GroupConsumer:
         if loop is not None:
             if not isinstance(loop, asyncio.AbstractEventLoop):
                 raise TypeError(f"loop must be an asyncio event loop, got {loop!r}")
-            if not is_async_handler(self._handler):
+            if not is_async:
                 raise TypeError(
                     "loop= runs async handlers; this handler is not async def (thread handlers "
                     "run on worker threads)"
