@@ -764,6 +764,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return PIPE_CLOSED
     except KeyboardInterrupt:  # what was started is stopped on the way out
         return INTERRUPTED
+    except SystemError as exc:
+        # Ctrl-C while a client call ran Python code of its own (confluent-kafka's admin calls):
+        # the call returns with the KeyboardInterrupt set, and CPython raises this from it.
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            return INTERRUPTED
+        raise
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
