@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -65,8 +65,11 @@ class Backend:
 
     def transaction(
         self, topic: str, partition: int, values: Sequence[str], *, commit: bool
-    ) -> None:
-        """Produce `values` in one transaction and commit or abort it."""
+    ) -> list[int]:
+        """Produce `values` in one transaction and commit or abort it; the offsets the broker
+        wrote them at, in order. A committed transaction writes every value (or this fails); an
+        aborted one leaves out a write whose delivery failed (it changes the log's layout, not
+        what an abort means), so a test takes the layout from here."""
         raise NotImplementedError
 
     def make(self, conf: dict[str, Any]) -> ConsumerClient:
@@ -122,14 +125,15 @@ class FakeBackend(Backend):
 
     def transaction(
         self, topic: str, partition: int, values: Sequence[str], *, commit: bool
-    ) -> None:
+    ) -> list[int]:
         txn = self.broker.transaction()
-        for v in values:
-            txn.produce(topic, value=v, partition=partition)
+        written = [txn.produce(topic, value=v, partition=partition).offset() for v in values]
+        assert None not in written, "the fake broker gives every record an offset at once"
         if commit:
             txn.commit()
         else:
             txn.abort()
+        return cast("list[int]", written)
 
     def make(self, conf: dict[str, Any]) -> ConsumerClient:
         return self.broker.consumer_factory(conf)
@@ -168,20 +172,29 @@ class RealBackend(Backend):
 
     def transaction(
         self, topic: str, partition: int, values: Sequence[str], *, commit: bool
-    ) -> None:
+    ) -> list[int]:
         producer = Producer(
             {"bootstrap.servers": self.bootstrap, "transactional.id": f"contract-{uuid.uuid4()}"}
         )
         producer.init_transactions(30)
         producer.begin_transaction()
+        reports: list[tuple[KafkaError | None, int | None]] = []
         for v in values:
-            producer.produce(topic, value=v, partition=partition)
+            producer.produce(
+                topic,
+                value=v,
+                partition=partition,
+                on_delivery=lambda err, msg: reports.append((err, msg.offset())),
+            )
         # Written before the end of the transaction, so an abort leaves them in the log.
-        assert producer.flush(30) == 0
+        assert producer.flush(30) == 0, "transactional records not delivered"
+        failed = [err for err, _ in reports if err is not None]
         if commit:
+            assert not failed, f"a record of a committed transaction failed: {failed}"
             producer.commit_transaction(30)
         else:
             producer.abort_transaction(30)
+        return [offset for err, offset in reports if err is None and offset is not None]
 
     def make(self, conf: dict[str, Any]) -> ConsumerClient:
         client: ConsumerClient = Consumer({"bootstrap.servers": self.bootstrap, **conf})
