@@ -127,15 +127,29 @@ class Record(Generic[V_co]):
         offset: int,
         key: bytes | None = None,
         value: bytes | None = None,
-        headers: Sequence[tuple[str, bytes | None]] = (),
+        headers: Sequence[tuple[str, bytes | None]] | Mapping[str, bytes | None] = (),
         timestamp: int | None = None,
         leader_epoch: int | None = None,
         size: int | None = None,
     ) -> None:
-        headers = tuple(headers)
+        # Records a test or a tool builds by hand: a wrong type is named here, not met later
+        # as a handler's or a deserializer's puzzle (the owner builds delivered records
+        # without this constructor).
+        _check_int("partition", partition)
+        _check_int("offset", offset)
+        if not isinstance(topic, str) or not topic:
+            raise TypeError(f"Record topic must be a non-empty str, got {topic!r}")
+        _check_bytes("key", key)
+        _check_bytes("value", value)
+        pairs = tuple(_checked_headers(headers))
+        for name, n in (("timestamp", timestamp), ("leader_epoch", leader_epoch)):
+            if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
+                raise TypeError(f"Record {name} must be an int or None, got {n!r}")
+        if size is not None:
+            _check_int("size", size)
         if size is None:
             size = (len(key) if key else 0) + (len(value) if value else 0)
-            size += header_bytes(headers)
+            size += header_bytes(pairs)
         self._topic = topic
         self._partition = partition
         self._offset = offset
@@ -144,7 +158,7 @@ class Record(Generic[V_co]):
         self._dvalue = value  # type: ignore[assignment]  # raw until a deserializer runs
         self._size = size
         # As the client gives them (None, or a list of pairs): `headers` makes the tuple.
-        self._headers: _RawHeaders | None = headers
+        self._headers: _RawHeaders | None = pairs
         self._timestamp = timestamp
         self._leader_epoch = leader_epoch
 
@@ -273,6 +287,19 @@ class Record(Generic[V_co]):
     def __repr__(self) -> str:
         pairs = zip(_FIELDS, self.fields(), strict=True)
         return "Record(" + ", ".join(f"{n}={v!r}" for n, v in pairs) + ")"
+
+
+def _check_int(name: str, n: object) -> None:
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise TypeError(f"Record {name} must be an int, got {n!r}")
+    if n < 0:
+        raise ValueError(f"Record {name} must be >= 0, got {n}")
+
+
+def _check_bytes(name: str, b: object) -> None:
+    if b is not None and not isinstance(b, bytes):
+        hint = f": encode it ({name}={b!r}.encode())" if isinstance(b, str) else ""
+        raise TypeError(f"Record {name} must be bytes or None, got {type(b).__name__}{hint}")
 
 
 def header_bytes(

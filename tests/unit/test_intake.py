@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import gc
 import pickle
+import re
 import sys
 from itertools import pairwise
 from typing import Any
@@ -244,3 +245,36 @@ def test_a_delivered_record_pickles_copies_and_compares_by_its_fields() -> None:
         "headers=(('h', b'xy'),), timestamp=1700000000000, leader_epoch=2, size=9)"
     )
     assert (rec.event_id, rec.tp) == ("t/0/4", ("t", 0))
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "message"),
+    [
+        (("t", 0, 0), {"value": "hello"}, TypeError, "value must be bytes or None, got str: en"),
+        (("t", 0, 0), {"key": 5}, TypeError, "key must be bytes or None, got int"),
+        (("t", "0", 0), {}, TypeError, "partition must be an int, got '0'"),
+        (("t", True, 0), {}, TypeError, "partition must be an int, got True"),
+        (("t", 0, 1.5), {}, TypeError, "offset must be an int, got 1.5"),
+        (("t", 0, -1), {}, ValueError, "offset must be >= 0, got -1"),
+        ((None, 0, 0), {}, TypeError, "topic must be a non-empty str, got None"),
+        (("", 0, 0), {}, TypeError, "topic must be a non-empty str, got ''"),
+        (("t", 0, 0), {"timestamp": "now"}, TypeError, "timestamp must be an int or None"),
+        (("t", 0, 0), {"leader_epoch": 1.0}, TypeError, "leader_epoch must be an int or None"),
+        (("t", 0, 0), {"size": -1}, ValueError, "size must be >= 0, got -1"),
+        (("t", 0, 0), {"headers": [("h",)]}, TypeError, "(name, value) pairs, got ('h',)"),
+        (("t", 0, 0), {"headers": "h=1"}, TypeError, "pairs or a dict, got str"),
+        (("t", 0, 0), {"headers": [("h", 1)]}, TypeError, "a value is bytes, str or None"),
+    ],
+)
+def test_a_record_built_by_hand_names_a_wrong_field_at_once(
+    args: tuple[Any, ...], kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    """A test's or a tool's record: the wrong type is named where it was given, not met later
+    as a handler's or a deserializer's puzzle."""
+    with pytest.raises(error, match="^(Record )?.*" + re.escape(message)):
+        Record(*args, **kwargs)
+
+
+def test_a_record_built_by_hand_takes_its_headers_as_a_dict_too() -> None:
+    assert Record("t", 0, 0, headers={"h": b"xy", "n": None}).headers == (("h", b"xy"), ("n", None))
+    assert Record("t", 0, 0, headers={"h": b"xy"}).size == 3
