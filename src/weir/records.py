@@ -413,10 +413,14 @@ def _output(
         value, key = serialized(topic, value, key)  # the member's serializers, in this thread
     if headers is not None:
         headers = _checked_headers(headers)
-    if partition is not None and (
-        isinstance(partition, bool) or not isinstance(partition, int) or partition < -1
-    ):
-        raise TypeError(f"partition is an int (or None), got {partition!r}")
+    if partition is not None:
+        if isinstance(partition, bool) or not isinstance(partition, int):
+            raise TypeError(f"partition is an int (or None), got {partition!r}")
+        if partition < -1:
+            # -1 is the producer's own "unassigned" (confluent-kafka's default): the partitioner.
+            raise ValueError(
+                f"partition is >= 0, or None (or -1) for the partitioner, got {partition}"
+            )
     trace = OUTPUT_HEADERS.get()
     if trace is not None:  # tracing on (weir.tracing): the output joins the current trace
         headers = merged(headers, trace(), replace=False)

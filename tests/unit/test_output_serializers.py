@@ -7,6 +7,7 @@ policy, and the member goes on. Bad settings are refused where the member is bui
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -314,7 +315,7 @@ class ProducesBadly(Handler):
         ({"headers": "h=v"}, "headers are a list of (name, value) pairs or a dict, got str"),
         ({"partition": "0"}, "partition is an int (or None), got '0'"),
         ({"partition": True}, "partition is an int (or None), got True"),
-        ({"partition": -2}, "partition is an int (or None), got -2"),
+        ({"partition": -2}, "partition is >= 0, or None (or -1) for the partitioner, got -2"),
         ({"topic": "bad topic!"}, "'bad topic!' is not a topic name (1-249 of A-Z a-z 0-9 . _ -"),
         ({"topic": "x" * 250}, "is not a topic name (1-249 of"),
     ],
@@ -332,9 +333,36 @@ def test_bad_headers_or_partition_fail_the_record_in_the_handler_not_the_member(
     broker.produce(IN, key="k", value="fine", partition=1)
     wait_until(committed_all(broker, 2), "both records committed", 20)
     [letter] = out_messages(broker, DLQ)
-    error = "builtins.ValueError" if "topic" in bad else "builtins.TypeError"
+    value_error = "topic" in bad or bad.get("partition") == -2
+    error = "builtins.ValueError" if value_error else "builtins.TypeError"
     assert header(letter, "weir.dlq.exception") == error
     assert said in header(letter, "weir.dlq.message")
     assert gc.state is State.RUNNING
     assert [m.value() for m in out_messages(broker)] == [b"ok"]
     assert broker.topics().keys() == {IN, OUT, DLQ}  # no topic of the bad name was made
+
+
+class ProducesToPartition(Handler):
+    """One output per record, keyed by the record's key, to `partition` given as is."""
+
+    def __init__(self, partition: int | None) -> None:
+        self.partition = partition
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        ctx.produce(OUT, record.value, record.key, partition=self.partition)
+
+
+@pytest.mark.parametrize("partition", [None, -1, 2])
+def test_an_output_without_a_partition_or_with_minus_one_goes_where_its_key_hashes(
+    members: list[GroupConsumer], partition: int | None
+) -> None:
+    """-1 is the producer's own "no partition" (confluent-kafka's default): the partitioner
+    picks by the key, as for None; a partition given is kept."""
+    broker = broker_with(10)
+    member(broker, ProducesToPartition(partition), members)
+    wait_until(committed_all(broker, 10), "every record committed", 20)
+    outs = out_messages(broker)
+    assert len(outs) == 10
+    for m in outs:
+        expected = 2 if partition == 2 else zlib.crc32(m.key() or b"") % 3
+        assert m.partition() == expected
