@@ -721,7 +721,7 @@ class ConsumerConfig(BaseModel):
                     f"failure_by_topic[{name!r}]: not a subscribed topic, nor matched by a "
                     f"subscribed pattern ({', '.join(topics)})"
                 )
-        problems = [_dead_letter_topic_problem(f"failure_by_topic[{n!r}]", p) for n, p in v.items()]
+        problems = []  # a dead_letter_topic given is a topic name (`FailurePolicy` checks it)
         # The dead-letter topic a policy without dead_letter_topic makes of each subscribed name
         # (a pattern's topics are known only once matched).
         default = info.data.get("failure")
@@ -737,14 +737,8 @@ class ConsumerConfig(BaseModel):
                     f"{len(made)} characters, and a topic name has at most 249: set "
                     "dead_letter_topic"
                 )
-        if any(problems):
-            raise ValueError("; ".join(p for p in problems if p is not None))
-        return v
-
-    @field_validator("failure")
-    @classmethod
-    def _failure(cls, v: FailurePolicy) -> FailurePolicy:
-        _refuse(_dead_letter_topic_problem("failure", v))
+        if problems:
+            raise ValueError("; ".join(problems))
         return v
 
     # Validated when left out too: librdkafka checks the whole configuration either way.
@@ -1020,12 +1014,6 @@ class ConsumerConfig(BaseModel):
                 yield name, mask_secrets(value)
             else:
                 yield name, value
-
-
-def _dead_letter_topic_problem(where: str, policy: FailurePolicy) -> str | None:
-    name = policy.dead_letter_topic
-    problem = None if name is None else topic_name_problem(name)
-    return None if problem is None else f"{where}.dead_letter_topic: {problem}"
 
 
 # The settings only one group protocol takes (the client refuses the classic ones under KIP-848).

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from weir._topics import topic_name_problem
 from weir._unknown_settings import explain_unknown_fields
 from weir.errors import NonRetryable
 
@@ -146,6 +147,16 @@ class FailurePolicy(BaseModel):
     dead_letter_timeout_s: float = Field(30.0, ge=1, le=3600, strict=True, allow_inf_nan=False)
     """How long a dead-letter write may take before it counts as failed (the partition then
     blocks); the consumer-wide policy's value applies to every topic."""
+
+    @field_validator("dead_letter_topic")
+    @classmethod
+    def _dead_letter_topic(cls, v: str | None) -> str | None:
+        # Here, where the policy is built: the member would fail only at start, creating or
+        # writing the topic.
+        problem = None if v is None else topic_name_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
     def dead_letter_for(self, topic: str) -> str:
         """The dead-letter topic of records from `topic`."""
