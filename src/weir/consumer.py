@@ -25,7 +25,7 @@ from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle, State
 from weir._engine.protocols import offers_consumer_protocol
 from weir._engine.scheduling import Orderings, lane_of
-from weir._engine.workers import Workers, workers_running_here
+from weir._engine.workers import Workers, runs_calls_of, workers_running_here
 from weir.config import (
     ConsumerConfig,
     ConsumerSettings,
@@ -338,13 +338,14 @@ class GroupConsumer:
             )
 
     def _refuse_in_handler(self, call: str) -> None:
-        """The member's end waits for its handler calls: one of them waiting for that end
-        would wait until the shutdown budget ran out (and its record would run again)."""
+        """The member's end waits for its handler calls and its hooks: one of them waiting
+        for that end would wait until the shutdown (or the hook's) budget ran out, and a
+        handler's record would run again."""
         if self._workers is not None and workers_running_here() is self._workers:
             raise RuntimeError(
-                f"{call} inside this member's own handler would wait for the handler itself: "
-                "stop() alone is enough, the member stops once the call returns; wait for it "
-                "where it was started"
+                f"{call} inside this member's own handler or hook would wait for that call "
+                "itself: stop() alone is enough, the member stops once the call returns; wait "
+                "for it where it was started"
             )
 
     def _spawn_owner(self) -> threading.Thread:
@@ -369,6 +370,9 @@ class GroupConsumer:
         self._workers = engine.workers  # what `_refuse_in_handler` knows its handler calls by
 
         def target() -> None:
+            # Hooks and commit listeners run here (an async hook in a task made from here,
+            # which copies this context): `_refuse_in_handler` knows them as the member's own.
+            runs_calls_of(engine.workers)
             try:
                 engine.run()  # its failures land in the lifecycle
             except BaseException as exc:
