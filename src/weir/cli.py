@@ -777,23 +777,57 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     usage and the closest option it has (argparse refused it with the top-level usage, `weir
     [-h] [--version] COMMAND ...`, and no hint)."""
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        command = _command_parser(parser, args)
-        command.error(f"unrecognized arguments: {' '.join(unknown)}{_closest(command, unknown)}")
+        names, command = _command_path(parser, args)
+        args, unknown = _intermixed(command, argv[_after(argv, names) :], args, unknown)
+        if unknown:
+            command.error(
+                f"unrecognized arguments: {' '.join(unknown)}{_closest(command, unknown)}"
+            )
     resolve_group(args)
     return args
 
 
-def _command_parser(
+def _intermixed(
+    command: argparse.ArgumentParser,
+    own: list[str],
+    args: argparse.Namespace,
+    unknown: list[str],
+) -> tuple[argparse.Namespace, list[str]]:
+    """`weir groups describe -b HOST GROUP`: argparse fills a command's positionals from the
+    first run of them it meets ("describe", and no group), and the group after the options was
+    left over. The command's own arguments (`own`) parsed again with options and positionals
+    mixed, as `parse_intermixed_args` does, place it; what is still left over is unknown."""
+    try:
+        again, rest = command.parse_known_intermixed_args(own)
+    except TypeError:  # what intermixed parsing does not take: the first parse stands
+        return args, unknown
+    return argparse.Namespace(**{**vars(args), **vars(again)}), rest
+
+
+def _after(argv: list[str], names: list[str]) -> int:
+    """Where the innermost command's own arguments start: after its name, found in `argv`
+    after its parents' (options before a name are its parent's)."""
+    at = -1
+    for name in names:
+        at = argv.index(name, at + 1)
+    return at + 1
+
+
+def _command_path(
     parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> argparse.ArgumentParser:
-    """The innermost (sub)command parser that `args` went through."""
+) -> tuple[list[str], argparse.ArgumentParser]:
+    """The (sub)command names `args` went through, outermost first, and the innermost
+    command's parser."""
+    names: list[str] = []
     while True:
         subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
         chosen = getattr(args, subs[0].dest, None) if subs else None
         if chosen is None:
-            return parser
+            return names, parser
+        names.append(chosen)
         parser = subs[0].choices[chosen]
 
 

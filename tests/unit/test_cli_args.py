@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from weir.cli import main
+from weir.cli import _parse, main
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -62,3 +62,35 @@ def test_an_unknown_argument_is_refused_by_its_command_with_the_closest_option(
     first, last = refused(capsys, *argv)
     assert first.startswith(usage)
     assert last == error
+
+
+@pytest.mark.parametrize(
+    ("argv", "action", "group"),
+    [
+        (["groups", "describe", "-b", "h:1", "orders"], "describe", "orders"),
+        (
+            ["groups", "delete", "--json", "-b", "h:1", "--timeout", "5", "orders"],
+            "delete",
+            "orders",
+        ),
+        (["groups", "-b", "h:1", "describe", "orders"], "describe", "orders"),
+        (["groups", "describe", "orders", "-b", "h:1"], "describe", "orders"),
+        (["groups", "-b", "h:1"], None, None),
+    ],
+    ids=["options-between", "several-options-between", "options-first", "options-last", "none"],
+)
+def test_a_group_after_the_options_is_placed(
+    argv: list[str], action: str | None, group: str | None
+) -> None:
+    """`weir groups describe -b HOST GROUP` was refused with "unrecognized arguments: GROUP":
+    argparse filled both positionals from "describe" alone, before the options."""
+    args = _parse(argv)
+    assert (args.action, args.group, args.bootstrap_servers) == (action, group, "h:1")
+
+
+def test_a_third_word_after_the_options_is_still_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    usage, error = refused(capsys, "groups", "describe", "-b", "h:1", "g1", "g2")
+    assert usage.startswith("usage: weir groups")
+    assert error == "weir groups: error: unrecognized arguments: g2"
