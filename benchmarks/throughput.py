@@ -84,6 +84,7 @@ from _common import (
     sleep_handler,
     table,
     tail_handler,
+    thread_summary,
     unique,
     write_json,
 )
@@ -1205,6 +1206,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  {r.case:<6} {r.engine:<9} {r.flow:<7} {r.handler:<4} {r.records:>8,} rec "
             f"{fmt_rate(r.rate):>8}/s  join {r.join_seconds:.2f}s  "
             f"cpu {r.cpu['own_cores']:.2f} cores  gc {r.cpu.get('gc_s') or 0:.2f}s"
+            f"  threads: {thread_summary(r.cpu)}"
             f"{'  CUT' if r.cut else ''}"
             + (f"  {r.settings}" if r.engine.startswith("aiokafka") else ""),
             flush=True,
