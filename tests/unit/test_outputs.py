@@ -10,7 +10,7 @@ import functools
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import pytest
@@ -30,6 +30,11 @@ from weir import (
     Record,
     RetryPolicy,
 )
+from weir._engine.outputs import Outputs
+from weir._engine.tasks import Assignment
+from weir.config import ConsumerConfig
+from weir.errors import OutputError
+from weir.records import Output, Partition
 from weir.testing.fake_broker import FakeBroker, FakeMessage
 from weir.testing.fake_producer import FakeProducer
 
@@ -431,3 +436,30 @@ def test_past_the_byte_allowance_large_records_wait_in_the_budget(
     broker.check()
     assert broker.violations == []
     wait_until(lambda: gc.stats().in_flight == 0, "the budget balances", 5)
+
+
+def test_reports_for_outputs_forgotten_at_a_revoke_are_ignored() -> None:
+    """A revoked partition's outputs in flight are forgotten: the broker's later answers for
+    them neither settle their records nor disturb the accounting of the others."""
+    broker = broker_with(0)
+    cfg = ConsumerConfig(bootstrap_servers="fake:9092", group_id="g", topics=[IN])
+    outputs = Outputs(cfg, broker.producer_factory)
+    kept, revoked = Assignment(Partition(IN, 0), 1), Assignment(Partition(IN, 1), 1)
+    done: list[tuple[str, list[OutputError | None], bool]] = []
+
+    def confirmed(name: str) -> Callable[[list[OutputError | None], bool], None]:
+        return lambda errors, free: done.append((name, list(errors), free))
+
+    for a, name in ((revoked, "revoked"), (kept, "kept")):
+        outputs.send(
+            a,
+            [[Output(OUT, b"v", b"k", None, None)], [Output(OUT, b"w", b"k", None, None)]],
+            20,
+            confirmed(name),
+        )
+    assert outputs.pending == 2 and outputs.waiting_outside == 4
+    outputs.forget([revoked])
+    outputs.poll()  # the broker answers for both groups
+    assert done == [("kept", [None, None], True)]
+    assert outputs.pending == 0 and outputs.waiting_outside == 0
+    outputs.close()
