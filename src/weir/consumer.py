@@ -193,6 +193,8 @@ class GroupConsumer:
         docs/routing.md); `topics` then defaults to what the routes name.
         `tracer_provider`: an OpenTelemetry tracer provider for the handler's spans (it turns
         `tracing` on; docs/tracing.md)."""
+        if config is not None and not isinstance(config, ConsumerConfig):
+            raise TypeError(_not_a_config(config))
         if config is not None and settings:
             raise TypeError("pass either a ConsumerConfig or keyword settings, not both")
         # Routes of different orderings: each topic's (None: every record follows the config's).
@@ -689,6 +691,18 @@ def _target(value: object) -> Partition | str:
             raise ValueError("a topic to pause must be a non-empty name")
         return value
     return _partition(value)
+
+
+def _not_a_config(config: object) -> str:
+    """What `GroupConsumer(handler, config)` says when `config` is not a `ConsumerConfig` (it
+    failed deep inside with "'dict' object has no attribute 'model_fields_set'")."""
+    said = f"config must be a ConsumerConfig, got {type(config).__name__}"
+    if not isinstance(config, Mapping):
+        return f"{said}: settings are keywords, GroupConsumer(handler, bootstrap_servers=...)"
+    said += ": pass its settings as keywords, GroupConsumer(handler, **settings)"
+    if any(isinstance(k, str) and "." in k for k in config):
+        said += " (librdkafka's own settings, such as 'fetch.min.bytes', go in kafka={...})"
+    return said
 
 
 def _routed(

@@ -1710,6 +1710,27 @@ def test_a_handler_class_instead_of_an_instance_is_refused() -> None:
         GroupConsumer(Probe, consumer_factory=FakeConsumer().factory, **SETTINGS)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        (dict(SETTINGS), "got dict: pass its settings as keywords, GroupConsumer(handler, **"),
+        (
+            {"fetch.min.bytes": 1},
+            "librdkafka's own settings, such as 'fetch.min.bytes', go in kafka",
+        ),
+        ("localhost:9092", "got str: settings are keywords, GroupConsumer(handler, bootstrap_"),
+    ],
+)
+def test_a_config_that_is_no_consumer_config_is_named(config: object, said: str) -> None:
+    """`GroupConsumer(handle, config={...})` failed inside with "'dict' object has no attribute
+    'model_fields_set'", or, with keyword settings too, said to pass one or the other."""
+    no_settings: dict[str, Any] = {}
+    for settings in (no_settings, SETTINGS):
+        with pytest.raises(TypeError, match=r"^config must be a ConsumerConfig") as info:
+            GroupConsumer(Probe(), config, consumer_factory=FakeConsumer().factory, **settings)  # type: ignore[call-overload]
+        assert said in str(info.value)
+
+
 def test_a_handler_without_handle_is_refused_at_construction() -> None:
     """It was accepted, and every record failed with the base method's NotImplementedError,
     which has no message ("handler failed on t/0/0: NotImplementedError: "). `handle` is
