@@ -20,6 +20,7 @@ __all__ = [
     "DeserializationError",
     "FenceUnavailableError",
     "FencedError",
+    "GeneratorReturned",
     "GroupActiveError",
     "GroupNotFoundError",
     "HandlerError",
@@ -225,6 +226,11 @@ class SeekError(WeirError):
 
 class AwaitableReturned(TypeError):
     """A thread handler returned a coroutine (or another awaitable): its work never ran."""
+
+
+class GeneratorReturned(TypeError):
+    """A handler returned a generator: its body runs only when iterated, and nothing iterates
+    it, so its work never ran."""
 
 
 class DeadLetterError(WeirError):

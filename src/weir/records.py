@@ -816,6 +816,7 @@ def as_handler(handler: Handler | Callable[[Record], object]) -> Handler:
             f"handler must be a Handler instance or a callable taking a Record, got the class "
             f"{handler.__qualname__}: pass an instance, {handler.__qualname__}()"
         )
+    _check_not_a_generator(handler)
     if isinstance(handler, Handler):
         _check_flush(handler)
         if not is_async_handler(handler):
@@ -837,6 +838,29 @@ def as_handler(handler: Handler | Callable[[Record], object]) -> Handler:
     if callable(handler):
         return _FunctionHandler(handler)
     raise TypeError(f"handler must be a Handler or a callable taking a Record, got {handler!r}")
+
+
+def _check_not_a_generator(handler: object) -> None:
+    """A generator function (`yield` in its body) runs nothing when called: it returns a
+    generator, and every record would count finished unprocessed. Refused at construction (one
+    that merely returns a generator fails its first record, `GeneratorReturned`)."""
+    fn: object
+    if isinstance(handler, BatchHandler):
+        fn, name = handler.handle_batch, f"{type(handler).__qualname__}.handle_batch"
+    elif isinstance(handler, Handler):
+        fn, name = handler.handle, f"{type(handler).__qualname__}.handle"
+    else:
+        fn = getattr(handler, "__call__", None)  # noqa: B004 - the method, not callability
+        if not inspect.isfunction(handler) and not inspect.ismethod(handler):
+            name = f"{type(handler).__qualname__}.__call__"
+        else:
+            fn, name = handler, getattr(handler, "__qualname__", repr(handler))
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"handler {name} is a generator function (it has a yield): calling it runs none of "
+            "its body, so every record would count finished unprocessed. Remove the yield and "
+            "do the work in the call"
+        )
 
 
 def _check_flush(handler: Handler) -> None:

@@ -13,7 +13,7 @@ import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
 import pytest
@@ -24,6 +24,8 @@ from tests.waiting import wait_until
 from typing_extensions import TypedDict, Unpack
 
 from weir import (
+    BatchContext,
+    BatchHandler,
     BrokerUnreachableError,
     CallbackError,
     CommitEvent,
@@ -46,6 +48,7 @@ from weir._engine.engine import Engine
 from weir._engine.lifecycle import Lifecycle
 from weir._engine.scheduling import _TASK_SECONDS, Ordering
 from weir.config import ConsumerSettings
+from weir.errors import GeneratorReturned
 from weir.testing.fake import CommitCall, FakeConsumer, FakeMessage
 
 pytestmark = pytest.mark.timeout(60)
@@ -1820,6 +1823,76 @@ def test_an_awaitable_returned_at_run_time_stops_the_member_at_once(
         str(info.value),
     ), info.value
     assert "Make it async def" in str(info.value)
+    assert ran == []
+    assert [c.offsets for c in fake.commit_log()] == [{P0: 2}]
+
+
+def _generator_fn(record: Record) -> Iterator[int]:
+    yield record.offset
+
+
+async def _async_generator_fn(record: Record) -> AsyncIterator[int]:
+    yield record.offset
+
+
+class _GeneratorHandle(Handler):
+    def handle(self, record: Record, ctx: Context) -> Iterator[int]:  # type: ignore[override]
+        yield record.offset
+
+
+class _GeneratorBatch(BatchHandler):
+    def handle_batch(  # type: ignore[override]
+        self, records: list[Record], ctx: BatchContext
+    ) -> Iterator[int]:
+        yield len(records)
+
+
+class _GeneratorCall:
+    def __call__(self, record: Record) -> Iterator[int]:
+        yield record.offset
+
+
+@pytest.mark.parametrize(
+    ("handler", "name"),
+    [
+        (_generator_fn, "_generator_fn"),
+        (_async_generator_fn, "_async_generator_fn"),
+        (_GeneratorHandle(), "_GeneratorHandle.handle"),
+        (_GeneratorBatch(), "_GeneratorBatch.handle_batch"),
+        (_GeneratorCall(), "_GeneratorCall.__call__"),
+    ],
+    ids=["function", "async-function", "handle", "handle_batch", "__call__"],
+)
+def test_a_generator_function_handler_is_refused(handler: Any, name: str) -> None:
+    """A handler with a `yield` returns a generator and runs none of its body: every record
+    counted finished and was committed unprocessed, with no error anywhere."""
+    fake = FakeConsumer()
+    with pytest.raises(TypeError, match=rf"handler {re.escape(name)} is a generator function"):
+        GroupConsumer(handler, consumer_factory=fake.factory, **SETTINGS)
+
+
+def test_a_generator_returned_at_run_time_stops_the_member_at_once(launch: Launch) -> None:
+    """A function that returns a generator (not one itself, so not refused at construction)
+    did none of the generator's work: its record fails, unretried, and the member stops."""
+    ran: list[int] = []
+
+    def work(record: Record) -> Iterator[None]:
+        ran.append(record.offset)
+        yield None
+
+    def returns_generator(record: Record) -> object:
+        return work(record) if record.offset == 2 else None
+
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(5))
+    fake.script_assign([P0])
+    policy = FailurePolicy(retry=RetryPolicy(backoff_initial_s=0.01))
+    gc = launch(returns_generator, fake, ordering="partition", failure=policy, **QUIET)
+    with pytest.raises(HandlerError) as info:
+        gc.join(WAIT)
+    assert info.value.record.offset == 2
+    assert isinstance(info.value.__cause__, GeneratorReturned)
+    assert "returned a generator instead of doing its work" in str(info.value), info.value
     assert ran == []
     assert [c.offsets for c in fake.commit_log()] == [{P0: 2}]
 

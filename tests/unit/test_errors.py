@@ -72,6 +72,7 @@ def test_each_concept_has_one_class() -> None:
         ("weir.fencing", "FenceUnavailableError"),
         ("weir.fencing", "NoEpochError"),
         ("weir.errors", "AwaitableReturned"),
+        ("weir.errors", "GeneratorReturned"),
         ("weir.lag", "LagError"),
         ("weir.lag", "GroupNotFoundError"),
         ("weir.lag", "TopicNotFoundError"),

@@ -35,7 +35,7 @@ from weir._engine.refusals import Denied, RefusalSink
 from weir._engine.scheduling import Scheduler
 from weir._engine.tasks import HELD, Assignment, Lane, LaneKey, Task
 from weir._engine.tracking import BatchProgress
-from weir._engine.workers import AwaitableReturned
+from weir._engine.workers import AwaitableReturned, GeneratorReturned
 from weir.config import ConsumerConfig
 from weir.errors import DeserializationError, HandlerError
 from weir.logs import get_logger
@@ -137,7 +137,7 @@ class Failures:
         else:
             f.attempt, f.error = attempt, error
         f.failed_at = time.time()
-        if isinstance(error, AwaitableReturned):
+        if isinstance(error, AwaitableReturned | GeneratorReturned):
             # The handler, not the record, is wrong: every record would fail the same way, so
             # no retry, dead letter or block can help. The member stops at the first.
             f.final = True

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from weir._engine.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
-from weir.errors import AwaitableReturned, FencedError
+from weir.errors import AwaitableReturned, FencedError, GeneratorReturned
 from weir.logs import get_logger
 from weir.records import (
     BatchContext,
@@ -41,6 +41,7 @@ __all__ = [
     "BatchWorkers",
     "Completions",
     "Gathering",
+    "GeneratorReturned",
     "Progress",
     "ThreadWorkers",
     "Workers",
@@ -121,21 +122,30 @@ class Workers(Protocol):
 
 
 def _refuse_awaitable(fn: Callable[..., object], result: object) -> None:
-    """A handler that returns an awaitable did not do its work: the coroutine body never ran.
-    Counting the record finished would commit it unprocessed, so it is a failure."""
-    if inspect.isawaitable(result):
-        close = getattr(result, "close", None)
-        if close is not None:
-            close()  # no "coroutine was never awaited" warning on top of the error
-        name = getattr(fn, "__qualname__", repr(fn))
-        code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-        if code is not None:  # a lambda's name alone says little
-            name += f" ({code.co_filename}:{code.co_firstlineno})"
-        raise AwaitableReturned(
-            f"handler {name} returned a {type(result).__name__} instead of doing its work: "
-            "it runs on worker threads, where nothing awaits it. Make it async def (weir then "
-            "runs it on an event loop), or make it do the work and return None"
+    """A handler that returns an awaitable or a generator did not do its work: the coroutine's
+    body never ran, nor the generator's (it runs only when iterated). Counting the record
+    finished would commit it unprocessed, so it is a failure."""
+    generator = inspect.isgenerator(result) or inspect.isasyncgen(result)
+    if not generator and not inspect.isawaitable(result):
+        return
+    close = getattr(result, "close", None)
+    if close is not None:
+        close()  # no "coroutine was never awaited" warning on top of the error
+    name = getattr(fn, "__qualname__", repr(fn))
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is not None:  # a lambda's name alone says little
+        name += f" ({code.co_filename}:{code.co_firstlineno})"
+    if generator:
+        raise GeneratorReturned(
+            f"handler {name} returned a {type(result).__name__} instead of doing its work: a "
+            "generator's body runs only when it is iterated, and weir does not iterate it. "
+            "Remove the yield and do the work in the call"
         )
+    raise AwaitableReturned(
+        f"handler {name} returned a {type(result).__name__} instead of doing its work: "
+        "it runs on worker threads, where nothing awaits it. Make it async def (weir then "
+        "runs it on an event loop), or make it do the work and return None"
+    )
 
 
 class _Slot:
