@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
+    Final,
     Generic,
     Literal,
     NamedTuple,
@@ -354,13 +355,32 @@ def pause_seconds(for_s: object) -> float | None:
 _Outputs = TypeVar("_Outputs", list[Output], dict[int, list[Output]])
 
 
+# Where a context's outputs and marks point once its call returned (or raised): the engine has
+# taken what the call left, so an output or a mark made later, by a thread, callback or task the
+# call left running, would be read by nobody. Such a call raises (`_late`) instead.
+RETURNED: Final[list[Output]] = []
+_RETURNED_BATCH: Final[dict[int, list[Output]]] = {}
+_RETURNED_MARKS: Final[dict[int, BaseException | None]] = {}
+
+
+def _late(what: str) -> RuntimeError:
+    return RuntimeError(
+        f"{what} after the handler's call returned: its records were settled then, and what "
+        "comes later would be read by nobody. Do it inside the call: wait there for the "
+        "thread, callback or task that does it"
+    )
+
+
 def _producing(outputs: _Outputs | None) -> _Outputs:
-    """Where a context keeps its outputs; refused by a context not built by a member."""
+    """Where a context keeps its outputs; refused by a context not built by a member, and by
+    one whose call returned."""
     if outputs is None:
         raise RuntimeError(
             "ctx.produce needs a context built by a GroupConsumer (this one takes no outputs): "
             "docs/producing.md"
         )
+    if outputs is RETURNED or outputs is _RETURNED_BATCH:
+        raise _late("ctx.produce")
     return outputs
 
 
@@ -612,7 +632,20 @@ class BatchContext:
             )
         return i
 
+    def _returned(
+        self,
+    ) -> tuple[dict[int, BaseException | None], dict[int, list[Output]] | None]:
+        """The call returned (or raised): its marks and outputs, for the engine. A `done`,
+        `fail` or `produce` after it raises (`_late`)."""
+        marks, outputs = self._marks, self._outputs
+        self._marks = _RETURNED_MARKS
+        if outputs is not None:
+            self._outputs = _RETURNED_BATCH
+        return marks, outputs
+
     def _mark(self, record: Record, error: BaseException | None) -> None:
+        if self._marks is _RETURNED_MARKS:
+            raise _late("ctx.fail" if error is not None else "ctx.done")
         i = self._position(record)
         before = self._marks.get(i, error)
         if (before is None) != (error is None):

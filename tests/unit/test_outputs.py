@@ -29,6 +29,7 @@ from weir import (
     Handler,
     Record,
     RetryPolicy,
+    State,
 )
 from weir._engine.outputs import Outputs
 from weir._engine.tasks import Assignment
@@ -463,3 +464,70 @@ def test_reports_for_outputs_forgotten_at_a_revoke_are_ignored() -> None:
     assert done == [("kept", [None, None], True)]
     assert outputs.pending == 0 and outputs.waiting_outside == 0
     outputs.close()
+
+
+class Keeps(Handler):
+    """Keeps every context it is given (as a handler that hands it to a thread or a callback
+    that runs on after the call would)."""
+
+    def __init__(self) -> None:
+        self.kept: list[Context] = []
+
+    def handle(self, record: Record, ctx: Context) -> None:
+        ctx.produce(OUT, f"{record.partition}:{record.offset}@{ctx.attempt}", record.key)
+        self.kept.append(ctx)
+
+
+class AsyncKeeps(Keeps):
+    async def handle(self, record: Record, ctx: Context) -> None:  # type: ignore[override]
+        Keeps.handle(self, record, ctx)
+
+
+class BatchKeeps(BatchHandler):
+    def __init__(self) -> None:
+        self.kept: list[tuple[BatchContext, Record]] = []
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        for record in records:
+            value = f"{record.partition}:{record.offset}@{ctx.attempt(record)}"
+            ctx.produce(record, OUT, value, record.key)
+        self.kept.append((ctx, records[0]))
+
+
+@pytest.mark.parametrize("handler", [Keeps, AsyncKeeps])
+def test_a_context_used_after_its_call_returned_refuses_to_produce(
+    members: list[GroupConsumer], handler: type[Keeps]
+) -> None:
+    """An output produced through a context after its call returned was accepted and never
+    written: its record was settled when the call returned. It raises in the caller's thread."""
+    broker = broker_with(20)
+    h = handler()
+    gc = member(broker, h, members)
+    wait_until(lambda: all_committed(broker, 10), "all committed", 10)
+    assert len(h.kept) == 20
+    for ctx in h.kept:
+        with pytest.raises(RuntimeError, match=r"ctx.produce after the handler's call returned"):
+            ctx.produce(OUT, "late")
+    assert by_input(broker) == Counter(f"{p}:{o}" for p in range(2) for o in range(10))
+    assert gc.state == State.RUNNING
+
+
+def test_a_batch_context_used_after_its_call_returned_refuses_marks_and_outputs(
+    members: list[GroupConsumer],
+) -> None:
+    """The same for a batch call's context: `produce`, `done` and `fail` after the call
+    returned were dropped unseen."""
+    broker = broker_with(20)
+    h = BatchKeeps()
+    gc = member(broker, h, members, batch_max_records=4)
+    wait_until(lambda: all_committed(broker, 10), "all committed", 10)
+    assert h.kept
+    for ctx, record in h.kept:
+        with pytest.raises(RuntimeError, match=r"ctx.produce after the handler's call returned"):
+            ctx.produce(record, OUT, "late")
+        with pytest.raises(RuntimeError, match=r"ctx.done after the handler's call returned"):
+            ctx.done(record)
+        with pytest.raises(RuntimeError, match=r"ctx.fail after the handler's call returned"):
+            ctx.fail(record, ValueError("late"))
+    assert by_input(broker) == Counter(f"{p}:{o}" for p in range(2) for o in range(10))
+    assert gc.state == State.RUNNING

@@ -53,6 +53,7 @@ from weir._engine.workers import (
 from weir.errors import FencedError
 from weir.logs import get_logger
 from weir.records import (
+    RETURNED,
     BatchContext,
     BatchHandler,
     Context,
@@ -333,7 +334,10 @@ class AsyncWorkers:
                             ctx = Context(
                                 a.token, attempt, rec.event_id, a.cancel, a.epoch, out, a.pause
                             )
-                            await handle(rec, ctx)
+                            try:
+                                await handle(rec, ctx)
+                            finally:
+                                ctx._outputs = RETURNED  # a later ctx.produce raises
                             if out:
                                 if task.outputs is None:
                                     task.outputs = {}

@@ -23,6 +23,7 @@ from weir._engine.tasks import DONE, FAILED, FENCED, HELD, Assignment, Task
 from weir.errors import AwaitableReturned, FencedError, GeneratorReturned
 from weir.logs import get_logger
 from weir.records import (
+    RETURNED,
     BatchContext,
     BatchHandler,
     Context,
@@ -304,7 +305,10 @@ class ThreadWorkers:
                         attempt = attempts.get(rec.offset, 1) if attempts else 1
                         out: list[Output] | None = [] if outputs else None
                         ctx = Context(token, attempt, rec.event_id, cancel, epoch, out, pause)
-                        result = handle(rec, ctx)
+                        try:
+                            result = handle(rec, ctx)
+                        finally:
+                            ctx._outputs = RETURNED  # a later ctx.produce raises
                         if out:
                             if task.outputs is None:
                                 task.outputs = {}
@@ -356,7 +360,10 @@ class ThreadWorkers:
                     ctx = Context(
                         a.token, attempt, rec.event_id, a.cancel, a.epoch, produced, a.pause
                     )
-                    result = handle(rec, ctx)
+                    try:
+                        result = handle(rec, ctx)
+                    finally:
+                        ctx._outputs = RETURNED
                 if result is not None:
                     _refuse_awaitable(self._fn or handle, result)
                 if produced:
@@ -460,19 +467,19 @@ def batch_calls(
         parts[a.tp] = _PartContext(a.token, a.cancel, a.attempts, a.epoch, a.pause)
     ctx = BatchContext(records, parts, outputs=outputs)
     error = yield records, ctx
-    marks = ctx._marks
+    marks, outs = ctx._returned()
     produced: dict[int, list[Output]] = {}
     if error is None and not marks:
         at = 0
         for t in live:
-            if ctx._outputs:
-                _outputs_of(t, ctx._outputs, at)
+            if outs:
+                _outputs_of(t, outs, at)
             t.finished = len(t.records)  # after its outputs: the owner may read it at once
             at += len(t.records)
         return
     results: list[BaseException | None] = [marks.get(i, error) for i in range(len(records))]
-    if ctx._outputs:
-        _produced(produced, ctx._outputs, range(len(records)), results)
+    if outs:
+        _produced(produced, outs, range(len(records)), results)
     shared: set[int] = set()
     if error is not None:
         rest = [i for i in range(len(records)) if i not in marks]
@@ -554,11 +561,11 @@ class _Split:
             call = [records[i] for i in half]
             ctx = BatchContext(call, self.parts, outputs=self.outputs)
             error = yield call, ctx
-            marks = ctx._marks
+            marks, outs = ctx._returned()
             for j, i in enumerate(half):
                 self.results[i] = marks.get(j, error)
-            if ctx._outputs is not None:
-                _produced(self.produced, ctx._outputs, half, self.results)
+            if outs is not None:
+                _produced(self.produced, outs, half, self.results)
             self.hold(half[j] for j, e in marks.items() if e is not None)
             rest = [i for j, i in enumerate(half) if j not in marks]
             if error is None or not rest:
