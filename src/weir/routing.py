@@ -93,6 +93,20 @@ class _Compiled:
             handler = deserializing(handler, route.key_deserializer, route.value_deserializer)
         self.handler = handler
 
+    def skips(self, record: Record) -> bool:
+        """Whether the route's filter skips `record`. A filter that returns None (one without
+        a return, or returning `record.key` of a record without a key) fails the record: taken
+        for False, it would skip every such record unseen."""
+        assert self.filter is not None
+        keep = self.filter(record)
+        if keep is None:
+            name = getattr(self.filter, "__qualname__", repr(self.filter))
+            raise TypeError(
+                f"route {_shown(self.key)}: filter {name} returned None for {record.event_id}: "
+                "a filter returns True to handle a record, False to skip it"
+            )
+        return not keep
+
 
 class _Table:
     """The routes, looked up by topic: an exact name first, then the patterns in the order
@@ -220,7 +234,7 @@ class Router(Handler):
 
     def handle(self, record: Record, ctx: Context) -> None:
         route = self.table.route(record)
-        if route.filter is not None and not route.filter(record):
+        if route.filter is not None and route.skips(record):
             return
         _call_plain(route.handler.handle, record, ctx)
 
@@ -259,7 +273,7 @@ class AsyncRouter(Router):
 
     async def handle(self, record: Record, ctx: Context) -> None:  # type: ignore[override]
         route = self.table.route(record)
-        if route.filter is not None and not route.filter(record):
+        if route.filter is not None and route.skips(record):
             return
         await _awaited(route.handler.handle(record, ctx))
 
@@ -316,7 +330,7 @@ class BatchRouter(BatchHandler, Router):
         route_of = self.table.route
         for record in records:
             route = route_of(record)
-            if route.filter is not None and not route.filter(record):
+            if route.filter is not None and route.skips(record):
                 skipped.append(record)
                 continue
             group = groups.get(id(route))

@@ -146,6 +146,50 @@ def test_a_routes_failure_policy_applies_to_its_topic_alone(members: list[GroupC
     assert gc.config.policy_for("orders") == gc.config.failure
 
 
+class _KeepsSeen(BatchHandler):
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+
+    def handle_batch(self, records: list[Record], ctx: BatchContext) -> None:
+        self.offsets += [r.offset for r in records]
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["one-record", "batch"])
+def test_a_filter_that_returns_none_fails_its_record_instead_of_skipping_it(
+    members: list[GroupConsumer], batch: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A filter without a return (or one returning `record.key` of a record without a key)
+    returned None, which counted as False: every such record was skipped and committed
+    unhandled, and nothing said so. None fails the record into the failure policy."""
+    fake = FakeConsumer()
+    fake.produce_many("refunds", 0, range(4))
+    fake.script_assign([REFUNDS])
+    seen = _KeepsSeen()
+    offsets = Offsets()
+
+    def keyed_only(record: Record) -> bool:
+        return None if record.offset == 1 else True  # type: ignore[return-value]
+
+    block = FailurePolicy(retry=RetryPolicy(max_attempts=1), final="block")
+    handler: Any = seen if batch else offsets.append_offset
+    extra: dict[str, Any] = {"batch_max_records": 1} if batch else {}
+    gc = start(
+        members,
+        GroupConsumer(
+            routes={"refunds": Route(handler, filter=keyed_only, failure=block)},
+            consumer_factory=fake.factory,
+            **SETTINGS,
+            **extra,
+        ),
+    )
+    wait_until(lambda: gc.stats().blocked == (REFUNDS,), "refunds blocked at the filter's None")
+    assert committed(fake, REFUNDS) == 1
+    assert (seen.offsets if batch else offsets.offsets)[:1] == [0]
+    [blocked] = events(caplog, "partition_blocked")
+    assert blocked["event_id"] == "refunds/0/1"
+    assert "keyed_only returned None for refunds/0/1" in blocked["error"], blocked
+
+
 def test_a_pattern_routes_policy_covers_every_topic_it_matches() -> None:
     block = FailurePolicy(final="block")
     cfg = ConsumerConfig(
