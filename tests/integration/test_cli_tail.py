@@ -82,8 +82,15 @@ def test_from_an_offset_of_one_partition_and_from_the_end(
     code, records, err = tail(capsys, topic, *b, "--from-offset", "9", "-p", "0")
     assert (code, records) == (0, [])
     assert "partition 0: offset 9 is outside the log (0 to 5), reading from its end, 5" in err
-    code, records, _ = tail(capsys, topic, *b)  # the default: from the end, nothing yet
+    code, records, err = tail(capsys, topic, *b)  # the default: from the end, nothing yet
     assert (code, records) == (0, [])
+    # A tail that shows nothing says why (`tail -n 5` would have shown the last five).
+    assert err == (
+        f"weir: reading {topic} from its end, so only records written from now on appear: "
+        "--from-beginning, or --from-offset -N for the last N of each partition\n"
+    )
+    code, records, err = tail(capsys, topic, *b, "--from-offset", "-1")
+    assert (code, err) == (0, "")
 
 
 def test_from_a_datetime(

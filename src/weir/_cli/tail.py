@@ -138,8 +138,19 @@ def _tail(args: argparse.Namespace) -> int:
     show = _json_line if args.json else _text_lines
     key = decoder(args.key_format)
     value = decoder(args.value_format)
+    end = Position("end")
+    position = start_of(args, end)
     try:
-        with open_reader(args, args.topic, start_of(args, Position("end")), args.isolation) as r:
+        with open_reader(args, args.topic, position, args.isolation) as r:
+            if position is end:
+                # `tail -n 5` shows the last five lines: here nothing showed, and nothing said
+                # why, until a record was written.
+                print(
+                    f"weir: reading {args.topic} from its end, so only records written from now "
+                    "on appear: --from-beginning, or --from-offset -N for the last N of each "
+                    "partition",
+                    file=sys.stderr,
+                )
             for msg in r.messages(follow=args.follow, count=args.count):
                 # Flushed per record: a follower sees it now, and a closed pipe ends the run.
                 print(show(msg, key, value, args.headers), flush=True)
