@@ -888,12 +888,26 @@ def _check_not_a_generator(handler: object) -> None:
             name = f"{type(handler).__qualname__}.__call__"
         else:
             fn, name = handler, getattr(handler, "__qualname__", repr(handler))
-    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+    if _is_generator_function(fn):
         raise TypeError(
             f"handler {name} is a generator function (it has a yield): calling it runs none of "
             "its body, so every record would count finished unprocessed. Remove the yield and "
             "do the work in the call"
         )
+    if isinstance(handler, Handler):
+        # A hook is called and its result dropped: a generator hook would never run, and an
+        # `on_flush` that never runs lets every commit pass records still only in its buffer.
+        for hook in HOOKS:
+            if _is_generator_function(getattr(handler, hook)):
+                raise TypeError(
+                    f"{type(handler).__qualname__}.{hook} is a generator function (it has a "
+                    "yield): weir calls it and nothing iterates the generator, so none of its "
+                    "body would run. Remove the yield"
+                )
+
+
+def _is_generator_function(fn: object) -> bool:
+    return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
 
 
 def _check_flush(handler: Handler) -> None:

@@ -49,6 +49,7 @@ from weir._engine.lifecycle import Lifecycle
 from weir._engine.scheduling import _TASK_SECONDS, Ordering
 from weir.config import ConsumerSettings
 from weir.errors import GeneratorReturned
+from weir.records import HOOKS
 from weir.testing.fake import CommitCall, FakeConsumer, FakeMessage
 
 pytestmark = pytest.mark.timeout(60)
@@ -1869,6 +1870,20 @@ def test_a_generator_function_handler_is_refused(handler: Any, name: str) -> Non
     fake = FakeConsumer()
     with pytest.raises(TypeError, match=rf"handler {re.escape(name)} is a generator function"):
         GroupConsumer(handler, consumer_factory=fake.factory, **SETTINGS)
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_a_generator_function_hook_is_refused(hook: str) -> None:
+    """A hook with a `yield` is called, and its generator dropped unrun: an `on_flush` written so
+    flushed nothing and every commit passed the buffered records (on the fake broker: lag 0,
+    nothing flushed); an `on_assigned` so never ran, and nothing said so."""
+
+    def generator_hook(self: Handler, *args: object) -> Iterator[None]:
+        yield None
+
+    cls = type("Hooked", (Handler,), {"handle": lambda self, r, c: None, hook: generator_hook})
+    with pytest.raises(TypeError, match=rf"Hooked\.{hook} is a generator function"):
+        GroupConsumer(cls(), consumer_factory=FakeConsumer().factory, **SETTINGS)
 
 
 def test_a_generator_returned_at_run_time_stops_the_member_at_once(launch: Launch) -> None:
