@@ -41,7 +41,7 @@ from weir.records import (
     as_handler,
     is_async_handler,
 )
-from weir.serde import Deserializer, DeserializingBatchHandler, deserializing
+from weir.serde import Deserializer, DeserializingBatchHandler, check_setting, deserializing
 
 __all__ = ["Route", "RouteKey", "Routes"]
 
@@ -409,6 +409,12 @@ def _check_route(key: object, route: Route) -> None:
         )
     if route.filter is not None and not callable(route.filter):
         raise TypeError(f"route {_shown(key)}: filter must be a function of the record")
+    for name, given in (
+        ("key_deserializer", route.key_deserializer),
+        ("value_deserializer", route.value_deserializer),
+    ):
+        if given is not None:
+            check_setting(f"route {_shown(key)}: {name}", given, serializer=False)
     if route.failure is not None and not isinstance(route.failure, FailurePolicy):
         raise TypeError(f"route {_shown(key)}: failure must be a weir.FailurePolicy")
     if route.ordering is not None and route.ordering not in _ORDERINGS:

@@ -21,6 +21,7 @@ and `schema_registry_serializer`, each called in the handler's thread.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, Literal, TypeVar
@@ -294,6 +295,19 @@ def check_setting(name: str, given: object, *, serializer: bool) -> None:
         if not callable(fn):
             mapping = " or a mapping of topic to such a function," if where is None else ""
             raise TypeError(f"{shown} must be a function from {takes},{mapping} got {fn!r}")
+        if (
+            inspect.iscoroutinefunction(fn)
+            or inspect.isgeneratorfunction(fn)
+            or inspect.isasyncgenfunction(fn)
+        ):
+            # Called and never awaited or iterated: every record would carry a coroutine or
+            # a generator where its value belongs, and no error would say so.
+            kind = "async def" if inspect.iscoroutinefunction(fn) else "a generator function"
+            raise TypeError(
+                f"{shown} must be a plain function from {takes}: "
+                f"{getattr(fn, '__qualname__', fn)} is {kind}, and weir calls it in the "
+                "handler's thread without awaiting or iterating it"
+            )
 
 
 class _Serializing(Wrapper):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -257,6 +257,14 @@ def test_a_serializer_returning_something_else_than_bytes_fails_the_record(
     assert "returned a int: a serializer must return bytes, str or None" in message
 
 
+async def _async_read(data: object) -> object:
+    return data
+
+
+def _generator_read(data: bytes | None) -> Iterator[bytes | None]:
+    yield data
+
+
 @pytest.mark.parametrize(
     ("setting", "given", "says"),
     [
@@ -269,6 +277,11 @@ def test_a_serializer_returning_something_else_than_bytes_fails_the_record(
         ("value_deserializer", {2: pydantic_deserializer(Order)}, "got 2"),
         ("value_deserializer", Order, "pydantic_deserializer(Order)"),
         ("key_deserializer", 3, "key_deserializer must be a function from bytes"),
+        # Called and never awaited or iterated: each record carried a coroutine or a generator
+        # where its value belongs, silently.
+        ("value_deserializer", _async_read, "_async_read is async def"),
+        ("value_serializer", {OUT: _async_read}, "value_serializer['out'] must be a plain"),
+        ("key_deserializer", _generator_read, "_generator_read is a generator function"),
     ],
 )
 def test_bad_settings_are_refused_where_the_member_is_built(

@@ -199,6 +199,10 @@ def test_a_pattern_routes_policy_covers_every_topic_it_matches() -> None:
     assert cfg.policy_for("orders") == cfg.failure
 
 
+async def _async_deserialize(data: bytes | None) -> bytes | None:
+    return data
+
+
 async def _async_seen(record: Record) -> None:
     pass
 
@@ -271,6 +275,12 @@ BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
      "route re.compile('a-.*'): ordering must be one of"),
     ({"routes": {"orders": Route(print, filter=5)}}, TypeError,  # type: ignore[arg-type]
      "filter must be a function"),
+    # Were accepted, and every record then failed on calling them.
+    ({"routes": {"orders": Route(print, value_deserializer=5)}}, TypeError,  # type: ignore[arg-type]
+     "route 'orders': value_deserializer must be a function from bytes to an object"),
+    ({"routes": {"orders": Route(print, key_deserializer=_async_deserialize)}}, TypeError,
+     "route 'orders': key_deserializer must be a plain function from bytes to an object: "
+     "_async_deserialize is async def"),
     ({"routes": {"orders": Route(print, failure=FailurePolicy(final="block"))},
       "failure_by_topic": {"orders": FailurePolicy()}}, ValueError,
      "failure_by_topic and the routes both set a policy for orders"),
