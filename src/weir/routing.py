@@ -409,6 +409,17 @@ def _check_route(key: object, route: Route) -> None:
         )
     if route.filter is not None and not callable(route.filter):
         raise TypeError(f"route {_shown(key)}: filter must be a function of the record")
+    if route.filter is not None and (
+        inspect.iscoroutinefunction(route.filter)
+        or inspect.isgeneratorfunction(route.filter)
+        or inspect.isasyncgenfunction(route.filter)
+    ):
+        # Its coroutine or generator is truthy: every record would be kept, unfiltered.
+        raise TypeError(
+            f"route {_shown(key)}: filter must be a plain function returning True or False, "
+            "called before the handler and never awaited or iterated; "
+            f"{getattr(route.filter, '__qualname__', route.filter)} is async def or has a yield"
+        )
     for name, given in (
         ("key_deserializer", route.key_deserializer),
         ("value_deserializer", route.value_deserializer),

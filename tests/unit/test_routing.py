@@ -199,6 +199,10 @@ def test_a_pattern_routes_policy_covers_every_topic_it_matches() -> None:
     assert cfg.policy_for("orders") == cfg.failure
 
 
+async def _async_filter(record: Record) -> bool:
+    return False
+
+
 async def _async_deserialize(data: bytes | None) -> bytes | None:
     return data
 
@@ -275,6 +279,9 @@ BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
      "route re.compile('a-.*'): ordering must be one of"),
     ({"routes": {"orders": Route(print, filter=5)}}, TypeError,  # type: ignore[arg-type]
      "filter must be a function"),
+    # Was accepted, and its coroutine, always true, kept every record.
+    ({"routes": {"orders": Route(print, filter=_async_filter)}}, TypeError,  # type: ignore[arg-type]
+     "route 'orders': filter must be a plain function returning True or False"),
     # Were accepted, and every record then failed on calling them.
     ({"routes": {"orders": Route(print, value_deserializer=5)}}, TypeError,  # type: ignore[arg-type]
      "route 'orders': value_deserializer must be a function from bytes to an object"),
