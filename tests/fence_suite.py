@@ -218,6 +218,32 @@ def test_a_write_function_may_not_end_the_fences_transaction(backend: Backend) -
     assert fence.apply(GROUP, rec(T0, 2), epoch, backend.upsert("b", "v", epoch)) is True
 
 
+async def _async_write(conn: Any, records: Any = None) -> None:
+    pass
+
+
+def test_a_write_that_runs_nothing_when_called_records_nothing(backend: Backend) -> None:
+    """An `async def` write function was called inside the transaction and never awaited: the
+    transaction committed the event id with none of the writes, `apply` said True, and the
+    replay then skipped the record for good. Refused before the transaction; a write that only
+    returns a coroutine rolls back and raises."""
+    fence = backend.fence()
+    epoch = fence.acquire(GROUP, [T0])[T0]
+    with pytest.raises(TypeError, match=r"write _async_write is async def or has a yield"):
+        fence.apply(GROUP, rec(T0, 1), epoch, _async_write)
+    with pytest.raises(TypeError, match=r"write _async_write is async def or has a yield"):
+        fence.apply_batch(GROUP, [rec(T0, 1)], {T0: epoch}, _async_write)
+
+    def returns_coroutine(conn: Any) -> Any:
+        return _async_write(conn)
+
+    with pytest.raises(TypeError, match=r"returns_coroutine returned a coroutine"):
+        fence.apply(GROUP, rec(T0, 1), epoch, returns_coroutine)
+    assert backend.applied() == []
+    assert fence.apply(GROUP, rec(T0, 1), epoch, backend.upsert("a", "v", epoch)) is True
+    assert backend.sink() == {"a": ("v", 1)}
+
+
 def test_a_fence_call_inside_a_write_function_is_refused(backend: Backend) -> None:
     fence = backend.fence()
     epoch = fence.acquire(GROUP, [T0])[T0]

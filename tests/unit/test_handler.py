@@ -5,14 +5,14 @@ around a handler keep working."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from weir import Context, GroupConsumer, Handler, Partition, Record
-from weir.fencing import FencedHandler, SqliteFence
+from weir.fencing import FencedBatchHandler, FencedHandler, SqliteFence
 from weir.records import HOOKS, as_handler, is_async_handler
 from weir.serde import AsyncDeserializingHandler, DeserializingHandler
 from weir.testing.fake import FakeConsumer
@@ -110,5 +110,33 @@ def test_weirs_own_handlers_are_built_as_before(tmp_path: Path) -> None:
         plain = FencedHandler(fence, "g", lambda conn, record: None)
         subscripted = FencedHandler[Any](fence, "g", lambda conn, record: None)
         assert not is_async_handler(plain) and not is_async_handler(subscripted)
+    finally:
+        fence.close()
+
+
+def test_a_fenced_handler_refuses_a_write_that_runs_nothing_when_called(tmp_path: Path) -> None:
+    """An `async def` write (given, or a subclass's `write`) is called inside the fence's
+    transaction and never awaited: each record's event id would commit with none of its
+    writes, and its replay would be skipped. Refused where the handler is built."""
+
+    async def write(conn: Any, record: Record) -> None:
+        pass
+
+    class Subclassed(FencedHandler[Any]):
+        async def write(self, conn: Any, record: Record) -> None:
+            pass
+
+    class BatchSubclassed(FencedBatchHandler[Any]):
+        def write(self, conn: Any, records: list[Record]) -> Iterator[None]:
+            yield None
+
+    fence = SqliteFence(tmp_path / "fence.db")
+    try:
+        with pytest.raises(TypeError, match=r"write .*write is async def or has a yield"):
+            FencedHandler(fence, "g", write)
+        with pytest.raises(TypeError, match=r"write .*Subclassed\.write is async def"):
+            Subclassed(fence, "g")
+        with pytest.raises(TypeError, match=r"write .*BatchSubclassed\.write is async def"):
+            BatchSubclassed(fence, "g")
     finally:
         fence.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import threading
@@ -100,7 +101,11 @@ class FenceBase(Fence[ConnT]):
         held = {Partition(record.topic, record.partition): check_epoch(epoch)}
         check_write(write)
         fresh = self._fenced(
-            group, [record], held, lambda conn, _fresh: write(conn), f"write {record.event_id}"
+            group,
+            [record],
+            held,
+            ran(lambda conn, _fresh: write(conn), write),
+            f"write {record.event_id}",
         )
         return bool(fresh)
 
@@ -117,7 +122,7 @@ class FenceBase(Fence[ConnT]):
         if not batch:
             return []
         what = f"write a batch of {len(batch)} records from {batch[0].event_id}"
-        return self._fenced(group, batch, held, write, what)
+        return self._fenced(group, batch, held, ran(write, write), what)
 
     def _fenced(
         self,
@@ -218,6 +223,46 @@ def check_offset(name: str, offset: object) -> int:
 def check_write(write: object) -> None:
     if not callable(write):
         raise TypeError(f"write must be a callable taking the connection, got {write!r}")
+    refuse_unrun(write)
+
+
+def refuse_unrun(write: object) -> None:
+    """A write whose call runs none of its body (`async def`, or one with a `yield`): the fence
+    would commit the records' event ids without its writes."""
+    if (
+        inspect.iscoroutinefunction(write)
+        or inspect.isgeneratorfunction(write)
+        or inspect.isasyncgenfunction(write)
+    ):
+        raise TypeError(
+            f"write {getattr(write, '__qualname__', write)} is async def or has a yield: the "
+            "fence calls it inside its transaction and never awaits or iterates it, so the "
+            "transaction would commit the record's event id without its writes"
+        )
+
+
+def ran(
+    write: Callable[[ConnT, list[Record]], object], given: object
+) -> Callable[[ConnT, list[Record]], object]:
+    """`write` (the application's `given`), refusing a result that is a coroutine or a
+    generator: its body did not run, and committing would record the event ids as applied
+    with nothing written. The exception rolls the transaction back."""
+
+    def call(conn: ConnT, fresh: list[Record]) -> object:
+        result = write(conn, fresh)
+        if result is not None and (
+            inspect.isawaitable(result) or inspect.isgenerator(result) or inspect.isasyncgen(result)
+        ):
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+            raise TypeError(
+                f"write {getattr(given, '__qualname__', given)} returned a "
+                f"{type(result).__name__}, not its work done: rolled back, nothing recorded"
+            )
+        return result
+
+    return call
 
 
 def check_prefix(table_prefix: object) -> str:

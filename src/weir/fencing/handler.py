@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from weir.errors import FencedError, FenceUnavailableError, NoEpochError
-from weir.fencing.base import Fence, check_group, check_seconds
+from weir.fencing.base import Fence, check_group, check_seconds, refuse_unrun
 from weir.logs import get_logger
 from weir.records import (
     BatchContext,
@@ -41,6 +41,8 @@ def _check_write(handler: object, base: type, write: object, takes: str) -> None
         raise TypeError(f"pass write=function({takes}), or subclass and override write()")
     if write is not None and not callable(write):
         raise TypeError(f"write must be a callable taking ({takes}), got {write!r}")
+    fn = write if write is not None else type(handler).write  # type: ignore[attr-defined]
+    refuse_unrun(fn)
 
 
 def _no_epoch(record: Record) -> NoEpochError:
