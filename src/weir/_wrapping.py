@@ -4,10 +4,11 @@ and the flush hook are the application's, passed on unchanged."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from weir.records import FlushContext, Handler
 
-__all__ = ["Wrapper", "call_plain"]
+__all__ = ["Wrapper", "await_plain", "call_plain"]
 
 
 def call_plain(method: Callable[..., object], *args: object) -> None:
@@ -18,6 +19,16 @@ def call_plain(method: Callable[..., object], *args: object) -> None:
         from weir._engine.workers import _refuse_awaitable
 
         _refuse_awaitable(method, result)
+
+
+async def await_plain(method: Callable[..., Any], *args: object) -> None:
+    """The wrapped handler's `async def` method, awaited: what its coroutine returned is
+    refused if it is itself an awaitable (`return save(record)`, the await left out)."""
+    result = await method(*args)
+    if result is not None:
+        from weir._engine.workers import _refuse_awaitable
+
+        _refuse_awaitable(method, result, awaited=True)
 
 
 class Wrapper(Handler):

@@ -225,7 +225,8 @@ class SeekError(WeirError):
 
 
 class AwaitableReturned(TypeError):
-    """A thread handler returned a coroutine (or another awaitable): its work never ran."""
+    """A handler returned a coroutine (or another awaitable) instead of awaiting it: a thread
+    handler, or an `async def` one with the `await` left out. Its work never ran."""
 
 
 class GeneratorReturned(TypeError):

@@ -822,7 +822,11 @@ class _AsyncFunctionHandler(Handler):
         self._fn = fn
 
     async def handle(self, record: Record, ctx: Context) -> None:
-        await self._fn(record)
+        result = await self._fn(record)
+        if result is not None:  # an awaitable left un-awaited is refused, naming the function
+            from weir._engine.workers import _refuse_awaitable
+
+            _refuse_awaitable(self._fn, result, awaited=True)
 
     def __repr__(self) -> str:
         return f"AsyncFunctionHandler({getattr(self._fn, '__qualname__', self._fn)!r})"

@@ -27,6 +27,7 @@ from typing_extensions import TypeVar
 
 from weir._engine.scheduling import Orderings
 from weir._engine.workers import LaneOf
+from weir._wrapping import await_plain
 from weir._wrapping import call_plain as _call_plain
 from weir.policy import FailurePolicy
 from weir.records import (
@@ -275,7 +276,7 @@ class AsyncRouter(Router):
         route = self.table.route(record)
         if route.filter is not None and route.skips(record):
             return
-        await _awaited(route.handler.handle(record, ctx))
+        await await_plain(route.handler.handle, record, ctx)
 
     async def on_assigned(self, partitions: Sequence[Partition]) -> None:  # type: ignore[override]
         for handler, tps in self.table.by_route(partitions):
@@ -363,7 +364,7 @@ class AsyncBatchRouter(BatchRouter, AsyncRouter):  # type: ignore[misc]  # handl
         failure: Exception | None = None
         for handler, recs in groups:
             try:
-                await _awaited(handler.handle_batch(recs, ctx))
+                await await_plain(handler.handle_batch, recs, ctx)
             except Exception as exc:
                 failure = failure or exc
                 recs.clear()

@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel
 
 from weir._serializing import OUTPUT_SERIALIZERS, OutputSerializers, for_topic
-from weir._wrapping import Wrapper, call_plain
+from weir._wrapping import Wrapper, await_plain, call_plain
 from weir.errors import DeserializationError
 from weir.records import (
     BatchContext,
@@ -208,7 +208,7 @@ class AsyncDeserializingHandler(DeserializingHandler):
         `DeserializationError` if the key or value does not deserialize."""
         self._deserialize(record)
         handle: Callable[[Record, Context], Awaitable[object]] = self.inner.handle  # type: ignore[assignment]
-        await handle(record, ctx)
+        await await_plain(handle, record, ctx)
 
 
 class DeserializingBatchHandler(_Deserializing, BatchHandler):
@@ -274,7 +274,7 @@ class AsyncDeserializingBatchHandler(DeserializingBatchHandler):
             handle_batch: Callable[[list[Record], BatchContext], Awaitable[object]] = (
                 self._batch.handle_batch  # type: ignore[assignment]
             )
-            await handle_batch(good, ctx)
+            await await_plain(handle_batch, good, ctx)
 
 
 def check_setting(name: str, given: object, *, serializer: bool) -> None:
@@ -333,7 +333,7 @@ class _AsyncSerializingHandler(_SerializingHandler):
         handle: Callable[[Record, Context], Awaitable[object]] = self.inner.handle  # type: ignore[assignment]
         token = OUTPUT_SERIALIZERS.set(self._serializers)  # in this call's own task
         try:
-            await handle(record, ctx)
+            await await_plain(handle, record, ctx)
         finally:
             OUTPUT_SERIALIZERS.reset(token)
 
@@ -358,7 +358,7 @@ class _AsyncSerializingBatchHandler(_SerializingBatchHandler):
         )
         token = OUTPUT_SERIALIZERS.set(self._serializers)
         try:
-            await handle_batch(records, ctx)
+            await await_plain(handle_batch, records, ctx)
         finally:
             OUTPUT_SERIALIZERS.reset(token)
 

@@ -35,7 +35,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - shown by a test that hi
     ) from exc
 
 from weir._trace_carrier import OUTPUT_HEADERS, carry
-from weir._wrapping import Wrapper, call_plain
+from weir._wrapping import Wrapper, await_plain, call_plain
 from weir.logs import get_logger
 from weir.records import BatchContext, BatchHandler, Context, Handler, Record, is_async_handler
 
@@ -257,7 +257,7 @@ class AsyncTracingHandler(TracingHandler):
     async def handle(self, record: Record, ctx: Context) -> None:  # type: ignore[override]
         handle: Callable[[Record, Context], Awaitable[object]] = self.inner.handle  # type: ignore[assignment]
         with self._t.record(record, ctx.attempt):
-            await handle(record, ctx)
+            await await_plain(handle, record, ctx)
 
 
 class TracingBatchHandler(Wrapper, BatchHandler):
@@ -279,7 +279,7 @@ class AsyncTracingBatchHandler(TracingBatchHandler):
             self._batch.handle_batch  # type: ignore[assignment]
         )
         with self._t.batch(records, ctx):
-            await handle_batch(records, ctx)
+            await await_plain(handle_batch, records, ctx)
 
 
 def traced(handler: Handler, group_id: str, provider: TracerProvider | None = None) -> Handler:

@@ -654,3 +654,71 @@ def test_async_records_feed_the_latency_histograms_and_each_partitions_recovery_
     st = gc.stats()
     assert st.end_to_end_latency.count >= 1
     assert [p.recovery_s is not None for p in st.partitions] == [True, True]
+
+
+# -- an async handler that returns its work un-awaited --------------------------------------
+
+
+async def _save(x: object) -> None:
+    _SAVED.append(x)
+
+
+_SAVED: list[object] = []
+
+
+async def _returns_save(record: Record) -> object:
+    return _save(record)  # the await left out
+
+
+class _ReturnsSave(Handler):
+    async def handle(self, record: Record, ctx: Context) -> object:  # type: ignore[override]
+        return _save(record)
+
+
+class _BatchReturnsSave(BatchHandler):
+    async def handle_batch(  # type: ignore[override]
+        self, records: list[Record], ctx: BatchContext
+    ) -> object:
+        return _save(records)
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [
+        ("function", "_returns_save"),
+        ("handle", "_ReturnsSave.handle"),
+        ("handle_batch", "_BatchReturnsSave.handle_batch"),
+        ("route", "_returns_save"),
+        ("deserialized", "_returns_save"),
+    ],
+)
+def test_an_async_handler_that_returns_a_coroutine_stops_the_member(
+    members: list[GroupConsumer], kind: str, name: str
+) -> None:
+    """`return save(record)` in an `async def` handler (the await left out): the coroutine
+    never ran, the record counted finished and was committed, and at most a RuntimeWarning
+    said so. Its record fails, unretried, and the member stops, as a thread handler's does."""
+    _SAVED.clear()
+    fake = fake_with({P0: 3})
+    settings = {k: v for k, v in SETTINGS.items() if k != "topics"}
+    handler: Any = {
+        "function": _returns_save,
+        "handle": _ReturnsSave(),
+        "handle_batch": _BatchReturnsSave(),
+        "deserialized": _returns_save,
+    }.get(kind)
+    if kind == "route":
+        gc = GroupConsumer(routes={TOPIC: _returns_save}, consumer_factory=fake.factory, **settings)
+    else:
+        extra: dict[str, Any] = {"value_deserializer": bytes} if kind == "deserialized" else {}
+        gc = GroupConsumer(
+            handler, consumer_factory=fake.factory, topics=[TOPIC], **settings, **extra
+        )
+    members.append(gc)
+    gc.start()
+    with pytest.raises(HandlerError) as info:
+        gc.join(WAIT)
+    assert f"async handler {name} (" in str(info.value), info.value
+    assert "returned a coroutine instead of awaiting it" in str(info.value)
+    assert _SAVED == []
+    assert last_commit(fake, P0) in (None, 0)

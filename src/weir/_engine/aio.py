@@ -46,6 +46,7 @@ from weir._engine.workers import (
     Gathering,
     LaneOf,
     Progress,
+    _refuse_awaitable,
     batch_calls,
     per_record,
     runs_calls_of,
@@ -326,7 +327,7 @@ class AsyncWorkers:
                     t0 = clock()
                     try:
                         if fn is not None:
-                            await fn(rec)
+                            result = await fn(rec)
                         else:
                             attempts = a.attempts
                             attempt = attempts.get(rec.offset, 1) if attempts else 1
@@ -335,13 +336,15 @@ class AsyncWorkers:
                                 a.token, attempt, rec.event_id, a.cancel, a.epoch, out, a.pause
                             )
                             try:
-                                await handle(rec, ctx)
+                                result = await handle(rec, ctx)
                             finally:
                                 ctx._outputs = RETURNED  # a later ctx.produce raises
                             if out:
                                 if task.outputs is None:
                                     task.outputs = {}
                                 task.outputs[i] = out
+                        if result is not None:
+                            _refuse_awaitable(fn or handle, result, awaited=True)
                     except BaseException as exc:
                         if isinstance(exc, asyncio.CancelledError):
                             runner.task = None
@@ -647,7 +650,9 @@ class AsyncBatchWorkers(AsyncWorkers):
         """One `handle_batch` call: what it raised (None: it returned). A cancellation weir
         caused goes on up (`_batch`); the handler's own is a failure."""
         try:
-            await self._handle_batch(records, ctx)
+            result = await self._handle_batch(records, ctx)
+            if result is not None:
+                _refuse_awaitable(self._handle_batch, result, awaited=True)
         except asyncio.CancelledError as exc:
             if self._closing or _cancelled_by_us(*(t.assignment for t in tasks)):
                 raise

@@ -122,10 +122,11 @@ class Workers(Protocol):
         ...
 
 
-def _refuse_awaitable(fn: Callable[..., object], result: object) -> None:
+def _refuse_awaitable(fn: Callable[..., object], result: object, *, awaited: bool = False) -> None:
     """A handler that returns an awaitable or a generator did not do its work: the coroutine's
     body never ran, nor the generator's (it runs only when iterated). Counting the record
-    finished would commit it unprocessed, so it is a failure."""
+    finished would commit it unprocessed, so it is a failure. `awaited`: `fn` is `async def`
+    and `result` is what its coroutine returned (`return save(record)`, the await left out)."""
     generator = inspect.isgenerator(result) or inspect.isasyncgen(result)
     if not generator and not inspect.isawaitable(result):
         return
@@ -141,6 +142,12 @@ def _refuse_awaitable(fn: Callable[..., object], result: object) -> None:
             f"handler {name} returned a {type(result).__name__} instead of doing its work: a "
             "generator's body runs only when it is iterated, and weir does not iterate it. "
             "Remove the yield and do the work in the call"
+        )
+    if awaited:
+        raise AwaitableReturned(
+            f"async handler {name} returned a {type(result).__name__} instead of awaiting "
+            "it, so its work never ran: await it (await save(record), not return "
+            "save(record))"
         )
     raise AwaitableReturned(
         f"handler {name} returned a {type(result).__name__} instead of doing its work: "
