@@ -1096,6 +1096,48 @@ def test_an_async_flush_runs_on_the_async_handlers_loop(start: Start) -> None:
     assert len(set(loops)) == 1
 
 
+@pytest.mark.parametrize("kind", ["thread", "async"])
+def test_a_flush_that_returns_its_work_unawaited_counts_nothing(
+    start: Start, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """An `on_flush` that returns a coroutine instead of running it (a plain one handing back
+    an async writer's call, or an `async def` one with the await left out) wrote nothing,
+    and the commit passed every buffered record: they were lost. It fails like a flush that
+    raised: nothing counts, nothing is committed past the buffer."""
+    fake = FakeConsumer()
+    fake.produce_many(TOPIC, 0, range(6))
+    fake.script_assign([P0])
+    durable: list[int] = []
+
+    async def write(rows: list[int]) -> None:
+        durable.extend(rows)
+
+    class ThreadSink(Handler):
+        def __init__(self) -> None:
+            self.buffer: list[int] = []
+
+        def handle(self, record: Record, ctx: Context) -> None:
+            self.buffer.append(record.offset)
+
+        def on_flush(self, ctx: FlushContext) -> Any:
+            rows, self.buffer = self.buffer, []
+            return write(rows)
+
+    class AsyncSink(ThreadSink):
+        async def handle(self, record: Record, ctx: Context) -> None:  # type: ignore[override]
+            self.buffer.append(record.offset)
+
+        async def on_flush(self, ctx: FlushContext) -> Any:
+            rows, self.buffer = self.buffer, []
+            return write(rows)
+
+    gc = start(ThreadSink() if kind == "thread" else AsyncSink(), fake, commit_interval_s=0.05)
+    wait_until(lambda: gc.stats().callback_failures >= 2, "two flushes failed")
+    assert durable == []
+    assert committed(fake, P0) in (None, -1, 0)
+    assert "returned a coroutine" in caplog.text and "partitions_reset" in caplog.text
+
+
 def test_an_async_flush_on_a_thread_handler_is_refused() -> None:
     class Mixed(Handler):
         def handle(self, record: Record, ctx: Context) -> None:

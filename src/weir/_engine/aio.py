@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import inspect
 import queue
 import sys
 import threading
@@ -64,7 +65,7 @@ from weir.records import (
     _AsyncFunctionHandler,
 )
 
-__all__ = ["AsyncBatchWorkers", "AsyncWorkers"]
+__all__ = ["AsyncBatchWorkers", "AsyncWorkers", "hook_caller"]
 
 log = get_logger(__name__)
 
@@ -696,3 +697,31 @@ _RUN_CODES: frozenset[CodeType] = frozenset(
 def _given_up(tasks: list[Task], targets: set[Assignment]) -> bool:
     """Every partition of a batch is given up on: these `targets` now, or cancelled before."""
     return all(t.assignment in targets or t.assignment.cancel.is_set() for t in tasks)
+
+
+def hook_caller(
+    fn: Callable[..., object], workers: object, timeout: float
+) -> Callable[..., object]:
+    """What calls a handler hook: the hook itself, or for an `async def` hook of an async
+    handler a call that runs it on the handler's loop and waits for it, at most `timeout`.
+    A result that is a coroutine or a generator (`return self.flush_async()`, the await left
+    out) did none of the hook's work, so it fails like a hook that raised; for `on_flush`
+    that keeps a commit from passing records still only in its buffer."""
+    if not inspect.iscoroutinefunction(fn) or not isinstance(workers, AsyncWorkers):
+
+        def plain(*args: Any) -> object:
+            result = fn(*args)
+            if result is not None:
+                _refuse_awaitable(fn, result)
+            return result
+
+        return plain
+    on = workers
+
+    def on_loop(*args: Any) -> object:
+        result = on.call(fn, *args, timeout=timeout)
+        if result is not None:
+            _refuse_awaitable(fn, result, awaited=True)
+        return result
+
+    return on_loop

@@ -10,7 +10,6 @@ engine sends). Rebalance callbacks are served inside consume and go to `Ownershi
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -19,7 +18,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from weir._engine.aio import AsyncWorkers
+from weir._engine.aio import AsyncWorkers, hook_caller
 from weir._engine.app_pauses import AppPauses
 from weir._engine.budget import Budget
 from weir._engine.callbacks import Callbacks, callback_name
@@ -276,18 +275,10 @@ class Engine:
     def _hook(
         self, fn: Callable[..., object], timeout: float | None = None
     ) -> Callable[..., object]:
-        """What calls a handler hook: the hook itself, or for an `async def` hook a call that
-        runs it on the handler's event loop and waits for it, at most `timeout` (default
-        `revoke_timeout_s`: the owner is inside a rebalance callback)."""
-        if not inspect.iscoroutinefunction(fn) or not isinstance(self.workers, AsyncWorkers):
-            return fn
-        workers = self.workers
+        """What calls a handler hook (`hook_caller`); an `async def` one waits at most `timeout`
+        (default `revoke_timeout_s`: the owner is inside a rebalance callback)."""
         limit = self.cfg.revoke_timeout_s if timeout is None else timeout
-
-        def on_loop(*args: Any) -> object:
-            return workers.call(fn, *args, timeout=limit)
-
-        return on_loop
+        return hook_caller(fn, self.workers, limit)
 
     @property
     def client(self) -> ConsumerClient:

@@ -10,6 +10,7 @@ a failed flush starts over.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from collections.abc import Callable, Collection
 from functools import partial
@@ -115,7 +116,7 @@ class Flushing:
         commit, no poll past max.poll, no shutdown). An async one is cancelled on its loop at
         the deadline (`AsyncWorkers.call`); a plain one cannot be, and is left on its thread."""
         limit, run = self._limit, self._hook(flush, self._limit)
-        if run is not flush:
+        if inspect.iscoroutinefunction(flush):  # on the loop: only async handlers have async hooks
             run(ctx)
             return
         try:
