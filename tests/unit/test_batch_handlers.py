@@ -1136,6 +1136,8 @@ def test_a_flush_that_returns_its_work_unawaited_counts_nothing(
     assert durable == []
     assert committed(fake, P0) in (None, -1, 0)
     assert "returned a coroutine" in caplog.text and "partitions_reset" in caplog.text
+    said = "hook " if kind == "thread" else "async handler "  # where it ran: owner, or loop
+    assert f"{said}test_a_flush_that_returns_its_work_unawaited_counts_nothing" in caplog.text
 
 
 def test_an_async_flush_on_a_thread_handler_is_refused() -> None:

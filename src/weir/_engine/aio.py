@@ -712,7 +712,7 @@ def hook_caller(
         def plain(*args: Any) -> object:
             result = fn(*args)
             if result is not None:
-                _refuse_awaitable(fn, result)
+                _refuse_awaitable(fn, result, hook=True)
             return result
 
         return plain

@@ -122,11 +122,18 @@ class Workers(Protocol):
         ...
 
 
-def _refuse_awaitable(fn: Callable[..., object], result: object, *, awaited: bool = False) -> None:
+def _refuse_awaitable(
+    fn: Callable[..., object],
+    result: object,
+    *,
+    awaited: bool = False,
+    hook: bool = False,
+) -> None:
     """A handler that returns an awaitable or a generator did not do its work: the coroutine's
     body never ran, nor the generator's (it runs only when iterated). Counting the record
     finished would commit it unprocessed, so it is a failure. `awaited`: `fn` is `async def`
-    and `result` is what its coroutine returned (`return save(record)`, the await left out)."""
+    and `result` is what its coroutine returned (`return save(record)`, the await left out).
+    `hook`: `fn` is a plain hook, run on the owner thread."""
     generator = inspect.isgenerator(result) or inspect.isasyncgen(result)
     if not generator and not inspect.isawaitable(result):
         return
@@ -148,6 +155,12 @@ def _refuse_awaitable(fn: Callable[..., object], result: object, *, awaited: boo
             f"async handler {name} returned a {type(result).__name__} instead of awaiting "
             "it, so its work never ran: await it (await save(record), not return "
             "save(record))"
+        )
+    if hook:
+        raise AwaitableReturned(
+            f"hook {name} returned a {type(result).__name__} instead of doing its work: it "
+            "runs on the owner thread, where nothing awaits it. Do the work to its end inside "
+            "the hook, or make the handler and its hooks async def"
         )
     raise AwaitableReturned(
         f"handler {name} returned a {type(result).__name__} instead of doing its work: "
