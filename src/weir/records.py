@@ -914,6 +914,13 @@ def _is_generator_function(fn: object) -> bool:
     return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
 
 
+def runs_nothing(fn: object) -> bool:
+    """A function whose call runs none of its body: `async def`, or one with a `yield`. Where
+    weir calls a function and uses its result at once (a filter, a deserializer, a fence's
+    write), such a function would hand back a coroutine or a generator instead of its work."""
+    return inspect.iscoroutinefunction(fn) or _is_generator_function(fn)
+
+
 def _check_flush(handler: Handler) -> None:
     """An `on_flush` that cannot take the `FlushContext` would fail at every commit, and the
     records it was to cover would never count."""

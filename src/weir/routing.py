@@ -41,6 +41,7 @@ from weir.records import (
     Record,
     as_handler,
     is_async_handler,
+    runs_nothing,
 )
 from weir.serde import Deserializer, DeserializingBatchHandler, check_setting, deserializing
 
@@ -410,11 +411,7 @@ def _check_route(key: object, route: Route) -> None:
         )
     if route.filter is not None and not callable(route.filter):
         raise TypeError(f"route {_shown(key)}: filter must be a function of the record")
-    if route.filter is not None and (
-        inspect.iscoroutinefunction(route.filter)
-        or inspect.isgeneratorfunction(route.filter)
-        or inspect.isasyncgenfunction(route.filter)
-    ):
+    if route.filter is not None and runs_nothing(route.filter):
         # Its coroutine or generator is truthy: every record would be kept, unfiltered.
         raise TypeError(
             f"route {_shown(key)}: filter must be a plain function returning True or False, "

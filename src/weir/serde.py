@@ -38,6 +38,7 @@ from weir.records import (
     Handler,
     Record,
     is_async_handler,
+    runs_nothing,
 )
 
 __all__ = [
@@ -295,11 +296,7 @@ def check_setting(name: str, given: object, *, serializer: bool) -> None:
         if not callable(fn):
             mapping = " or a mapping of topic to such a function," if where is None else ""
             raise TypeError(f"{shown} must be a function from {takes},{mapping} got {fn!r}")
-        if (
-            inspect.iscoroutinefunction(fn)
-            or inspect.isgeneratorfunction(fn)
-            or inspect.isasyncgenfunction(fn)
-        ):
+        if runs_nothing(fn):
             # Called and never awaited or iterated: every record would carry a coroutine or
             # a generator where its value belongs, and no error would say so.
             kind = "async def" if inspect.iscoroutinefunction(fn) else "a generator function"

@@ -12,7 +12,7 @@ from typing import Generic, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from weir.errors import FencedError, FenceUnavailableError
 from weir.logs import get_logger
-from weir.records import Partition, Record
+from weir.records import Partition, Record, runs_nothing
 
 __all__ = ["Fence", "FenceUnavailableError"]
 
@@ -229,11 +229,7 @@ def check_write(write: object) -> None:
 def refuse_unrun(write: object) -> None:
     """A write whose call runs none of its body (`async def`, or one with a `yield`): the fence
     would commit the records' event ids without its writes."""
-    if (
-        inspect.iscoroutinefunction(write)
-        or inspect.isgeneratorfunction(write)
-        or inspect.isasyncgenfunction(write)
-    ):
+    if runs_nothing(write):
         raise TypeError(
             f"write {getattr(write, '__qualname__', write)} is async def or has a yield: the "
             "fence calls it inside its transaction and never awaits or iterates it, so the "
