@@ -17,7 +17,6 @@ resolves a topic's, and the scheduler asks it once per topic and holds the answe
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing_extensions import TypeVar
 
 from weir._engine.scheduling import Orderings
 from weir._engine.workers import LaneOf
-from weir._wrapping import await_plain
+from weir._wrapping import await_hook, await_plain
 from weir._wrapping import call_plain as _call_plain
 from weir.policy import FailurePolicy
 from weir.records import (
@@ -242,19 +241,19 @@ class Router(Handler):
 
     def on_assigned(self, partitions: Sequence[Partition]) -> None:
         for handler, tps in self.table.by_route(partitions):
-            _call_plain(handler.on_assigned, tps)
+            _call_plain(handler.on_assigned, tps, hook=True)
 
     def on_revoked(self, partitions: Sequence[Partition]) -> None:
         for handler, tps in self.table.by_route(partitions):
-            _call_plain(handler.on_revoked, tps)
+            _call_plain(handler.on_revoked, tps, hook=True)
 
     def on_lost(self, partitions: Sequence[Partition]) -> None:
         for handler, tps in self.table.by_route(partitions):
-            _call_plain(handler.on_lost, tps)
+            _call_plain(handler.on_lost, tps, hook=True)
 
     def on_shutdown(self) -> None:
         for c in self.table.all():
-            _call_plain(c.handler.on_shutdown)
+            _call_plain(c.handler.on_shutdown, hook=True)
 
     def _flush_hook(self) -> Callable[[FlushContext], Awaitable[None] | None] | None:
         if not self._flushes:
@@ -262,7 +261,7 @@ class Router(Handler):
 
         def flush(ctx: FlushContext) -> None:
             for hook in self._flushes:
-                _call_plain(hook, ctx)
+                _call_plain(hook, ctx, hook=True)
 
         return flush
 
@@ -281,19 +280,19 @@ class AsyncRouter(Router):
 
     async def on_assigned(self, partitions: Sequence[Partition]) -> None:  # type: ignore[override]
         for handler, tps in self.table.by_route(partitions):
-            await _awaited(handler.on_assigned(tps))
+            await await_hook(handler.on_assigned, tps)
 
     async def on_revoked(self, partitions: Sequence[Partition]) -> None:  # type: ignore[override]
         for handler, tps in self.table.by_route(partitions):
-            await _awaited(handler.on_revoked(tps))
+            await await_hook(handler.on_revoked, tps)
 
     async def on_lost(self, partitions: Sequence[Partition]) -> None:  # type: ignore[override]
         for handler, tps in self.table.by_route(partitions):
-            await _awaited(handler.on_lost(tps))
+            await await_hook(handler.on_lost, tps)
 
     async def on_shutdown(self) -> None:  # type: ignore[override]
         for c in self.table.all():
-            await _awaited(c.handler.on_shutdown())
+            await await_hook(c.handler.on_shutdown)
 
     def _flush_hook(self) -> Callable[[FlushContext], Awaitable[None] | None] | None:
         if not self._flushes:
@@ -301,7 +300,7 @@ class AsyncRouter(Router):
 
         async def flush(ctx: FlushContext) -> None:
             for hook in self._flushes:
-                await _awaited(hook(ctx))
+                await await_hook(hook, ctx)
 
         return flush
 
@@ -391,11 +390,6 @@ def router(routes: object) -> Router:
     if table.is_batch:
         return AsyncBatchRouter(table) if table.is_async else BatchRouter(table)
     return AsyncRouter(table) if table.is_async else Router(table)
-
-
-async def _awaited(result: Any) -> None:
-    if inspect.isawaitable(result):
-        await result
 
 
 def _check_route(key: object, route: Route) -> None:

@@ -1096,14 +1096,20 @@ def test_an_async_flush_runs_on_the_async_handlers_loop(start: Start) -> None:
     assert len(set(loops)) == 1
 
 
+@pytest.mark.parametrize("routed", [False, True], ids=["handler", "route"])
 @pytest.mark.parametrize("kind", ["thread", "async"])
 def test_a_flush_that_returns_its_work_unawaited_counts_nothing(
-    start: Start, caplog: pytest.LogCaptureFixture, kind: str
+    start: Start,
+    members: list[GroupConsumer],
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+    routed: bool,
 ) -> None:
     """An `on_flush` that returns a coroutine instead of running it (a plain one handing back
     an async writer's call, or an `async def` one with the await left out) wrote nothing,
     and the commit passed every buffered record: they were lost. It fails like a flush that
-    raised: nothing counts, nothing is committed past the buffer."""
+    raised: nothing counts, nothing is committed past the buffer. The same for a route's
+    handler: the async router awaited the hook and dropped what its coroutine returned."""
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(6))
     fake.script_assign([P0])
@@ -1131,7 +1137,16 @@ def test_a_flush_that_returns_its_work_unawaited_counts_nothing(
             rows, self.buffer = self.buffer, []
             return write(rows)
 
-    gc = start(ThreadSink() if kind == "thread" else AsyncSink(), fake, commit_interval_s=0.05)
+    sink = ThreadSink() if kind == "thread" else AsyncSink()
+    if routed:
+        settings: Any = {**settings_for(sink, {"commit_interval_s": 0.05})}
+        del settings["topics"]  # the routes name them
+        fake.given_committed()
+        gc = GroupConsumer(routes={TOPIC: sink}, consumer_factory=fake.factory, **settings)
+        members.append(gc)
+        gc.start()
+    else:
+        gc = start(sink, fake, commit_interval_s=0.05)
     wait_until(lambda: gc.stats().callback_failures >= 2, "two flushes failed")
     assert durable == []
     assert committed(fake, P0) in (None, -1, 0)
