@@ -729,16 +729,18 @@ def _routed(
                 f"no route for the subscribed {', '.join(map(repr, unrouted))}: every topic "
                 f"(and pattern) in topics needs a route (routes: {table.names()})"
             )
-    policies = table.policies()
+    mine = dict(given.get("failure_by_topic") or {})
+    both = sorted(set(mine) & table.own_policies())
+    if both:
+        raise ValueError(
+            f"failure_by_topic and the routes both set a policy for {', '.join(both)}: "
+            "set it in one place (Route(failure=...))"
+        )
+    # The member's own policy (a route's fallback), as given or by default.
+    fallback = given.get("failure") or ConsumerConfig.model_fields["failure"].default
+    policies = table.policies(fallback, mine)
     if policies:
-        mine = dict(given.get("failure_by_topic") or {})
-        both = sorted(set(mine) & set(policies))
-        if both:
-            raise ValueError(
-                f"failure_by_topic and the routes both set a policy for {', '.join(both)}: "
-                "set it in one place (Route(failure=...))"
-            )
-        given["failure_by_topic"] = {**mine, **policies}
+        given["failure_by_topic"] = policies
     config = ConsumerConfig(**given)
     orderings = table.orderings(config.ordering)
     if len(orderings.modes) > 1:

@@ -28,6 +28,7 @@ from weir._engine.scheduling import Orderings
 from weir._engine.workers import LaneOf
 from weir._wrapping import await_hook, await_plain
 from weir._wrapping import call_plain as _call_plain
+from weir.logs import get_logger
 from weir.policy import FailurePolicy
 from weir.records import (
     BatchContext,
@@ -45,6 +46,8 @@ from weir.records import (
 from weir.serde import Deserializer, DeserializingBatchHandler, check_setting, deserializing
 
 __all__ = ["Route", "RouteKey", "Routes"]
+
+log = get_logger(__name__)
 
 # What the route's value deserializer makes, and so what its handler's records hold
 # (`Record[_V]`): a handler of `Record[Order]` with a deserializer of something else is refused by
@@ -164,7 +167,15 @@ class _Table:
             found = self.exact.get(topic)
             if found is None:
                 # As librdkafka reads a subscribed pattern: anchored at the start of the name.
-                found = next((c for p, c in self.patterns if p.match(topic)), None)
+                matched = [c for p, c in self.patterns if p.match(topic)]
+                found = matched[0] if matched else None
+                if len(matched) > 1:
+                    log.warning(
+                        "route_patterns_overlap",
+                        topic=topic,
+                        route=_shown(matched[0].key),
+                        also=[_shown(c.key) for c in matched[1:]],
+                    )
             self._found[topic] = found
             return found
 
@@ -191,11 +202,37 @@ class _Table:
                 out.append(t)
         return out
 
-    def policies(self) -> dict[str, FailurePolicy]:
-        """`failure_by_topic` entries of the routes that have their own policy (patterns keyed
-        as subscribed, with their `^`)."""
-        out = {name: c.policy for name, c in self.exact.items() if c.policy is not None}
-        out.update({_anchored(p): c.policy for p, c in self.patterns if c.policy is not None})
+    def own_policies(self) -> set[str]:
+        """The `failure_by_topic` keys of the routes with a policy of their own (patterns as
+        subscribed, with their `^`)."""
+        return {name for name, c in self.exact.items() if c.policy is not None} | {
+            _anchored(p) for p, c in self.patterns if c.policy is not None
+        }
+
+    def policies(
+        self, fallback: FailurePolicy, mine: Mapping[str, FailurePolicy]
+    ) -> dict[str, FailurePolicy]:
+        """The member's `failure_by_topic`: the application's entries (`mine`) and the routes'
+        own policies. `ConsumerConfig.policy_for` takes a topic's name, else the first pattern
+        that matches, as `find` does; so each pattern route's entry goes in the routes' order
+        (its own policy, else the application's entry for its pattern), and one with neither
+        holds `fallback`, the member's policy, when a later one has one: else a topic both
+        match would run on the first route and fail into the later one's policy."""
+        out = {k: v for k, v in mine.items() if not k.startswith("^")}
+        out.update({name: c.policy for name, c in self.exact.items() if c.policy is not None})
+        patterns: list[tuple[str, FailurePolicy]] = []
+        owned_later = False
+        for p, c in reversed(self.patterns):
+            key = _anchored(p)
+            own = c.policy if c.policy is not None else mine.get(key)
+            if own is not None:
+                patterns.append((key, own))
+                owned_later = True
+            elif owned_later:
+                patterns.append((key, fallback))
+        out.update(reversed(patterns))
+        # Subscribed patterns are the routes' (`unrouted`): nothing is left, unless that changes.
+        out.update({k: v for k, v in mine.items() if k not in out})
         return out
 
     def orderings(self, default: Ordering) -> Orderings:

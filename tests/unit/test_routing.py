@@ -199,6 +199,59 @@ def test_a_pattern_routes_policy_covers_every_topic_it_matches() -> None:
     assert cfg.policy_for("orders") == cfg.failure
 
 
+def test_a_topic_two_patterns_match_takes_the_first_routes_policy(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Routes are found by name, then by the first pattern given that matches. The policy was
+    looked up apart, in `failure_by_topic`, where a pattern route without a policy of its own
+    has no entry: `audit-eu-1`'s records went to the first route and failed into the second
+    route's policy (here: dead-lettered instead of retried and stopped). And nothing said that
+    two routes matched."""
+    dead = FailurePolicy(final="dead_letter")
+    block = FailurePolicy(final="block")
+    gc = GroupConsumer(
+        routes={
+            re.compile("audit-.*"): lambda r: None,
+            re.compile("audit-eu-.*"): Route(lambda r: None, failure=dead),
+            re.compile("audit-eu-x$"): Route(lambda r: None, failure=block),
+            "audit-eu-own": Route(lambda r: None, failure=block),
+        },
+        consumer_factory=FakeConsumer().factory,
+        **SETTINGS,
+    )
+    cfg = gc.config
+    assert cfg.policy_for("audit-eu-1") == cfg.failure
+    assert cfg.policy_for("audit-eu-x") == cfg.failure
+    assert cfg.policy_for("audit-eu-own") == block
+    assert cfg.policy_for("other") == cfg.failure
+    # The application's own entry for a pattern route is that route's policy, in its place:
+    # it neither reaches a topic an earlier pattern takes nor hides that route's own.
+    mine = FailurePolicy(final="block", retry=RetryPolicy(max_attempts=7))
+    gc = GroupConsumer(
+        routes={
+            re.compile("audit-eu-.*"): Route(lambda r: None, failure=dead),
+            re.compile("audit-.*"): lambda r: None,
+        },
+        failure_by_topic={"^audit-.*": mine},
+        consumer_factory=FakeConsumer().factory,
+        **SETTINGS,
+    )
+    assert gc.config.policy_for("audit-eu-1") == dead
+    assert gc.config.policy_for("audit-us-1") == mine
+    table = router(
+        {re.compile("audit-.*"): lambda r: None, re.compile("audit-eu-.*"): lambda r: None}
+    ).table
+    with caplog.at_level(logging.WARNING, logger="weir"):
+        found = table.find("audit-eu-1")
+        table.find("audit-eu-1")  # once a topic
+        table.find("audit-us-1")  # one pattern matches
+    assert found is not None and found.key == re.compile("audit-.*")
+    (event,) = events(caplog, "route_patterns_overlap")
+    assert event["topic"] == "audit-eu-1"
+    assert event["route"] == "re.compile('audit-.*')"
+    assert event["also"] == ["re.compile('audit-eu-.*')"]
+
+
 async def _async_filter(record: Record) -> bool:
     return False
 
