@@ -1149,6 +1149,45 @@ def test_unreachable_broker_raises_from_run() -> None:
         gc.run(handle_signals=False)
 
 
+class _SilentCluster(FakeConsumer):
+    """No broker answers: a metadata request waits its whole timeout, as the real client's
+    does when its broker is down or unreachable, then fails."""
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        self._record("list_topics", timeout)
+        time.sleep(max(timeout, 0))
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "no broker answered"))
+
+
+@pytest.mark.parametrize("how", ["stop", "run"])
+def test_a_stop_while_the_member_waits_for_a_broker_ends_the_wait(
+    members: list[GroupConsumer], how: str
+) -> None:
+    """No broker answering at start: the member waited all of startup_timeout_s (30 s by
+    default) before it looked at a stop request, so Ctrl-C at a member that could not reach
+    its broker did nothing for half a minute, then it raised BrokerUnreachableError. A stop
+    ends the wait within one of its slices, and the member stops as asked: no error."""
+    fake = _SilentCluster()
+    settings: Any = {**SETTINGS, "startup_timeout_s": 30.0}
+    gc = GroupConsumer(Probe(), consumer_factory=fake.factory, **settings)
+    members.append(gc)
+    if how == "stop":
+        gc.start()
+        wait_until(lambda: "list_topics" in fake.call_names(), "waiting for a broker")
+        t0 = time.monotonic()
+        gc.stop()
+        gc.join(WAIT)
+    else:  # a signal handler's request, from another thread here
+        stop = threading.Timer(0.3, gc.stop)
+        stop.start()
+        t0 = time.monotonic() + 0.3
+        gc.run(handle_signals=False)
+    assert time.monotonic() - t0 < 1.5
+    assert gc.state is State.STOPPED
+    assert "subscribe" not in fake.call_names()
+    assert fake.closed
+
+
 def test_fatal_client_error_stops_the_member(launch: Launch) -> None:
     fake = FakeConsumer()
     fake.produce_many(TOPIC, 0, range(2))

@@ -79,6 +79,8 @@ class ClientErrors:
         that refused the client's credentials or its TLS ends the wait as soon as no broker is
         left to try, with `AuthenticationError` or `TlsError`: waiting longer changes nothing.
         A named topic the broker's ACLs hide from the client is an `AuthorizationError`.
+        A stop request (a signal, `stop()`) ends the wait within a slice: None, nothing
+        answered and nothing is wrong, the member stops as asked.
         """
         timeout = self._cfg.startup_timeout_s
         deadline = time.monotonic() + timeout
@@ -102,6 +104,8 @@ class ClientErrors:
                 client.consume(1, 0)
                 if self._life.failure is not None:
                     raise self._life.failure  # a fatal client error (on_error)
+                if self._life.stop_requested.is_set():
+                    return None
                 refusal = startup_refusal(self._causes)
                 now = time.monotonic()
                 # A request that failed before its time was refused, not left unanswered.

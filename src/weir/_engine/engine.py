@@ -321,6 +321,8 @@ class Engine:
                 raise
             raise refused from None
         meta = self.errors.check_reachable(self.client)
+        if meta is None:
+            return  # stopped before a broker answered: nothing to join, the shutdown follows
         if self._refresh_s is not None:
             # Its own configuration drops the member's callbacks (on_commit, error_cb, logger).
             self._watermarks = WatermarkRefresher(conf, self._refresh_s)
