@@ -8,6 +8,7 @@ since only a join or a commit creates a group).
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,9 @@ ISOLATIONS = ("read_committed", "read_uncommitted")
 _UNJOINED_PREFIX = "weir-unjoined-"
 _POLL_S = 0.5
 _FETCH_WAIT_MS = 100
+# The longest metadata request while waiting for the cluster: Python runs a signal handler only
+# between calls, so Ctrl-C ends a wait within this long, not at the end of the --timeout.
+_METADATA_SLICE_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,15 +111,7 @@ class Reader:
         return reader
 
     def _partitions(self, wanted: Sequence[int] | None, timeout: float) -> tuple[int, ...]:
-        from confluent_kafka import KafkaException
-
-        try:
-            meta = self._consumer.list_topics(self.topic, timeout=timeout)
-        except KafkaException as exc:
-            raise ReadError(
-                f"could not read the metadata of topic {self.topic!r} within {timeout:g} s "
-                f"({_words(exc)}); check the bootstrap servers, or allow more time"
-            ) from None
+        meta = self._metadata(timeout)
         found = meta.topics.get(self.topic)
         if found is None or found.error is not None or not found.partitions:
             why = "" if found is None or found.error is None else f" ({found.error.str()})"
@@ -130,6 +126,27 @@ class Reader:
                 f"(it has {len(have)}: 0 to {have[-1]})"
             )
         return tuple(dict.fromkeys(wanted))
+
+    def _metadata(self, timeout: float) -> Any:
+        """The topic's metadata, asked in requests of `_METADATA_SLICE_S` until `timeout`:
+        between them a Ctrl-C is raised (during one it waits for the request's end). A request
+        that fails before its time was refused, not left unanswered: that ends the wait."""
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + timeout
+        while True:
+            began = time.monotonic()
+            wait = max(min(_METADATA_SLICE_S, deadline - began), 0.001)
+            try:
+                return self._consumer.list_topics(self.topic, timeout=wait)
+            except KafkaException as exc:
+                now = time.monotonic()
+                if now < deadline and now - began >= wait / 2:
+                    continue
+                raise ReadError(
+                    f"could not read the metadata of topic {self.topic!r} within {timeout:g} s "
+                    f"({_words(exc)}); check the bootstrap servers, or allow more time"
+                ) from None
 
     def _assign(self, position: Position, timeout: float) -> None:
         from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicPartition
