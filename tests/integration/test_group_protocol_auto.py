@@ -5,6 +5,7 @@ protocol. The classic choice and the reasons are tested on the fake (tests/unit)
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 
@@ -12,6 +13,7 @@ import pytest
 
 from tests.integration.kafka_helpers import Seen, committed, member, produce, wait_until
 from tests.logged import events
+from weir import GroupConsumer, State
 from weir._engine.protocols import offers_consumer_protocol
 from weir.testing.pytest_plugin import TopicFactory
 
@@ -28,6 +30,28 @@ def test_no_broker_no_answer() -> None:
     began = time.monotonic()
     assert offers_consumer_protocol({"bootstrap.servers": "127.0.0.1:1"}, 0.5) is None
     assert time.monotonic() - began < 2.0
+
+
+def test_a_stop_while_an_auto_member_asks_for_the_protocol_ends_the_ask() -> None:
+    """No broker answering: the probe waited all of its 5 s in one request, deaf to a stop (a
+    signal at `run()`), before the start's own wait for a broker could see it."""
+    gc = GroupConsumer(
+        lambda r: None,
+        bootstrap_servers="127.0.0.1:1",
+        group_id="g",
+        topics=["t"],
+        group_protocol="auto",
+    )
+    asked: list[float] = []
+
+    def stop() -> None:
+        asked.append(time.monotonic())
+        gc.stop()
+
+    threading.Timer(0.5, stop).start()
+    gc.run(handle_signals=False)
+    assert time.monotonic() - asked[0] < 1.5
+    assert gc.state is State.STOPPED
 
 
 def test_an_auto_member_runs_the_consumer_protocol_and_says_so(

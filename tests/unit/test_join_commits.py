@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from confluent_kafka import KafkaError
@@ -195,15 +195,15 @@ def test_auto_runs_the_protocol_the_broker_offers_and_says_why(
 ) -> None:
     asked: list[tuple[str, float]] = []
 
-    def probe(conf: object, timeout: float) -> bool | None:
-        assert isinstance(conf, dict)
+    def probe(conf: object, timeout: float, stopped: Callable[[], bool]) -> bool | None:
+        assert isinstance(conf, dict) and stopped() is False
         asked.append((conf["bootstrap.servers"], timeout))
         return offered
 
     given: ConsumerSettings = {**AUTO, "session_timeout_s": 10.0, "remote_assignor": "range"}
     cfg = ConsumerConfig(**given)
     with caplog.at_level(logging.INFO, logger="weir"):
-        chosen = choose_protocol(cfg, probe)
+        chosen = choose_protocol(cfg, probe, lambda: False)
     assert asked == [("fake:9092", min(cfg.startup_timeout_s, PROBE_LIMIT_S))]
     assert chosen.group_protocol == protocol
     [event] = events(caplog, "group_protocol_chosen")
@@ -214,15 +214,15 @@ def test_auto_runs_the_protocol_the_broker_offers_and_says_why(
 
 
 def test_auto_without_a_probe_runs_the_classic_protocol() -> None:
-    assert choose_protocol(ConsumerConfig(**AUTO), None).group_protocol == "classic"
+    assert choose_protocol(ConsumerConfig(**AUTO), None, bool).group_protocol == "classic"
     classic = ConsumerConfig(**SETTINGS)
-    assert choose_protocol(classic, lambda conf, timeout: True) is classic
+    assert choose_protocol(classic, lambda conf, timeout, stopped: True, bool) is classic
 
 
 def test_an_auto_member_builds_its_client_for_the_protocol_chosen(stepped: list[Stepped]) -> None:
     fake = FakeConsumer()
     fake.script_assign([P0])
-    s = Stepped(fake, lambda r: None, ConsumerConfig(**AUTO), lambda conf, timeout: True)
+    s = Stepped(fake, lambda r: None, ConsumerConfig(**AUTO), lambda conf, timeout, stopped: True)
     stepped.append(s)
     assert fake.conf is not None and fake.conf["group.protocol"] == "consumer"
     assert fake.incremental

@@ -303,7 +303,9 @@ class Engine:
                 life.end()
 
     def start(self) -> None:
-        cfg = self.cfg = choose_protocol(self.cfg, self._protocol_probe)
+        cfg = self.cfg = choose_protocol(
+            self.cfg, self._protocol_probe, self.life.stop_requested.is_set
+        )
         if self._protocol_probe is not None:  # weir's own client: a fake has no JoinGroup
             warn_commit_blackout(cfg)
         conf = cfg.librdkafka_config()

@@ -14,8 +14,8 @@ barrier, and a static member restarted within its session timeout starts none.
 
 from __future__ import annotations
 
-import contextlib
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -31,14 +31,16 @@ log = get_logger(__name__)
 CONSUMER_GROUP_HEARTBEAT = 68
 """The API key of KIP-848's heartbeat: a broker that lists it offers the consumer protocol."""
 
-ProtocolProbe = Callable[[Mapping[str, Any], float], bool | None]
-"""Asks the cluster whether it offers the consumer protocol, within a timeout (None: no broker
-answered)."""
+ProtocolProbe = Callable[[Mapping[str, Any], float, Callable[[], bool]], bool | None]
+"""Asks the cluster whether it offers the consumer protocol, within a timeout, giving up when
+the third argument says the member was asked to stop (None: no broker answered)."""
 
 # The longest "auto" waits at start for a broker's API versions: a broker that does not answer
 # that soon leaves the member on the classic protocol (the start's own wait for a broker, up to
 # startup_timeout_s, follows).
 PROBE_LIMIT_S = 5.0
+# Its longest single request: a stop is looked at between them.
+_ASK_SLICE_S = 0.25
 # librdkafka's debug line for one API of a broker's ApiVersions response.
 _API_LINE = re.compile(r"ApiKey \S+ \((\d+)\) Versions (\d+)\.\.(\d+)")
 # The member's settings that are no connection setting: left out of the probe's producer.
@@ -65,29 +67,41 @@ def api_keys(lines: list[str]) -> set[int] | None:
     return keys or None
 
 
-def offers_consumer_protocol(conf: Mapping[str, Any], timeout: float) -> bool | None:
+def offers_consumer_protocol(
+    conf: Mapping[str, Any], timeout: float, stopped: Callable[[], bool] = lambda: False
+) -> bool | None:
     """Whether the first broker that answers lists ConsumerGroupHeartbeat among its APIs, asked
     by a throwaway producer with the member's connection settings (`conf`); None when no
-    broker answered within `timeout`."""
+    broker answered within `timeout`, or the member was asked to stop first (`stopped`, looked
+    at between requests of `_ASK_SLICE_S`: a signal must not wait for the whole timeout)."""
     lines = _Lines()
     settings = {k: v for k, v in conf.items() if k not in _CALLBACKS}
     settings.update({"debug": "feature", "logger": lines, "allow.auto.create.topics": False})
     producer = Producer(settings)
-    # No answer to the metadata request: the lines say whether a broker listed its APIs.
-    with contextlib.suppress(KafkaException):
-        producer.list_topics(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        # No answer to the metadata request: the lines say whether a broker listed its APIs.
+        try:
+            producer.list_topics(timeout=max(min(_ASK_SLICE_S, deadline - time.monotonic()), 0.001))
+            break
+        except KafkaException:
+            if stopped() or time.monotonic() >= deadline:
+                break
     producer.poll(0)  # serves the log lines
     keys = api_keys(lines.lines)
     return None if keys is None else CONSUMER_GROUP_HEARTBEAT in keys
 
 
-def choose_protocol(cfg: ConsumerConfig, probe: ProtocolProbe | None) -> ConsumerConfig:
+def choose_protocol(
+    cfg: ConsumerConfig, probe: ProtocolProbe | None, stopped: Callable[[], bool]
+) -> ConsumerConfig:
     """`cfg` as the member runs it: for `group_protocol="auto"`, the protocol the broker offers
-    (logged with why, and the settings that do not apply to it); any other `cfg` as it is."""
+    (logged with why, and the settings that do not apply to it); any other `cfg` as it is.
+    `stopped`: whether the member was asked to stop (the probe then gives up)."""
     if cfg.group_protocol != "auto":
         return cfg
     limit = min(cfg.startup_timeout_s, PROBE_LIMIT_S)
-    offered = None if probe is None else probe(cfg.librdkafka_config(), limit)
+    offered = None if probe is None else probe(cfg.librdkafka_config(), limit, stopped)
     protocol: Literal["classic", "consumer"] = "consumer" if offered else "classic"
     if probe is None:
         reason = "the consumer_factory given is not asked: the classic protocol"
