@@ -15,13 +15,14 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 from tests.fake_members import SETTINGS
 from tests.logged import events
 from tests.stepped import Stepped
 from tests.waiting import wait_until
 
 from weir import ConsumerConfig, GroupConsumer, KafkaFatalError, Record
+from weir._engine import protocols
 from weir._engine.commit_requests import RESULT_OVERDUE_S
 from weir._engine.protocols import (
     PROBE_LIMIT_S,
@@ -211,6 +212,27 @@ def test_auto_runs_the_protocol_the_broker_offers_and_says_why(
     assert event["ignored"] == (
         ["session_timeout_s"] if protocol == "consumer" else ["remote_assignor"]
     )
+
+
+def test_the_protocol_probe_asks_once_when_it_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe asks in short requests so that a stop is seen between them; a request that
+    fails at once (refused, not unanswered) must end the asking, not repeat it for 5 s."""
+    calls: list[float] = []
+
+    class Refusing:
+        def __init__(self, conf: object) -> None:
+            pass
+
+        def list_topics(self, timeout: float) -> None:
+            calls.append(timeout)
+            raise KafkaException(KafkaError(KafkaError._INVALID_ARG, "refused"))
+
+        def poll(self, timeout: float) -> int:
+            return 0
+
+    monkeypatch.setattr(protocols, "Producer", Refusing)
+    assert protocols.offers_consumer_protocol({"bootstrap.servers": "fake:9092"}, 5.0) is None
+    assert calls == [0.25]
 
 
 def test_auto_without_a_probe_runs_the_classic_protocol() -> None:

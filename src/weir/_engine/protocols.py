@@ -81,11 +81,15 @@ def offers_consumer_protocol(
     deadline = time.monotonic() + timeout
     while True:
         # No answer to the metadata request: the lines say whether a broker listed its APIs.
+        began = time.monotonic()
+        wait = max(min(_ASK_SLICE_S, deadline - began), 0.001)
         try:
-            producer.list_topics(timeout=max(min(_ASK_SLICE_S, deadline - time.monotonic()), 0.001))
+            producer.list_topics(timeout=wait)
             break
         except KafkaException:
-            if stopped() or time.monotonic() >= deadline:
+            now = time.monotonic()
+            # A request that failed before its time was refused: asking again changes nothing.
+            if stopped() or now >= deadline or now - began < wait / 2:
                 break
     producer.poll(0)  # serves the log lines
     keys = api_keys(lines.lines)
