@@ -217,7 +217,8 @@ class _Table:
         that matches, as `find` does; so each pattern route's entry goes in the routes' order
         (its own policy, else the application's entry for its pattern), and one with neither
         holds `fallback`, the member's policy, when a later one has one: else a topic both
-        match would run on the first route and fail into the later one's policy."""
+        match would run on the first route and fail into the later one's policy. A route by
+        name with neither holds it too when a pattern's entry matches its name."""
         out = {k: v for k, v in mine.items() if not k.startswith("^")}
         out.update({name: c.policy for name, c in self.exact.items() if c.policy is not None})
         patterns: list[tuple[str, FailurePolicy]] = []
@@ -230,7 +231,13 @@ class _Table:
                 owned_later = True
             elif owned_later:
                 patterns.append((key, fallback))
-        out.update(reversed(patterns))
+        patterns.reverse()
+        # A route by name without a policy (its own or the application's) takes none of a
+        # pattern's: the names come first, so it holds the member's when a pattern matches it.
+        for name in self.exact:
+            if name not in out and any(re.match(key, name) for key, _ in patterns):
+                out[name] = fallback
+        out.update(patterns)
         # Subscribed patterns are the routes' (`unrouted`): nothing is left, unless that changes.
         out.update({k: v for k, v in mine.items() if k not in out})
         return out

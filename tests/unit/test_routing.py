@@ -215,6 +215,9 @@ def test_a_topic_two_patterns_match_takes_the_first_routes_policy(
             re.compile("audit-eu-.*"): Route(lambda r: None, failure=dead),
             re.compile("audit-eu-x$"): Route(lambda r: None, failure=block),
             "audit-eu-own": Route(lambda r: None, failure=block),
+            "audit-eu-plain": lambda r: None,
+            re.compile("billing-.*"): Route(lambda r: None, failure=dead),
+            "billing-eu": lambda r: None,
         },
         consumer_factory=FakeConsumer().factory,
         **SETTINGS,
@@ -223,6 +226,10 @@ def test_a_topic_two_patterns_match_takes_the_first_routes_policy(
     assert cfg.policy_for("audit-eu-1") == cfg.failure
     assert cfg.policy_for("audit-eu-x") == cfg.failure
     assert cfg.policy_for("audit-eu-own") == block
+    # A route by name without a policy of its own: the member's, not a pattern route's.
+    assert cfg.policy_for("audit-eu-plain") == cfg.failure
+    assert cfg.policy_for("billing-eu") == cfg.failure
+    assert cfg.policy_for("billing-us") == dead
     assert cfg.policy_for("other") == cfg.failure
     # The application's own entry for a pattern route is that route's policy, in its place:
     # it neither reaches a topic an earlier pattern takes nor hides that route's own.
