@@ -140,6 +140,39 @@ class _SlowProducer(FakeProducer):
         return self._due(True)
 
 
+class GoneBroker(FakeBroker):
+    """A broker that stopped answering once the member ran: its outputs are written to the
+    producer's queue and never confirmed, and a flush waits its whole timeout, as the real
+    client's does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queued = 0
+
+    def producer_factory(self, conf: dict[str, Any]) -> FakeProducer:
+        if conf.get("transactional.id") is not None or conf.get("linger.ms") == 0:
+            return super().producer_factory(conf)  # a dead-letter producer
+        return _GoneProducer(conf, broker=self)
+
+
+class _GoneProducer(FakeProducer):
+    def __init__(self, conf: Mapping[str, Any], *, broker: GoneBroker) -> None:
+        super().__init__(conf, broker=broker)
+        self._gone = broker
+
+    def produce(  # type: ignore[override]  # the engine's call: on_delivery, by keyword
+        self, topic: str, value: Any = None, key: Any = None, **kw: Any
+    ) -> None:
+        self._gone.queued += 1
+
+    def poll(self, timeout: float = -1) -> int:
+        return 0
+
+    def flush(self, timeout: float = -1) -> int:
+        time.sleep(min(max(timeout, 0.0), 60.0))
+        return self._gone.queued
+
+
 def broker_with(records: int, broker: FakeBroker | None = None) -> FakeBroker:
     broker = broker or FakeBroker()
     broker.create_topic(IN, partitions=2)
@@ -531,3 +564,24 @@ def test_a_batch_context_used_after_its_call_returned_refuses_marks_and_outputs(
             ctx.fail(record, ValueError("late"))
     assert by_input(broker) == Counter(f"{p}:{o}" for p in range(2) for o in range(10))
     assert gc.state == State.RUNNING
+
+
+def test_a_second_stop_cuts_the_wait_for_outputs_in_flight_short(
+    members: list[GroupConsumer],
+) -> None:
+    """At shutdown the member waits for its outputs in flight, within shutdown_timeout_s, so
+    that the final commit may pass their records. With the broker gone that wait was one
+    flush of the whole budget, where the second stop (a second Ctrl-C, which hurries the
+    shutdown) could not reach it: it waited the budget out. Nothing past the unconfirmed
+    records is committed either way."""
+    broker = GoneBroker()
+    broker_with(10, broker)
+    gc = member(broker, Enrich(), members, shutdown_timeout_s=30.0)
+    wait_until(lambda: broker.queued >= 10, "every output written, none confirmed")
+    gc.stop()
+    time.sleep(0.5)  # the shutdown waits for the outputs now
+    hurried = time.monotonic()
+    gc.stop()
+    gc.join(10)
+    assert time.monotonic() - hurried < 1.5
+    assert broker.committed_offsets("g", IN) == {(IN, 0): 0, (IN, 1): 0}

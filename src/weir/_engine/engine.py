@@ -400,7 +400,7 @@ class Engine:
                 life.polled_at = self.clock.monotonic()
             self.settle.drain(0)
             # Confirmed dead letters and outputs count as finished before the final commit.
-            self.failures.flush_writes(deadline - self.clock.monotonic())
+            self.failures.flush_writes(deadline - self.clock.monotonic(), life.hurry)
             self.settle.drain(0)
             self.settle.settle_started(self.own.assignments())
             self.flushing.flush(self.own.partitions, deadline - self.clock.monotonic())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ log = get_logger(__name__)
 
 # The longest the owner sleeps while outputs wait for their delivery reports.
 _OUTPUT_WAIT = 0.002
+# The longest single flush of the final wait for writes: a second stop request is looked at
+# between them.
+_FLUSH_SLICE_S = 0.25
 _UNORDERED = Lane.NONE  # the lane of a record in unordered mode: it holds none
 
 State = Literal["retry", "running", "dead_letter", "blocked"]
@@ -291,12 +295,17 @@ class Failures:
         if self.outputs is not None:
             self.outputs.poll()
 
-    def flush_writes(self, timeout: float) -> None:
-        """Before the final commit: confirmed dead letters and outputs count as finished."""
+    def flush_writes(self, timeout: float, hurry: threading.Event) -> None:
+        """Before the final commit: confirmed dead letters and outputs count as finished. Waits
+        in flushes of `_FLUSH_SLICE_S` so that `hurry` (a second stop request) ends it: one
+        flush of the whole budget could not be cut short with the broker gone."""
         deadline = self._clock.monotonic() + timeout
         for writes in (self.dead_letters, self.outputs):
-            if writes is not None and writes.pending:
-                writes.flush(deadline - self._clock.monotonic())
+            while writes is not None and writes.pending and not hurry.is_set():
+                left = deadline - self._clock.monotonic()
+                if left <= 0:
+                    return
+                writes.flush(min(left, _FLUSH_SLICE_S))
 
     def close(self) -> None:
         for writes in (self.dead_letters, self.outputs):
