@@ -914,6 +914,20 @@ def _is_generator_function(fn: object) -> bool:
     return inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
 
 
+def dropped_unrun(result: object) -> bool:
+    """Whether `result` is a call's work left undone (a coroutine or another awaitable, or a
+    generator); such a result is closed here, so no "never awaited" warning follows the error
+    its caller raises."""
+    if not (
+        inspect.isawaitable(result) or inspect.isgenerator(result) or inspect.isasyncgen(result)
+    ):
+        return False
+    close = getattr(result, "close", None)
+    if close is not None:
+        close()
+    return True
+
+
 def runs_nothing(fn: object) -> bool:
     """A function whose call runs none of its body: `async def`, or one with a `yield`. Where
     weir calls a function and uses its result at once (a filter, a deserializer, a fence's

@@ -33,6 +33,7 @@ from weir.records import (
     Record,
     _FunctionHandler,
     _PartContext,
+    dropped_unrun,
 )
 
 __all__ = [
@@ -135,11 +136,8 @@ def _refuse_awaitable(
     and `result` is what its coroutine returned (`return save(record)`, the await left out).
     `hook`: `fn` is a plain hook, run on the owner thread."""
     generator = inspect.isgenerator(result) or inspect.isasyncgen(result)
-    if not generator and not inspect.isawaitable(result):
+    if not dropped_unrun(result):
         return
-    close = getattr(result, "close", None)
-    if close is not None:
-        close()  # no "coroutine was never awaited" warning on top of the error
     name = getattr(fn, "__qualname__", repr(fn))
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
     if code is not None:  # a lambda's name alone says little

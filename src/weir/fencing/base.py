@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
 import threading
@@ -12,7 +11,7 @@ from typing import Generic, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from weir.errors import FencedError, FenceUnavailableError
 from weir.logs import get_logger
-from weir.records import Partition, Record, runs_nothing
+from weir.records import Partition, Record, dropped_unrun, runs_nothing
 
 __all__ = ["Fence", "FenceUnavailableError"]
 
@@ -246,12 +245,7 @@ def ran(
 
     def call(conn: ConnT, fresh: list[Record]) -> object:
         result = write(conn, fresh)
-        if result is not None and (
-            inspect.isawaitable(result) or inspect.isgenerator(result) or inspect.isasyncgen(result)
-        ):
-            close = getattr(result, "close", None)
-            if close is not None:
-                close()
+        if result is not None and dropped_unrun(result):
             raise TypeError(
                 f"write {getattr(given, '__qualname__', given)} returned a "
                 f"{type(result).__name__}, not its work done: rolled back, nothing recorded"
