@@ -8,13 +8,13 @@ since only a join or a commit creates a group).
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from weir._slices import in_slices
 from weir.errors import ReadError
 
 __all__ = ["ISOLATIONS", "Position", "ReadError", "Reader", "parse_datetime", "refused"]
@@ -24,9 +24,6 @@ ISOLATIONS = ("read_committed", "read_uncommitted")
 _UNJOINED_PREFIX = "weir-unjoined-"
 _POLL_S = 0.5
 _FETCH_WAIT_MS = 100
-# The longest metadata request while waiting for the cluster: Python runs a signal handler only
-# between calls, so Ctrl-C ends a wait within this long, not at the end of the --timeout.
-_METADATA_SLICE_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,25 +125,18 @@ class Reader:
         return tuple(dict.fromkeys(wanted))
 
     def _metadata(self, timeout: float) -> Any:
-        """The topic's metadata, asked in requests of `_METADATA_SLICE_S` until `timeout`:
-        between them a Ctrl-C is raised (during one it waits for the request's end). A request
-        that fails before its time was refused, not left unanswered: that ends the wait."""
+        """The topic's metadata, asked in short requests (`in_slices`) so that a Ctrl-C is
+        raised between them, not at the end of the timeout."""
         from confluent_kafka import KafkaException
 
-        deadline = time.monotonic() + timeout
-        while True:
-            began = time.monotonic()
-            wait = max(min(_METADATA_SLICE_S, deadline - began), 0.001)
-            try:
-                return self._consumer.list_topics(self.topic, timeout=wait)
-            except KafkaException as exc:
-                now = time.monotonic()
-                if now < deadline and now - began >= wait / 2:
-                    continue
-                raise ReadError(
-                    f"could not read the metadata of topic {self.topic!r} within {timeout:g} s "
-                    f"({_words(exc)}); check the bootstrap servers, or allow more time"
-                ) from None
+        consumer, topic = self._consumer, self.topic
+        try:
+            return in_slices(lambda wait: consumer.list_topics(topic, timeout=wait), timeout)
+        except KafkaException as exc:
+            raise ReadError(
+                f"could not read the metadata of topic {topic!r} within {timeout:g} s "
+                f"({_words(exc)}); check the bootstrap servers, or allow more time"
+            ) from None
 
     def _assign(self, position: Position, timeout: float) -> None:
         from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicPartition

@@ -14,13 +14,14 @@ barrier, and a static member restarted within its session timeout starts none.
 
 from __future__ import annotations
 
+import contextlib
 import re
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from confluent_kafka import KafkaException, Producer
 
+from weir._slices import in_slices
 from weir.config import _CLIENT_SESSION_TIMEOUT_S, ConsumerConfig
 from weir.logs import get_logger
 
@@ -39,8 +40,6 @@ the third argument says the member was asked to stop (None: no broker answered).
 # that soon leaves the member on the classic protocol (the start's own wait for a broker, up to
 # startup_timeout_s, follows).
 PROBE_LIMIT_S = 5.0
-# Its longest single request: a stop is looked at between them.
-_ASK_SLICE_S = 0.25
 # librdkafka's debug line for one API of a broker's ApiVersions response.
 _API_LINE = re.compile(r"ApiKey \S+ \((\d+)\) Versions (\d+)\.\.(\d+)")
 # The member's settings that are no connection setting: left out of the probe's producer.
@@ -73,24 +72,14 @@ def offers_consumer_protocol(
     """Whether the first broker that answers lists ConsumerGroupHeartbeat among its APIs, asked
     by a throwaway producer with the member's connection settings (`conf`); None when no
     broker answered within `timeout`, or the member was asked to stop first (`stopped`, looked
-    at between requests of `_ASK_SLICE_S`: a signal must not wait for the whole timeout)."""
+    at between short requests, `in_slices`: a signal must not wait for the whole timeout)."""
     lines = _Lines()
     settings = {k: v for k, v in conf.items() if k not in _CALLBACKS}
     settings.update({"debug": "feature", "logger": lines, "allow.auto.create.topics": False})
     producer = Producer(settings)
-    deadline = time.monotonic() + timeout
-    while True:
-        # No answer to the metadata request: the lines say whether a broker listed its APIs.
-        began = time.monotonic()
-        wait = max(min(_ASK_SLICE_S, deadline - began), 0.001)
-        try:
-            producer.list_topics(timeout=wait)
-            break
-        except KafkaException:
-            now = time.monotonic()
-            # A request that failed before its time was refused: asking again changes nothing.
-            if stopped() or now >= deadline or now - began < wait / 2:
-                break
+    # No answer to the metadata request: the lines say whether a broker listed its APIs.
+    with contextlib.suppress(KafkaException):
+        in_slices(lambda wait: producer.list_topics(timeout=wait), timeout, stopped)
     producer.poll(0)  # serves the log lines
     keys = api_keys(lines.lines)
     return None if keys is None else CONSUMER_GROUP_HEARTBEAT in keys
